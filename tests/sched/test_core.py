@@ -1,0 +1,158 @@
+import numpy as np
+import pytest
+
+from turnip.sched import (
+    POLICIES,
+    Copy,
+    CopyDone,
+    KernelDone,
+    Launch,
+    ProtocolError,
+    RunStarted,
+    Scheduler,
+    SchedulerStall,
+)
+from turnip.sched.testing import chain, make_memgraph
+
+pytestmark = pytest.mark.unit
+
+
+def done(cmd, t=0):
+    return KernelDone(cmd.v, t) if type(cmd) is Launch else CopyDone(cmd.v, t)
+
+
+def test_chain_runs_in_order():
+    s = Scheduler(chain(4))
+    cmds = s.handle(RunStarted(0))
+    seen = []
+    while cmds:
+        assert len(cmds) == 1
+        seen.append(cmds[0].v)
+        cmds = s.handle(done(cmds[0], len(seen)))
+        s.validate()
+    assert seen == [0, 1, 2, 3] and s.finished
+
+
+def test_stream_slots_limit_launches():
+    mg = make_memgraph(["kernel"] * 7, [[]] * 7)
+    s = Scheduler(mg, streams_per_gpu=5)
+    cmds = s.handle(RunStarted(0))
+    assert [c.v for c in cmds] == [0, 1, 2, 3, 4]
+    assert sorted(c.stream for c in cmds) == [0, 1, 2, 3, 4]
+    more = s.handle(KernelDone(2, 10))
+    assert [(c.v, c.stream) for c in more] == [(5, cmds[2].stream)]
+    s.validate()
+
+
+def test_copy_engines_one_at_a_time_per_direction():
+    mg = make_memgraph(["input", "input", "kernel", "offload"], [[], [], [0], [2]])
+    s = Scheduler(mg)
+    cmds = s.handle(RunStarted(0))
+    assert cmds == [Copy(0, "h2d", -1, 0, 0, cmds[0].stream)]
+    cmds = s.handle(CopyDone(0, 5))
+    assert {type(c) for c in cmds} == {Copy, Launch} and {c.v for c in cmds} == {1, 2}
+    cmds = s.handle(KernelDone(2, 6))
+    assert cmds == [Copy(3, "d2h", 0, -1, 0, cmds[0].stream)]
+
+
+def test_transfer_issued_by_source_gpu_on_its_link():
+    mg = make_memgraph(
+        ["kernel", "transfer", "transfer"], [[], [0], [0]], n_gpus=3, gpus=[0, 1, 2], src_gpus=[0, 0, 0]
+    )
+    s = Scheduler(mg)
+    s.handle(RunStarted(0))
+    cmds = s.handle(KernelDone(0, 1))
+    assert [(c.v, c.engine, c.src_gpu, c.dst_gpu, c.gpu) for c in cmds] == [
+        (1, "p2p", 0, 1, 0),
+        (2, "p2p", 0, 2, 0),
+    ]
+
+
+def test_lock_group_never_overlaps():
+    mg = make_memgraph(["kernel"] * 4, [[]] * 4, lock_groups=[7, 7, -1, 7])
+    s = Scheduler(mg)
+    cmds = s.handle(RunStarted(0))
+    assert [c.v for c in cmds] == [0, 2]
+    assert [c.v for c in s.handle(KernelDone(0, 1))] == [1]
+    assert [c.v for c in s.handle(KernelDone(1, 2))] == [3]
+    s.validate()
+
+
+def test_det_issues_in_compile_order_per_gpu():
+    # 1 depends on a slow input 0; 2 is independent. nondet runs 2 at once, det waits for 1's turn.
+    mg = make_memgraph(["input", "kernel", "kernel"], [[], [0], []])
+    assert [c.v for c in Scheduler(mg, "nondet").handle(RunStarted(0))] == [0, 2]
+    s = Scheduler(mg, "det")
+    assert [c.v for c in s.handle(RunStarted(0))] == [0]
+    assert [c.v for c in s.handle(CopyDone(0, 1))] == [1, 2]
+    s.validate()
+
+
+def test_det_kernels_orders_kernels_only():
+    mg = make_memgraph(["input", "kernel", "kernel", "input"], [[], [0], [], []])
+    s = Scheduler(mg, "det-kernels")
+    assert [c.v for c in s.handle(RunStarted(0))] == [0]
+    assert [c.v for c in s.handle(CopyDone(0, 1))] == [1, 2, 3]
+
+
+def test_nondet_cp_prefers_longest_path():
+    # 0 and 1 ready; 1 heads a long chain, so cp picks it first when one slot is free
+    mg = make_memgraph(["kernel"] * 5, [[], [], [1], [2], [3]])
+    assert [c.v for c in Scheduler(mg, "nondet", streams_per_gpu=1).start()] == [0]
+    assert [c.v for c in Scheduler(mg, "nondet-cp", streams_per_gpu=1).start()] == [1]
+
+
+def test_stall_names_stuck_vertices():
+    # vertex 0 depends on 1 and 1 on 0: nothing can ever start
+    mg = make_memgraph(["kernel", "kernel", "kernel"], [[1], [0], []])
+    with pytest.raises(ValueError, match="cycle"):
+        Scheduler(mg)
+    mg2 = make_memgraph(["kernel", "kernel"], [[], [0]])
+    s = Scheduler(mg2)
+    s.start()
+    s.missing[1] += 1  # simulate a dependency that never completes
+    with pytest.raises(SchedulerStall) as e:
+        s.complete(0, 42)
+    assert e.value.t_ns == 42 and e.value.stuck[0].v == 1
+    assert "kernel#1" in str(e.value) and "dependencies" in str(e.value)
+
+
+def test_protocol_errors():
+    s = Scheduler(chain(2))
+    s.start()
+    with pytest.raises(ProtocolError):
+        s.handle(KernelDone(1, 1))
+    with pytest.raises(ProtocolError):
+        s.handle(CopyDone(0, 1))
+    with pytest.raises(ProtocolError):
+        s.handle(RunStarted(0))
+
+
+def test_unknown_policy():
+    with pytest.raises(ValueError, match="nondet"):
+        Scheduler(chain(2), "fifo")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_finishes_a_mixed_graph(policy):
+    mg = make_memgraph(
+        ["input", "kernel", "offload", "reload", "kernel", "transfer", "kernel"],
+        [[], [0], [1], [2], [3], [4], [5]],
+        n_gpus=2,
+        gpus=[0, 0, 0, 0, 0, 1, 1],
+        src_gpus=[0, 0, 0, 0, 0, 0, 1],
+    )
+    s = Scheduler(mg, policy)
+    todo = s.start()
+    t = 0
+    while todo:
+        t += 1
+        todo = todo[1:] + s.handle(done(todo[0], t))
+        s.validate()
+    assert s.finished and s.state_counts()["done"] == mg.n
+
+
+def test_empty_graph():
+    s = Scheduler(make_memgraph([], [], n_gpus=1))
+    assert s.start() == [] and s.finished
+    assert np.asarray(s.status).size == 0

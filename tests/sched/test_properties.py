@@ -1,0 +1,94 @@
+"""Random memgraphs, random legal completion orders, every policy: the core's safety properties."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from turnip.sched import POLICIES, CopyDone, KernelDone, Launch, Scheduler
+from turnip.sched.testing import random_memgraph
+
+pytestmark = pytest.mark.property
+
+
+class CoreMachine(RuleBasedStateMachine):
+    """Complete any running vertex at any step; check every invariant after every event."""
+
+    @initialize(
+        seed=st.integers(0, 2**31),
+        n=st.integers(1, 40),
+        n_gpus=st.integers(1, 3),
+        policy=st.sampled_from(POLICIES),
+        streams=st.integers(1, 5),
+    )
+    def setup(self, seed, n, n_gpus, policy, streams):
+        self.mg = random_memgraph(np.random.default_rng(seed), n, n_gpus)
+        self.s = Scheduler(self.mg, policy, streams_per_gpu=streams)
+        self.streams = streams
+        self.running: list = []
+        self.t = 0
+        self.start_t = [-1] * n
+        self.end_t = [-1] * n
+        self._take(self.s.start(0))
+
+    def _take(self, cmds):
+        for c in cmds:
+            assert self.start_t[c.v] == -1, f"vertex {c.v} launched twice"
+            self.start_t[c.v] = self.t
+            for u in self.mg.deps(c.v).tolist():
+                assert 0 <= self.end_t[u] <= self.t, f"{c.v} started before its dependency {u}"
+        self.running += cmds
+
+    @rule(pick=st.integers(0, 10**6))
+    def complete_one(self, pick):
+        if not self.running:
+            return
+        c = self.running.pop(pick % len(self.running))
+        self.t += 1
+        self.end_t[c.v] = self.t
+        self._take(self.s.handle(KernelDone(c.v, self.t) if type(c) is Launch else CopyDone(c.v, self.t)))
+
+    @invariant()
+    def state_is_valid(self):
+        self.s.validate()
+
+    @invariant()
+    def resources_within_limits(self):
+        per_gpu, engines, locks = {}, set(), set()
+        for c in self.running:
+            per_gpu[c.gpu] = per_gpu.get(c.gpu, 0) + 1
+            if type(c) is not Launch:
+                key = (c.engine, c.src_gpu, c.dst_gpu)
+                assert key not in engines, f"two copies on engine {key}"
+                engines.add(key)
+            lk = int(self.mg.lock_group[c.v])
+            if lk >= 0:
+                assert lk not in locks, f"lock group {lk} held twice"
+                locks.add(lk)
+        assert all(k <= self.streams for k in per_gpu.values())
+
+    @invariant()
+    def progress_until_done(self):
+        if not self.running:
+            assert self.s.finished and all(t >= 0 for t in self.end_t), "stopped with vertices left"
+
+
+CoreMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=200, deadline=None, suppress_health_check=list(HealthCheck)
+)
+TestCore = CoreMachine.TestCase
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**31), policy=st.sampled_from(POLICIES), lifo=st.booleans())
+def test_any_order_runs_each_vertex_once(seed, policy, lifo):
+    mg = random_memgraph(np.random.default_rng(seed), 60, 3, p_edge=0.05)
+    s = Scheduler(mg, policy, streams_per_gpu=3)
+    todo, t, count = s.start(), 0, np.zeros(mg.n, dtype=int)
+    while todo:
+        c = todo.pop() if lifo else todo.pop(0)
+        count[c.v] += 1
+        t += 1
+        todo += s.handle(KernelDone(c.v, t) if type(c) is Launch else CopyDone(c.v, t))
+    assert s.finished and (count == 1).all()

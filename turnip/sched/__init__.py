@@ -1,0 +1,31 @@
+"""The scheduler core: a pure state machine ``handle(event) -> commands``.
+
+It reads no clock, starts no thread and does no I/O: time arrives inside events. The SimPy model in
+``sim/`` and the real runtime are thin driver loops around it::
+
+    sched = Scheduler(mg, policy="nondet")
+    cmds = sched.handle(RunStarted(t_ns=0))
+    while not sched.finished:
+        ...perform cmds (Launch / Copy), wait for one to complete...
+        cmds = sched.handle(KernelDone(v, t_ns))   # or CopyDone(v, t_ns)
+"""
+
+from turnip.sched.core import POLICIES, Scheduler
+from turnip.sched.errors import ProtocolError, SchedulerStall, StuckVertex
+from turnip.sched.events import Copy, CopyDone, KernelDone, Launch, RunStarted
+from turnip.sched.priority import critical_path_ns, topo_order
+
+__all__ = [
+    "POLICIES",
+    "Copy",
+    "CopyDone",
+    "KernelDone",
+    "Launch",
+    "ProtocolError",
+    "RunStarted",
+    "Scheduler",
+    "SchedulerStall",
+    "StuckVertex",
+    "critical_path_ns",
+    "topo_order",
+]

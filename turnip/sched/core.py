@@ -1,0 +1,353 @@
+"""The scheduler core: dependency counts, ready queues, resources and a dispatch policy.
+
+State it owns (every vertex ``v`` is in exactly one state, ``status[v]``):
+  WAITING   some dependency not done (``missing[v] > 0``)
+  READY     all dependencies done; queued in its class heap, parked on a held lock, or (fixed-order
+            classes) waiting for its turn in its GPU's compile order
+  RUNNING   launched: holds one stream slot of its issuing GPU, its copy engine (if a copy) and its
+            sum-into lock (if in a lock group) until its completion event arrives
+  DONE      completed
+Resources: ``streams_per_gpu`` slots per GPU; one host→device and one device→host engine per GPU; one
+engine per directed GPU→GPU link; one lock per lock group. The issuing GPU of a vertex is ``gpu[v]``,
+except a transfer, which is issued by (and ordered on) its source GPU.
+
+Invariants (``validate()``): a RUNNING vertex holds exactly its resources and nothing else holds them;
+``missing[v]`` equals its dependencies not DONE; a queued vertex is READY; fixed-order pointers only pass
+launched vertices; counts agree.
+
+Policies: ``nondet`` (launch anything ready whose resources are free, best compile order first),
+``nondet-cp`` (best = longest critical path), ``det`` (each GPU issues all its vertices in compile order),
+``det-kernels`` (only kernels in fixed per-GPU order; copies as ``nondet``).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from turnip.memgraph.plan import (
+    KIND_INPUT,
+    KIND_KERNEL,
+    KIND_NAMES,
+    KIND_OFFLOAD,
+    KIND_RELOAD,
+    KIND_TRANSFER,
+    MemGraph,
+)
+from turnip.sched.errors import ProtocolError, SchedulerStall, StuckVertex
+from turnip.sched.events import Copy, CopyDone, KernelDone, Launch, RunStarted
+from turnip.sched.priority import critical_path_ns, rough_dur_ns, topo_order
+
+WAITING, READY, RUNNING, DONE = 0, 1, 2, 3
+POLICIES = ("nondet", "nondet-cp", "det", "det-kernels")
+_FIXED = {"nondet": (), "nondet-cp": (), "det": ("kernel", "copy"), "det-kernels": ("kernel",)}
+
+
+class Scheduler:
+    """Pure state machine over one memgraph run. ``handle(event) -> list of commands``."""
+
+    def __init__(
+        self,
+        mg: MemGraph,
+        policy: str = "nondet",
+        streams_per_gpu: int = 5,
+        dur_ns: np.ndarray | None = None,
+    ):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        if streams_per_gpu < 1:
+            raise ValueError("streams_per_gpu must be >= 1")
+        self.mg, self.policy, self.streams_per_gpu = mg, policy, streams_per_gpu
+        n, g = mg.n, mg.n_gpus
+        self.n, self.n_gpus = n, g
+        kind = mg.kind.astype(np.int64)
+        gpu = mg.gpu.astype(np.int64)
+        src = mg.src_gpu.astype(np.int64)
+        owner = np.where(kind == KIND_TRANSFER, src, gpu)
+        # engine ids: h2d[g] = g, d2h[g] = G + g, link(s, d) = 2G + s*G + d; kernel queue of g = 2G + G*G + g
+        engine = np.where(kind == KIND_OFFLOAD, g + gpu, gpu)
+        engine = np.where(kind == KIND_TRANSFER, 2 * g + src * g + gpu, engine)
+        engine = np.where(kind == KIND_KERNEL, -1, engine)
+        queue = np.where(kind == KIND_KERNEL, 2 * g + g * g + gpu, engine)
+        self._n_engines = 2 * g + g * g
+        self.kind = kind.tolist()
+        self.owner = owner.tolist()
+        self.engine = engine.tolist()
+        self.queue = queue.tolist()
+        self.lock = mg.lock_group.astype(np.int64).tolist()
+        self._lock_gpus: dict[int, list[int]] = {}
+        for lk, og in sorted(set(zip(self.lock, owner.tolist(), strict=True))):
+            if lk >= 0:
+                self._lock_gpus.setdefault(lk, []).append(og)
+        self._engine_name = np.array(["h2d", "kernel", "p2p", "d2h", "h2d"])[kind].tolist()
+        from_host = (kind == KIND_INPUT) | (kind == KIND_RELOAD)
+        self._src = np.where(from_host, -1, np.where(kind == KIND_TRANSFER, src, gpu)).tolist()
+        self._dst = np.where(kind == KIND_OFFLOAD, -1, gpu).tolist()
+        succ_ptr, succ_idx = mg.successors()
+        self.succ_ptr, self.succ_idx = succ_ptr.tolist(), succ_idx.tolist()
+
+        # priority rank: lower launches first. Heaps hold ranks; _by_rank maps back to vertices.
+        order = topo_order(mg)
+        if policy == "nondet-cp":
+            cp = critical_path_ns(mg, rough_dur_ns(mg) if dur_ns is None else dur_ns)
+            by_rank = np.lexsort((np.arange(n), -cp))
+        else:
+            by_rank = order
+        rank = np.empty(n, dtype=np.int64)
+        rank[by_rank] = np.arange(n)
+        self.rank, self._by_rank = rank.tolist(), by_rank.tolist()
+
+        # fixed-order classes: per GPU the vertices of those classes in compile (topological) order
+        fixed = _FIXED[policy]
+        is_fixed = np.zeros(n, dtype=bool)
+        if "kernel" in fixed:
+            is_fixed |= kind == KIND_KERNEL
+        if "copy" in fixed:
+            is_fixed |= kind != KIND_KERNEL
+        self.fixed = is_fixed.tolist()
+        fo = order[is_fixed[order]]
+        self._order = [fo[owner[fo] == i].tolist() for i in range(g)]
+        self._ptr = [0] * g
+        self._has_fixed = bool(is_fixed.any())
+
+        # state
+        self.missing = mg.indegree().tolist()
+        self.status = bytearray(n)
+        self.stream_of = [-1] * n
+        self.free_streams = [list(range(streams_per_gpu - 1, -1, -1)) for _ in range(g)]
+        self.engine_holder = [-1] * self._n_engines
+        self.lock_holder: dict[int, int] = {}
+        self.lock_wait: dict[int, list[int]] = {}
+        self.heaps: list[list[int]] = [[] for _ in range(self._n_engines + g)]
+        self._gpu_queues = [
+            [q for q in range(self._n_engines + g) if self._queue_owner(q) == i] for i in range(g)
+        ]
+        self.n_running = 0
+        self.n_done = 0
+        self.now_ns = 0
+        self.started = False
+        self._dirty = bytearray(g)
+        self._dirty_list: list[int] = []
+
+    def _queue_owner(self, q: int) -> int:
+        g = self.n_gpus
+        if q < 2 * g:
+            return q % g
+        if q < 2 * g + g * g:
+            return (q - 2 * g) // g
+        return q - 2 * g - g * g
+
+    @property
+    def finished(self) -> bool:
+        return self.n_done == self.n
+
+    # ---------------------------------------------------------------- events
+    def handle(self, event) -> list:
+        """Apply one event; return the commands to perform now (possibly none)."""
+        if type(event) is KernelDone or type(event) is CopyDone:
+            if (self.kind[event.v] == KIND_KERNEL) != (type(event) is KernelDone):
+                raise ProtocolError(f"{type(event).__name__} for {self.mg.label(event.v)}")
+            return self.complete(event.v, event.t_ns)
+        if type(event) is RunStarted:
+            return self.start(event.t_ns)
+        raise ProtocolError(f"unknown event {event!r}")
+
+    def start(self, t_ns: int = 0) -> list:
+        if self.started:
+            raise ProtocolError("RunStarted twice")
+        self.started, self.now_ns = True, t_ns
+        for v in range(self.n):
+            if self.missing[v] == 0:
+                self._make_ready(v)
+        return self._dispatch_dirty()
+
+    def complete(self, v: int, t_ns: int) -> list:
+        """Fast path of ``handle(KernelDone/CopyDone)``: vertex ``v`` finished at ``t_ns``."""
+        status = self.status
+        if status[v] != RUNNING:
+            raise ProtocolError(f"completion of {self.mg.label(v)}, which is not running (state {status[v]})")
+        self.now_ns = t_ns
+        status[v] = DONE
+        self.n_done += 1
+        self.n_running -= 1
+        g = self.owner[v]
+        self.free_streams[g].append(self.stream_of[v])
+        e = self.engine[v]
+        if e >= 0:
+            self.engine_holder[e] = -1
+        self._mark(g)
+        lk = self.lock[v]
+        if lk >= 0:
+            del self.lock_holder[lk]
+            for og in self._lock_gpus[lk]:
+                self._mark(og)
+            waiters = self.lock_wait.pop(lk, None)
+            if waiters:
+                for r in waiters:
+                    u = self._by_rank[r]
+                    heapq.heappush(self.heaps[self.queue[u]], r)
+                    self._mark(self.owner[u])
+        missing, succ_idx = self.missing, self.succ_idx
+        for i in range(self.succ_ptr[v], self.succ_ptr[v + 1]):
+            s = succ_idx[i]
+            missing[s] -= 1
+            if missing[s] == 0:
+                self._make_ready(s)
+        return self._dispatch_dirty()
+
+    # ---------------------------------------------------------------- internals
+    def _mark(self, g: int) -> None:
+        if not self._dirty[g]:
+            self._dirty[g] = 1
+            self._dirty_list.append(g)
+
+    def _make_ready(self, v: int) -> None:
+        self.status[v] = READY
+        if not self.fixed[v]:
+            lk = self.lock[v]
+            if lk >= 0 and lk in self.lock_holder:
+                self.lock_wait.setdefault(lk, []).append(self.rank[v])
+                return
+            heapq.heappush(self.heaps[self.queue[v]], self.rank[v])
+        self._mark(self.owner[v])
+
+    def _dispatch_dirty(self) -> list:
+        cmds: list = []
+        dl = self._dirty_list
+        if len(dl) > 1:
+            dl.sort()
+        for g in dl:
+            self._dirty[g] = 0
+            self._dispatch(g, cmds)
+        dl.clear()
+        if not self.started:
+            return cmds
+        if self.n_running == 0 and self.n_done < self.n:
+            raise self.stall_error()
+        return cmds
+
+    def _dispatch(self, g: int, cmds: list) -> None:
+        streams = self.free_streams[g]
+        heaps, holder, rank = self.heaps, self.engine_holder, self.rank
+        n_eng = self._n_engines
+        order, ptr = self._order[g], self._ptr
+        while streams:
+            best_r, best_q = -1, -2
+            if self._has_fixed and ptr[g] < len(order):
+                u = order[ptr[g]]
+                if self.status[u] == READY and self._free_for(u):
+                    best_r, best_q = rank[u], -1
+            for q in self._gpu_queues[g]:
+                h = heaps[q]
+                if h and (q >= n_eng or holder[q] < 0) and (best_r < 0 or h[0] < best_r):
+                    best_r, best_q = h[0], q
+            if best_q == -2:
+                return
+            if best_q == -1:
+                v = order[ptr[g]]
+                ptr[g] += 1
+            else:
+                v = self._by_rank[heapq.heappop(heaps[best_q])]
+                lk = self.lock[v]
+                if lk >= 0 and lk in self.lock_holder:
+                    self.lock_wait.setdefault(lk, []).append(best_r)
+                    continue
+            cmds.append(self._launch(v, g, streams.pop()))
+
+    def _free_for(self, u: int) -> bool:
+        e = self.engine[u]
+        if e >= 0 and self.engine_holder[e] >= 0:
+            return False
+        lk = self.lock[u]
+        return lk < 0 or lk not in self.lock_holder
+
+    def _launch(self, v: int, g: int, stream: int):
+        self.status[v] = RUNNING
+        self.stream_of[v] = stream
+        self.n_running += 1
+        e = self.engine[v]
+        lk = self.lock[v]
+        if lk >= 0:
+            self.lock_holder[lk] = v
+        if e < 0:
+            return Launch(v, g, stream)
+        self.engine_holder[e] = v
+        return Copy(v, self._engine_name[v], self._src[v], self._dst[v], g, stream)
+
+    # ---------------------------------------------------------------- diagnostics
+    def stall_error(self, limit: int = 20) -> SchedulerStall:
+        left = [v for v in range(self.n) if self.status[v] != DONE]
+        stuck = [StuckVertex(v, self.mg.label(v), self.waits_for(v)) for v in left[:limit]]
+        return SchedulerStall(self.now_ns, len(left), stuck)
+
+    def waits_for(self, v: int) -> str:
+        """Human-readable reason why ``v`` has not launched (or 'running' / 'done')."""
+        st = self.status[v]
+        if st == DONE:
+            return "nothing (done)"
+        if st == RUNNING:
+            return "its own completion (running)"
+        if st == WAITING:
+            deps = self.mg.deps(v).tolist()
+            return "dependencies " + ", ".join(str(u) for u in deps if self.status[u] != DONE)
+        g, why = self.owner[v], []
+        if not self.free_streams[g]:
+            why.append(f"a stream slot of gpu {g}")
+        e = self.engine[v]
+        if e >= 0 and self.engine_holder[e] >= 0:
+            why.append(f"the {self._engine_name[v]} engine (held by {self.engine_holder[e]})")
+        lk = self.lock[v]
+        if lk >= 0 and lk in self.lock_holder:
+            why.append(f"lock group {lk} (held by {self.lock_holder[lk]})")
+        if self.fixed[v]:
+            order = self._order[g]
+            if self._ptr[g] < len(order) and order[self._ptr[g]] != v:
+                why.append(f"its turn in gpu {g}'s fixed order (next is {order[self._ptr[g]]})")
+        return "; ".join(why) or "a dispatch (ready and launchable)"
+
+    def validate(self) -> None:
+        """Check every invariant of the state; raise AssertionError naming the first violation."""
+        n, st = self.n, self.status
+        running = [v for v in range(n) if st[v] == RUNNING]
+        assert self.n_running == len(running), "n_running disagrees with states"
+        assert self.n_done == sum(1 for v in range(n) if st[v] == DONE), "n_done disagrees with states"
+        for v in range(n):
+            m = sum(1 for u in self.mg.deps(v).tolist() if st[u] != DONE)
+            assert self.missing[v] == m, f"missing[{v}]={self.missing[v]}, expected {m}"
+            assert (st[v] == WAITING) == (m > 0) or st[v] == WAITING and not self.started, f"state of {v}"
+        per_gpu = [0] * self.n_gpus
+        streams_used: set[tuple[int, int]] = set()
+        for v in running:
+            g = self.owner[v]
+            per_gpu[g] += 1
+            assert (g, self.stream_of[v]) not in streams_used, f"stream {self.stream_of[v]} of gpu {g} shared"
+            streams_used.add((g, self.stream_of[v]))
+            e = self.engine[v]
+            assert e < 0 or self.engine_holder[e] == v, f"{v} runs without its engine"
+            assert self.lock[v] < 0 or self.lock_holder.get(self.lock[v]) == v, f"{v} runs without its lock"
+        for g in range(self.n_gpus):
+            assert per_gpu[g] + len(self.free_streams[g]) == self.streams_per_gpu, f"gpu {g} slot count"
+            assert not {(g, s) for s in self.free_streams[g]} & streams_used, f"gpu {g} free list"
+            order = self._order[g]
+            assert all(st[u] >= RUNNING for u in order[: self._ptr[g]]), f"gpu {g} order passed a vertex"
+            assert all(st[u] <= READY for u in order[self._ptr[g] :]), f"gpu {g} order skipped a vertex"
+        for e, v in enumerate(self.engine_holder):
+            assert v < 0 or (st[v] == RUNNING and self.engine[v] == e), f"engine {e} held by {v}"
+        for lk, v in self.lock_holder.items():
+            assert st[v] == RUNNING and self.lock[v] == lk, f"lock {lk} held by {v}"
+        queued = [self._by_rank[r] for h in self.heaps for r in h]
+        queued += [self._by_rank[r] for w in self.lock_wait.values() for r in w]
+        assert len(queued) == len(set(queued)), "a vertex is queued twice"
+        for v in queued:
+            assert st[v] == READY and not self.fixed[v], f"queued vertex {v} in state {st[v]}"
+        if self.started:
+            n_ready_free = sum(1 for v in range(n) if st[v] == READY and not self.fixed[v])
+            assert n_ready_free == len(queued), "a ready vertex is in no queue"
+
+    def state_counts(self) -> dict[str, int]:
+        c = np.bincount(np.frombuffer(bytes(self.status), dtype=np.uint8), minlength=4)
+        return dict(zip(("waiting", "ready", "running", "done"), c.tolist(), strict=True))
+
+    def describe(self, v: int) -> str:
+        return f"{KIND_NAMES[self.kind[v]]} {v}: {self.waits_for(v)}"
