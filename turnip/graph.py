@@ -1,0 +1,215 @@
+"""A small tensor-level IR and the tiling/placement pass that lowers it to a TaskGraph.
+
+Every logical tensor names its dimensions with single letters (``"td"``: tokens × hidden); a tile size per
+letter splits each tensor into a grid of blocks, and einsum subscripts use the same letters. Lowering rules:
+  einsum       one kernel per (output block × contracted block); more than one contracted block gives
+               partials combined by ``sum_into`` vertices (one lock group per output block)
+  elementwise  one kernel per output block; inputs are projected onto their own letters (broadcasting)
+  row ops      (rmsnorm, rotary, embed) need their reduced letter in one block
+  attention    causal, flash-style at graph level: per (query block, head block) the key blocks give
+               partial scores → rowmax → max_n → exp_sub → rowsum → add_n, exp·V partials summed into
+               the output, then div_rows; fully masked key blocks are skipped
+Placement: a block goes to GPU ``coord[l] % n_gpus`` for the first letter ``l`` of ``parallel`` present in
+its iteration space. A consumer on another GPU reads through a (shared) transfer vertex.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from turnip.taskgraph import Builder, TaskGraph
+
+ELEMENTWISE = {"add_n", "mul", "scale", "silu", "silu_mul"}
+
+
+class TilingError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    id: int
+    dims: str
+    shape: tuple[int, ...]
+    dtype: str
+    name: str
+
+
+@dataclass(slots=True)
+class Node:
+    op: str
+    inputs: tuple[int, ...]
+    out: Tensor
+    params: dict
+
+
+@dataclass
+class Graph:
+    """Logical computation: ``tensors[i]`` is produced by ``nodes[i]`` (``op == "input"`` for inputs)."""
+
+    dtype: str = "fp16"
+    nodes: list[Node] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
+
+    def _new(self, op, inputs, dims, shape, params=None, name="") -> int:
+        t = Tensor(len(self.nodes), dims, tuple(shape), self.dtype, name or f"{op}{len(self.nodes)}")
+        self.nodes.append(Node(op, tuple(inputs), t, dict(params or {})))
+        return t.id
+
+    def t(self, i: int) -> Tensor:
+        return self.nodes[i].out
+
+    def input(self, name: str, dims: str, shape) -> int:
+        assert len(dims) == len(shape), (name, dims, shape)
+        return self._new("input", (), dims, shape, name=name)
+
+    def einsum(self, subscripts: str, a: int, b: int, scale: float = 1.0, name: str = "") -> int:
+        ins, out = subscripts.split("->")
+        la, lb = ins.split(",")
+        ext = {}
+        for letters, t in ((la, self.t(a)), (lb, self.t(b))):
+            if letters != t.dims:
+                raise TilingError(f"einsum {subscripts}: operand {t.name} has dims {t.dims!r}, not {letters!r}")
+            for l, s in zip(letters, t.shape, strict=True):
+                if ext.setdefault(l, s) != s:
+                    raise TilingError(f"einsum {subscripts}: dim {l} is {ext[l]} and {s}")
+        return self._new("einsum", (a, b), out, [ext[l] for l in out], {"subscripts": subscripts, "scale": scale}, name)
+
+    def map(self, op: str, *xs: int, name: str = "", **params) -> int:
+        """Elementwise op; the output takes the dims of the widest input, the others broadcast."""
+        full = max((self.t(x) for x in xs), key=lambda t: len(t.dims))
+        for x in xs:
+            t = self.t(x)
+            if any(full.shape[full.dims.index(l)] != s for l, s in zip(t.dims, t.shape, strict=True)):
+                raise TilingError(f"{op}: {t.name}{t.shape} does not broadcast to {full.name}{full.shape}")
+        return self._new(op, xs, full.dims, full.shape, params, name)
+
+    def rmsnorm(self, x: int, w: int, eps: float = 1e-5, name: str = "") -> int:
+        t = self.t(x)
+        return self._new("rmsnorm", (x, w), t.dims, t.shape, {"eps": eps}, name)
+
+    def rotary(self, x: int, theta: float = 10000.0, name: str = "") -> int:
+        t = self.t(x)
+        return self._new("rotary", (x,), t.dims, t.shape, {"theta": theta}, name)
+
+    def embed(self, ids: int, table: int, name: str = "") -> int:
+        n, (_, d) = self.t(ids).shape[0], self.t(table).shape
+        return self._new("embed", (ids, table), self.t(ids).dims + self.t(table).dims[1], (n, d), name=name)
+
+    def attention(self, q: int, k: int, v: int, name: str = "") -> int:
+        """Causal softmax(q k^T / sqrt(dh)) v over tensors with dims (tokens, heads, head dim)."""
+        t = self.t(q)
+        return self._new("attention", (q, k, v), t.dims, t.shape, {"scale": 1.0 / math.sqrt(t.shape[2])}, name)
+
+
+@dataclass(frozen=True)
+class Tiling:
+    tiles: dict  # letter -> tile size (missing: whole dimension)
+    n_gpus: int = 1
+    parallel: str = "hft"
+
+    def nblocks(self, letter: str, size: int) -> int:
+        return -(-size // self.tiles.get(letter, size))
+
+    def span(self, letter: str, size: int, b: int) -> tuple[int, int]:
+        ts = self.tiles.get(letter, size)
+        return b * ts, min(size, (b + 1) * ts)
+
+    def place(self, coords: dict) -> int:
+        for l in self.parallel:
+            if l in coords:
+                return coords[l] % self.n_gpus
+        return 0
+
+
+class _Lowering:
+    def __init__(self, g: Graph, tiling: Tiling):
+        self.g, self.T = g, tiling
+        self.b = Builder(tiling.n_gpus)
+        self.blocks: dict[int, dict[tuple, int]] = {}  # logical tensor -> block coords -> tg vertex
+        self.moves: dict = {}
+
+    def grid(self, t: Tensor):
+        return itertools.product(*(range(self.T.nblocks(l, s)) for l, s in zip(t.dims, t.shape, strict=True)))
+
+    def bshape(self, t: Tensor, idx: tuple) -> tuple:
+        return tuple(
+            b - a for a, b in (self.T.span(l, s, i) for l, s, i in zip(t.dims, t.shape, idx, strict=True))
+        )
+
+    def block(self, x: int, coords: dict, gpu: int) -> int:
+        t = self.g.t(x)
+        key = tuple(coords.get(l, 0) for l in t.dims)
+        return self.b.to_gpu(self.blocks[x][key], gpu, self.moves)
+
+    def whole(self, t: Tensor, letter: str, op: str):
+        s = t.shape[t.dims.index(letter)]
+        if self.T.nblocks(letter, s) != 1:
+            raise TilingError(f"{op} on {t.name} needs dim {letter!r} in one tile (size {s}); raise its tile size")
+
+    def run(self) -> TaskGraph:
+        for node in self.g.nodes:
+            getattr(self, "_" + ("map" if node.op in ELEMENTWISE else node.op))(node)
+        outs = [v for x in self.g.outputs for v in self.blocks[x].values()]
+        return self.b.build(outputs=outs, meta={"tiles": dict(self.T.tiles)})
+
+    def _input(self, node: Node):
+        t = node.out
+        self.blocks[t.id] = {
+            idx: self.b.input(self.bshape(t, idx), t.dtype, self.T.place(dict(zip(t.dims, idx, strict=True))),
+                              name=f"{t.name}{list(idx)}")
+            for idx in self.grid(t)
+        }
+
+    def _emit(self, node, idx, op, args_of, params=None, flops_per_elem=1.0):
+        t = node.out
+        coords = dict(zip(t.dims, idx, strict=True))
+        gpu = self.T.place(coords)
+        shape = self.bshape(t, idx)
+        args = [self.block(x, coords, gpu) for x in args_of]
+        n = math.prod(shape)
+        return self.b.kernel(op, args, shape, t.dtype, gpu, params if params is not None else node.params,
+                             flops=flops_per_elem * n, name=f"{t.name}{list(idx)}")
+
+    def _map(self, node: Node):
+        self.blocks[node.out.id] = {idx: self._emit(node, idx, node.op, node.inputs) for idx in self.grid(node.out)}
+
+    def _rmsnorm(self, node: Node):
+        self.whole(node.out, node.out.dims[-1], "rmsnorm")
+        self.blocks[node.out.id] = {
+            idx: self._emit(node, idx, "rmsnorm", node.inputs, flops_per_elem=4) for idx in self.grid(node.out)
+        }
+
+    def _rotary(self, node: Node):
+        t = node.out
+        self.whole(t, t.dims[-1], "rotary")
+        out = {}
+        for idx in self.grid(t):
+            p = dict(node.params, pos_off=self.T.span(t.dims[0], t.shape[0], idx[0])[0])
+            out[idx] = self._emit(node, idx, "rotary", node.inputs, p, flops_per_elem=6)
+        self.blocks[t.id] = out
+
+    def _embed(self, node: Node):
+        self.whole(self.g.t(node.inputs[1]), self.g.t(node.inputs[1]).dims[0], "embed")
+        self.whole(node.out, node.out.dims[1], "embed")
+        self.blocks[node.out.id] = {idx: self._emit(node, idx, "embed", node.inputs, flops_per_elem=0)
+                                    for idx in self.grid(node.out)}
+
+    def _einsum(self, node: Node):
+        from turnip.graph_lower import lower_einsum
+
+        lower_einsum(self, node)
+
+    def _attention(self, node: Node):
+        from turnip.graph_lower import lower_attention
+
+        lower_attention(self, node)
+
+
+def lower(g: Graph, tiling: Tiling) -> TaskGraph:
+    """Tile and place a logical graph; the result is validated."""
+    tg = _Lowering(g, tiling).run()
+    tg.validate()
+    return tg

@@ -1,0 +1,264 @@
+"""BuildMemgraph: simulate an execution of the taskgraph in a fixed order V, placing every tensor in a
+byte arena per GPU and emitting the memgraph (offload/reload vertices, data and memory dependencies).
+
+Two horizons walk V. ``alloc`` runs ahead reserving output space (simMalloc); when it cannot and nothing
+is pending, the next vertex's space is made by eviction (simMallocOffld). Otherwise ``exec`` emits the next
+vertex: evicted operands are reloaded first (simMallocForceReld), operands with no future use are freed
+(simFree). A reservation over a freed range depends on that range's last users (a memory dependency).
+
+Builder state per taskgraph tensor t: ``loc[t]`` the memgraph vertex whose buffer holds t on its GPU
+(-1: not resident), ``host_ok[t]`` whether the host copy is current (evict without a copy),
+``host_src[t]`` the offload that wrote it (-1: the tensor's initial host data), and per buffer the
+vertices that wrote it (``writers``) and that touched it at all (``users``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from turnip.memgraph.arena import ALIGN, Arena, Ghosts, aligned
+from turnip.memgraph.emit import Emitter
+from turnip.memgraph.evict import POLICIES, find_victims
+from turnip.memgraph.plan import KIND_INPUT, KIND_TRANSFER, MemGraph
+from turnip.taskgraph import TaskGraph
+
+
+class BudgetError(RuntimeError):
+    """One vertex cannot run within the GPU memory budget."""
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    policy: str = "furthest"  # eviction policy: furthest | lru | largest
+    lookahead_vertices: int | None = None  # cap on alloc - exec
+    lookahead_nbytes: int | None = None  # cap on bytes reserved ahead
+    order: tuple[int, ...] | None = None  # V; default index order
+
+
+def _uses(tg: TaskGraph, order: np.ndarray):
+    """Per tensor, the sorted V positions of the vertices that use it (operand, or sum_into target)."""
+    n = tg.n
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    owner = np.repeat(np.arange(n), np.diff(tg.arg_ptr))
+    t = tg.arg_idx.astype(np.int64)
+    p = pos[owner]
+    keys = np.lexsort((p, t))
+    t, p = t[keys], p[keys]
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(np.bincount(t, minlength=n))
+    return pos, ptr, p
+
+
+class _Build:
+    def __init__(self, tg: TaskGraph, budget: list[int], cfg: BuildConfig):
+        self.tg, self.cfg = tg, cfg
+        if cfg.policy not in POLICIES:
+            raise ValueError(f"unknown eviction policy {cfg.policy!r}; choose from {sorted(POLICIES)}")
+        self.key = POLICIES[cfg.policy]
+        self.V = np.asarray(cfg.order if cfg.order is not None else range(tg.n), dtype=np.int64)
+        if sorted(self.V.tolist()) != list(range(tg.n)):
+            raise ValueError("order must be a permutation of the taskgraph's vertices")
+        self.pos, self.use_ptr, self.use_pos = _uses(tg, self.V)
+        self.next_use = self.use_ptr[:-1].copy()  # index into use_pos of the next use >= exec
+        self.last_use = np.full(tg.n, -1, dtype=np.int64)
+        self.arenas = [Arena(b) for b in budget]
+        self.ghosts = [Ghosts() for _ in budget]
+        self.host = Arena(1 << 62)
+        self.em = Emitter(tg, budget)
+        n = tg.n
+        self.loc = np.full(n, -1, dtype=np.int64)
+        self.off = np.full(n, -1, dtype=np.int64)  # arena offset of t's current buffer / reservation
+        self.host_ok = tg.kind == KIND_INPUT
+        self.host_src = np.full(n, -1, dtype=np.int64)
+        self.host_off = np.full(n, -1, dtype=np.int64)
+        self.reserved_edges: dict[int, list[int]] = {}
+        self.pinned: set[int] = set()
+        self.reserved_nbytes = 0
+
+    # -- horizons ---------------------------------------------------------------------------------
+    def run(self) -> MemGraph:
+        tg, V, n = self.tg, self.V, self.tg.n
+        self.alloc = exe = 0
+        cap_v, cap_b = self.cfg.lookahead_vertices, self.cfg.lookahead_nbytes
+        while exe < n:
+            alloc = self.alloc
+            room = alloc < n and (cap_v is None or alloc - exe < cap_v) and (
+                cap_b is None or alloc == exe or self.reserved_nbytes + tg.nbytes[V[alloc]] <= cap_b)
+            if room and self.reserve(int(V[alloc]), evict=False):
+                self.alloc += 1
+            elif alloc == exe:
+                self.reserve(int(V[alloc]), evict=True)
+                self.alloc += 1
+            else:
+                self.execute(int(V[exe]))
+                exe += 1
+        return self.finish()
+
+    def needs_space(self, v: int) -> bool:
+        return self.tg.op[v] != "sum_into"
+
+    def reserve(self, v: int, evict: bool) -> bool:
+        """simMalloc (evict=False) / simMallocOffld (evict=True) for v's output."""
+        if not self.needs_space(v):
+            return True
+        g = int(self.tg.gpu[v])
+        off = self.arenas[g].malloc(self.tg.nbytes[v], v)
+        if off < 0:
+            if not evict:
+                return False
+            off = self.make_room(g, int(self.tg.nbytes[v]), v, {int(a) for a in self.tg.args(v)}, v)
+            if off < 0:
+                raise self.budget_error(v, g, int(self.tg.nbytes[v]))
+        self.off[v] = off
+        self.reserved_edges[v] = self.ghosts[g].take(off, off + aligned(self.tg.nbytes[v]))
+        self.reserved_nbytes += int(self.tg.nbytes[v])
+        return True
+
+    def make_room(self, g: int, nbytes: int, v: int, keep: set[int], owner: int) -> int:
+        """Evict a contiguous range chosen by the policy and claim it for ``owner``; -1 if none exists."""
+        arena = self.arenas[g]
+        cur = int(self.pos[v])
+        victims, off = find_victims(arena, aligned(nbytes), lambda t: self.evictable(t, keep),
+                                    lambda t: self.key(self, t, cur))
+        if off < 0:
+            return -1
+        for t in victims:
+            self.evict(t)
+        arena.claim(off, nbytes, owner)
+        return off
+
+    def evictable(self, t: int, keep: set[int]) -> bool:
+        return t not in keep and t not in self.pinned and self.loc[t] >= 0
+
+    def evict(self, t: int) -> None:
+        g = int(self.tg.gpu[t])
+        buf = int(self.loc[t])
+        users = self.em.last_users(buf)
+        if not self.host_ok[t]:
+            if self.host_off[t] < 0:
+                self.host_off[t] = self.host.malloc(self.tg.nbytes[t], t)
+            o = self.em.offload(t, buf, int(self.host_off[t]))
+            users.append(o)
+            self.host_ok[t], self.host_src[t] = True, o
+        off = int(self.off[t])
+        self.arenas[g].release(off)
+        self.ghosts[g].put(off, off + aligned(self.tg.nbytes[t]), users)
+        self.loc[t] = -1
+
+    # -- execution --------------------------------------------------------------------------------
+    def execute(self, v: int) -> None:
+        tg = self.tg
+        args = [int(a) for a in tg.args(v)]
+        self.pinned = set(args)
+        if self.needs_space(v):
+            self.pinned.add(v)
+        for t in args:
+            if self.loc[t] < 0:
+                self.reload(t, v)
+        edges = self.reserved_edges.pop(v, [])
+        self.reserved_nbytes -= int(tg.nbytes[v]) if self.needs_space(v) else 0
+        mv = self.em.kernel(v, [int(self.loc[t]) for t in args], int(self.off[v]), edges)
+        if tg.kind[v] == KIND_INPUT:
+            if self.host_off[v] < 0:
+                self.host_off[v] = self.em.input_host(v)
+            self.em.host_offset[mv] = self.host_off[v]
+        if tg.op[v] == "sum_into":
+            acc = int(tg.acc[v])
+            self.host_ok[acc] = False
+        else:
+            self.loc[v] = mv
+        cur = int(self.pos[v])
+        for t in {*args, v}:
+            self.last_use[t] = cur
+            self.advance(t, cur)
+        self.pinned = set()
+
+    def advance(self, t: int, cur: int) -> None:
+        """Move t's next-use pointer past ``cur``; free t if nothing will use it again. Host copies are
+        never reused for another tensor, so host memory needs no dependencies."""
+        i, end = self.next_use[t], self.use_ptr[t + 1]
+        while i < end and self.use_pos[i] <= cur:
+            i += 1
+        self.next_use[t] = i
+        if i == end and not self.tg.is_output[t] and self.loc[t] >= 0 and self.needs_space(t):
+            g = int(self.tg.gpu[t])
+            off = int(self.off[t])
+            self.arenas[g].release(off)
+            self.ghosts[g].put(off, off + aligned(self.tg.nbytes[t]), self.em.last_users(int(self.loc[t])))
+            self.loc[t] = -1
+
+    def reload(self, t: int, v: int) -> None:
+        """simMallocForceReld: bring t back to its GPU before v runs; may evict or cancel reservations."""
+        g = int(self.tg.gpu[t])
+        arena = self.arenas[g]
+        off = arena.malloc(self.tg.nbytes[t], t)
+        while off < 0:
+            off = self.make_room(g, int(self.tg.nbytes[t]), v, self.pinned, t)
+            if off < 0:
+                if self.alloc - 1 <= self.pos[v]:
+                    raise self.budget_error(v, g, int(self.tg.nbytes[t]))
+                self.cancel(int(self.V[self.alloc - 1]))
+                off = arena.malloc(self.tg.nbytes[t], t)
+        self.off[t] = off
+        edges = self.ghosts[g].take(off, off + aligned(self.tg.nbytes[t]))
+        self.loc[t] = self.em.reload(t, off, int(self.host_off[t]), int(self.host_src[t]), edges)
+
+    def cancel(self, w: int) -> None:
+        """Give back the newest reservation (allocHzn steps back); its range keeps its memory deps."""
+        self.alloc -= 1
+        if self.needs_space(w):
+            g = int(self.tg.gpu[w])
+            off = int(self.off[w])
+            self.arenas[g].release(off)
+            self.ghosts[g].put(off, off + aligned(self.tg.nbytes[w]), self.reserved_edges.pop(w))
+            self.off[w] = -1
+            self.reserved_nbytes -= int(self.tg.nbytes[w])
+
+    def budget_error(self, v: int, g: int, nbytes: int) -> BudgetError:
+        tg = self.tg
+        args = [int(a) for a in tg.args(v)]
+        need = sum(aligned(tg.nbytes[a]) for a in args if tg.gpu[a] == g) + aligned(tg.nbytes[v])
+        cap = self.arenas[g].capacity
+        biggest = max([v, *args], key=lambda a: tg.nbytes[a])
+        return BudgetError(
+            f"vertex {v} ({tg.name[v]}, op {tg.op[v]}) on gpu {g} cannot get {nbytes} bytes: its inputs and "
+            f"output need {need} bytes against a budget of {cap} bytes (free ranges fragmented or pinned by "
+            f"operands). Reduce the tile size of its largest tensor ({tg.name[biggest]}, shape "
+            f"{tg.shape[biggest]}, {tg.nbytes[biggest]} bytes) or raise the budget."
+        )
+
+    def finish(self) -> MemGraph:
+        tg = self.tg
+        outs = [int(self.loc[t]) if self.loc[t] >= 0 else int(self.host_src[t]) for t in np.flatnonzero(tg.is_output)]
+        resident = int(tg.nbytes[(tg.kind == KIND_INPUT) & (self.loc >= 0)].sum())
+        return self.em.build(outs, host_nbytes=self.host.peak, stats={
+            "peak_nbytes_per_gpu": [a.peak for a in self.arenas],
+            "host_peak_nbytes": int(self.host.peak),
+            "host_input_nbytes": int(self.em.input_host_nbytes),
+            "resident_input_nbytes": resident,
+            "policy": self.cfg.policy,
+        })
+
+
+def build_memgraph(tg: TaskGraph, budget_nbytes, config: BuildConfig | None = None, *,
+                   policy: str | None = None) -> MemGraph:
+    """Compile ``tg`` under a per-GPU budget (an int for every GPU, or a list) into a MemGraph."""
+    cfg = config or BuildConfig()
+    if policy is not None:
+        cfg = BuildConfig(policy, cfg.lookahead_vertices, cfg.lookahead_nbytes, cfg.order)
+    budget = [int(budget_nbytes)] * tg.n_gpus if np.ndim(budget_nbytes) == 0 else [int(b) for b in budget_nbytes]
+    if len(budget) != tg.n_gpus:
+        raise ValueError(f"{len(budget)} budgets for {tg.n_gpus} GPUs")
+    if min(budget) < ALIGN:
+        raise BudgetError(f"budget {min(budget)} bytes is below one {ALIGN}-byte allocation unit")
+    t0 = time.perf_counter()
+    mg = _Build(tg, budget, cfg).run()
+    mg.stats["build_s"] = time.perf_counter() - t0
+    return mg
+
+
+__all__ = ["BudgetError", "BuildConfig", "build_memgraph", "KIND_TRANSFER"]

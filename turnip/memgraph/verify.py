@@ -1,0 +1,209 @@
+"""An independent check of a MemGraph. It shares no code with the builder beyond the plan format.
+
+Checks, each reported as a ``Violation``:
+  cycle      the dependency graph is acyclic
+  bounds     every GPU write lies inside [0, budget) of its GPU
+  dataflow   every writer of a buffer happens before every reader of it; in-place writers after its creator
+  taskgraph  every taskgraph vertex appears once, reads buffers of the right tensors, and every taskgraph
+             dependency on a computed tensor is kept (directly or through offload→reload)
+  host       a reload of a computed tensor depends on an offload of that tensor to the same host bytes,
+             and host copies of different tensors never overlap
+  race       buffers sharing bytes on one GPU are ordered: every access of the earlier one happens before
+             the later one is created — so no valid order can interleave them (interval sweep over
+             buffers in topological order of their creators, plus reachability)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from turnip.memgraph.plan import KIND_INPUT, KIND_OFFLOAD, KIND_RELOAD, MemGraph
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    kind: str
+    vertices: tuple[int, ...]
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.kind}] {self.message}"
+
+
+class _Reach:
+    """Reachability queries on a DAG given by predecessor CSR and a topological index."""
+
+    def __init__(self, mg: MemGraph, topo: np.ndarray):
+        self.ptr, self.src, self.topo = mg.dep_ptr, mg.dep_src, topo
+        self.preds = [set(mg.deps(v).tolist()) for v in range(mg.n)]
+
+    def __call__(self, a: int, b: int) -> bool:
+        """Is there a path a -> ... -> b (or a == b)?"""
+        if a == b or a in self.preds[b]:
+            return True
+        ta = self.topo[a]
+        if ta >= self.topo[b]:
+            return False
+        if any(a in self.preds[d] for d in self.preds[b]):
+            return True
+        seen, stack = {b}, [b]
+        while stack:
+            for u in self.preds[stack.pop()]:
+                if u == a:
+                    return True
+                if u not in seen and self.topo[u] > ta:
+                    seen.add(u)
+                    stack.append(u)
+        return False
+
+
+def _toposort(mg: MemGraph) -> tuple[np.ndarray | None, list[int]]:
+    n = mg.n
+    indeg = mg.indegree().astype(np.int64)
+    sp, si = mg.successors()
+    topo = np.full(n, -1, dtype=np.int64)
+    stack = [int(v) for v in np.flatnonzero(indeg == 0)]
+    k = 0
+    while stack:
+        u = stack.pop()
+        topo[u] = k
+        k += 1
+        for w in si[sp[u] : sp[u + 1]]:
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                stack.append(int(w))
+    if k < n:
+        return None, [int(v) for v in np.flatnonzero(topo < 0)]
+    return topo, []
+
+
+def verify(mg: MemGraph, tg=None, limit: int = 50) -> list[Violation]:
+    """All violations found (at most ``limit`` per check); empty means the plan is correct."""
+    out: list[Violation] = []
+    n = mg.n
+    if len(mg.dep_src) and (mg.dep_src.min() < 0 or mg.dep_src.max() >= n):
+        return [Violation("cycle", (), "dependency on a vertex id out of range")]
+    topo, stuck = _toposort(mg)
+    if topo is None:
+        return [Violation("cycle", tuple(stuck[:20]), f"dependency cycle among {len(stuck)} vertices, e.g. "
+                          f"{[mg.label(v) for v in stuck[:5]]}")]
+    reach = _Reach(mg, topo)
+    into = np.array([op == "sum_into" for op in mg.op], dtype=bool)
+    writes_gpu = mg.kind != KIND_OFFLOAD
+
+    def add(kind, vs, msg):
+        if sum(1 for x in out if x.kind == kind) < limit:
+            out.append(Violation(kind, tuple(int(v) for v in vs), msg))
+
+    # bounds
+    for v in np.flatnonzero(writes_gpu):
+        b = mg.budget_nbytes[mg.gpu[v]]
+        if mg.out_offset[v] < 0 or mg.out_offset[v] + mg.out_nbytes[v] > b:
+            add("bounds", [v], f"{mg.label(v)} writes [{mg.out_offset[v]}, {mg.out_offset[v] + mg.out_nbytes[v]})"
+                f" outside the {b}-byte arena of gpu {mg.gpu[v]}")
+    # buffers: creators, in-place writers, readers
+    creator = writes_gpu & ~into
+    writers: dict[int, list[int]] = {int(b): [int(b)] for b in np.flatnonzero(creator)}
+    readers: dict[int, list[int]] = {b: [] for b in writers}
+    for v in range(n):
+        r = mg.reads(v)
+        for i, b in enumerate(r.tolist()):
+            if b not in writers:
+                add("dataflow", [v, b], f"{mg.label(v)} reads {b}, which creates no buffer")
+                continue
+            if into[v] and i == 0:
+                writers[b].append(v)
+                if mg.out_offset[v] != mg.out_offset[b] or mg.gpu[v] != mg.gpu[b]:
+                    add("dataflow", [v, b], f"sum_into {v} writes elsewhere than its accumulator buffer {b}")
+            else:
+                readers[b].append(v)
+    for b, ws in writers.items():
+        for w in ws[1:]:
+            if not reach(b, w):
+                add("dataflow", [b, w], f"in-place writer {mg.label(w)} not after buffer creator {mg.label(b)}")
+        for r in readers[b]:
+            for w in ws:
+                if not reach(w, r):
+                    add("dataflow", [w, r], f"{mg.label(r)} reads buffer {b} without waiting for its writer "
+                        f"{mg.label(w)}")
+    _check_host(mg, reach, add)
+    if tg is not None:
+        _check_taskgraph(mg, tg, reach, add)
+    _check_races(mg, topo, writers, readers, reach, add)
+    return out
+
+
+def _check_host(mg, reach, add):
+    inputs = set(mg.tensor[mg.kind == KIND_INPUT].tolist())
+    slots: dict[tuple, tuple[int, int]] = {}
+    for v in np.flatnonzero((mg.kind == KIND_OFFLOAD) | (mg.kind == KIND_RELOAD) | (mg.kind == KIND_INPUT)):
+        t, off, nb = int(mg.tensor[v]), int(mg.host_offset[v]), int(mg.out_nbytes[v])
+        key = (t in inputs, t)
+        if slots.setdefault(key, (off, nb)) != (off, nb):
+            add("host", [v], f"{mg.label(v)} uses host bytes {off}+{nb}, tensor's copy is at {slots[key]}")
+        if mg.kind[v] == KIND_RELOAD and t not in inputs:
+            srcs = [int(d) for d in mg.deps(v) if mg.kind[d] == KIND_OFFLOAD and mg.tensor[d] == t]
+            if not srcs:
+                add("host", [v], f"{mg.label(v)} reloads a computed tensor without depending on its offload")
+    for region in (True, False):
+        iv = sorted((o, o + nb, t) for (inp, t), (o, nb) in slots.items() if inp == region)
+        for (s0, e0, t0), (s1, _, t1) in zip(iv, iv[1:], strict=False):
+            if s1 < e0:
+                add("host", [], f"host copies of tensors {t0} and {t1} overlap")
+
+
+def _check_taskgraph(mg, tg, reach, add):
+    mv = np.full(tg.n, -1, dtype=np.int64)
+    for v in np.flatnonzero(mg.tg_vertex >= 0):
+        t = int(mg.tg_vertex[v])
+        if mv[t] >= 0:
+            add("taskgraph", [v], f"taskgraph vertex {t} appears twice")
+        mv[t] = v
+    for t in np.flatnonzero(mv < 0):
+        add("taskgraph", [], f"taskgraph vertex {t} ({tg.name[t]}) missing from the memgraph")
+    for t in range(tg.n):
+        v = int(mv[t])
+        if v < 0:
+            continue
+        args, bufs = tg.args(t), mg.reads(v)
+        if len(args) != len(bufs):
+            add("taskgraph", [v], f"{mg.label(v)} reads {len(bufs)} buffers, taskgraph vertex {t} has "
+                f"{len(args)} operands")
+            continue
+        for a, b in zip(args.tolist(), bufs.tolist(), strict=True):
+            if mg.tensor[b] != a:
+                add("taskgraph", [v, b], f"{mg.label(v)} should read tensor {a} but reads buffer of tensor "
+                    f"{mg.tensor[b]}")
+        for u in tg.deps(t):
+            if tg.kind[u] != KIND_INPUT and mv[u] >= 0 and not reach(int(mv[u]), v):
+                add("taskgraph", [mv[u], v], f"taskgraph dependency {u} -> {t} lost: {mg.label(int(mv[u]))} "
+                    f"does not precede {mg.label(v)}")
+
+
+def _check_races(mg, topo, writers, readers, reach, add):
+    for g in range(mg.n_gpus):
+        bufs = [b for b in writers if mg.gpu[b] == g]
+        bufs.sort(key=lambda b: topo[b])
+        segs: list[tuple[int, int, int]] = []  # sorted disjoint (start, end, buffer): last occupant
+        for b in bufs:
+            s, e = int(mg.out_offset[b]), int(mg.out_offset[b] + mg.out_nbytes[b])
+            keep, prev = [], set()
+            for seg in segs:
+                if seg[1] <= s or seg[0] >= e:
+                    keep.append(seg)
+                    continue
+                prev.add(seg[2])
+                if seg[0] < s:
+                    keep.append((seg[0], s, seg[2]))
+                if seg[1] > e:
+                    keep.append((e, seg[1], seg[2]))
+            for p in prev:
+                for a in writers[p] + readers[p]:
+                    if not reach(a, b):
+                        add("race", [a, b], f"gpu {g} bytes [{s}, {e}): {mg.label(b)} may overwrite buffer {p}"
+                            f" before {mg.label(a)} is done with it")
+            keep.append((s, e, b))
+            keep.sort()
+            segs = keep
