@@ -53,17 +53,18 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
 
-    def _new(self, op, inputs, dims, shape, params=None, name="") -> int:
-        t = Tensor(len(self.nodes), dims, tuple(shape), self.dtype, name or f"{op}{len(self.nodes)}")
+    def _new(self, op, inputs, dims, shape, params=None, name="", dtype=None) -> int:
+        t = Tensor(len(self.nodes), dims, tuple(shape), dtype or self.dtype, name or f"{op}{len(self.nodes)}")
         self.nodes.append(Node(op, tuple(inputs), t, dict(params or {})))
         return t.id
 
     def t(self, i: int) -> Tensor:
         return self.nodes[i].out
 
-    def input(self, name: str, dims: str, shape) -> int:
-        assert len(dims) == len(shape), (name, dims, shape)
-        return self._new("input", (), dims, shape, name=name)
+    def input(self, name: str, dims: str, shape, dtype: str | None = None) -> int:
+        if len(dims) != len(shape):
+            raise TilingError(f"input {name}: dims {dims!r} do not match shape {tuple(shape)}")
+        return self._new("input", (), dims, shape, name=name, dtype=dtype)
 
     def einsum(self, subscripts: str, a: int, b: int, scale: float = 1.0, name: str = "") -> int:
         ins, out = subscripts.split("->")
@@ -96,7 +97,8 @@ class Graph:
 
     def embed(self, ids: int, table: int, name: str = "") -> int:
         n, (_, d) = self.t(ids).shape[0], self.t(table).shape
-        return self._new("embed", (ids, table), self.t(ids).dims + self.t(table).dims[1], (n, d), name=name)
+        dims = self.t(ids).dims + self.t(table).dims[1]
+        return self._new("embed", (ids, table), dims, (n, d), name=name, dtype=self.t(table).dtype)
 
     def attention(self, q: int, k: int, v: int, name: str = "") -> int:
         """Causal softmax(q k^T / sqrt(dh)) v over tensors with dims (tokens, heads, head dim)."""
@@ -153,7 +155,14 @@ class _Lowering:
         for node in self.g.nodes:
             getattr(self, "_" + ("map" if node.op in ELEMENTWISE else node.op))(node)
         outs = [v for x in self.g.outputs for v in self.blocks[x].values()]
-        return self.b.build(outputs=outs, meta={"tiles": dict(self.T.tiles)})
+        blocks = {
+            self.g.t(x).name: (self.g.t(x).shape, [(self.starts(self.g.t(x), idx), v) for idx, v in self.blocks[x].items()])
+            for x in self.g.outputs
+        }
+        return self.b.build(outputs=outs, meta={"tiles": dict(self.T.tiles), "output_blocks": blocks})
+
+    def starts(self, t: Tensor, idx: tuple) -> tuple:
+        return tuple(self.T.span(l, s, i)[0] for l, s, i in zip(t.dims, t.shape, idx, strict=True))
 
     def _input(self, node: Node):
         t = node.out

@@ -23,7 +23,7 @@ LLAMA = {
     "7b": LlamaShape(4096, 32, 32, 11008),
     "13b": LlamaShape(5120, 40, 40, 13824),
     "65b": LlamaShape(8192, 80, 64, 22016),
-    "tiny": LlamaShape(64, 2, 4, 160, vocab=256),
+    "tiny": LlamaShape(64, 2, 4, 160, vocab=64),
 }
 
 
@@ -44,7 +44,7 @@ def llama_graph(size: str = "7b", seq: int = 4096, dtype: str = "fp16", n_layers
     L = s.n_layers if n_layers is None else n_layers
     H, dh = s.n_heads, s.d_model // s.n_heads
     g = Graph(dtype=dtype)
-    ids = g.input("ids", "t", (seq,))
+    ids = g.input("ids", "t", (seq,), dtype="int32")
     x = g.embed(ids, g.input("tok_embed", "vd", (s.vocab, s.d_model)), name="x0")
     for i in range(L):
         p = f"L{i}."
