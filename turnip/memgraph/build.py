@@ -54,8 +54,8 @@ def _uses(tg: TaskGraph, order: np.ndarray):
 
 
 class _Build:
-    def __init__(self, tg: TaskGraph, budget: list[int], cfg: BuildConfig):
-        self.tg, self.cfg = tg, cfg
+    def __init__(self, tg: TaskGraph, budget: list[int], cfg: BuildConfig, progress=None):
+        self.tg, self.cfg, self.progress = tg, cfg, progress
         if cfg.policy not in POLICIES:
             raise ValueError(f"unknown eviction policy {cfg.policy!r}; choose from {sorted(POLICIES)}")
         self.key = POLICIES[cfg.policy]
@@ -78,6 +78,7 @@ class _Build:
         self.reserved_edges: dict[int, list[int]] = {}
         self.pinned: set[int] = set()
         self.reserved_nbytes = 0
+        self.n_clean = self.clean_nbytes = 0
 
     # -- horizons ---------------------------------------------------------------------------------
     def run(self) -> MemGraph:
@@ -96,6 +97,8 @@ class _Build:
             else:
                 self.execute(int(V[exe]))
                 exe += 1
+                if self.progress is not None and exe % 2048 == 0:
+                    self.progress(exe)
         return self.finish()
 
     def needs_space(self, v: int) -> bool:
@@ -144,6 +147,9 @@ class _Build:
             o = self.em.offload(t, buf, int(self.host_off[t]))
             users.append(o)
             self.host_ok[t], self.host_src[t] = True, o
+        else:
+            self.n_clean += 1
+            self.clean_nbytes += int(self.tg.nbytes[t])
         off = int(self.off[t])
         self.arenas[g].release(off)
         self.ghosts[g].put(off, off + aligned(self.tg.nbytes[t]), users)
@@ -241,11 +247,13 @@ class _Build:
             "host_input_nbytes": int(self.em.input_host_nbytes),
             "resident_input_nbytes": resident,
             "policy": self.cfg.policy,
+            "n_clean_evict": self.n_clean,
+            "clean_evict_nbytes": self.clean_nbytes,
         })
 
 
 def build_memgraph(tg: TaskGraph, budget_nbytes, config: BuildConfig | None = None, *,
-                   policy: str | None = None) -> MemGraph:
+                   policy: str | None = None, progress=None) -> MemGraph:
     """Compile ``tg`` under a per-GPU budget (an int for every GPU, or a list) into a MemGraph."""
     cfg = config or BuildConfig()
     if policy is not None:
@@ -256,7 +264,7 @@ def build_memgraph(tg: TaskGraph, budget_nbytes, config: BuildConfig | None = No
     if min(budget) < ALIGN:
         raise BudgetError(f"budget {min(budget)} bytes is below one {ALIGN}-byte allocation unit")
     t0 = time.perf_counter()
-    mg = _Build(tg, budget, cfg).run()
+    mg = _Build(tg, budget, cfg, progress).run()
     mg.stats["build_s"] = time.perf_counter() - t0
     return mg
 

@@ -182,12 +182,14 @@ class Scheduler:
             del self.lock_holder[lk]
             for og in self._lock_gpus[lk]:
                 self._mark(og)
-            waiters = self.lock_wait.pop(lk, None)
-            if waiters:
-                for r in waiters:
-                    u = self._by_rank[r]
-                    heapq.heappush(self.heaps[self.queue[u]], r)
-                    self._mark(self.owner[u])
+            waiters = self.lock_wait.get(lk)
+            if waiters:  # wake the best waiter only: the others could not take the lock anyway
+                r = heapq.heappop(waiters)
+                if not waiters:
+                    del self.lock_wait[lk]
+                u = self._by_rank[r]
+                heapq.heappush(self.heaps[self.queue[u]], r)
+                self._mark(self.owner[u])
         missing, succ_idx = self.missing, self.succ_idx
         for i in range(self.succ_ptr[v], self.succ_ptr[v + 1]):
             s = succ_idx[i]
@@ -207,7 +209,7 @@ class Scheduler:
         if not self.fixed[v]:
             lk = self.lock[v]
             if lk >= 0 and lk in self.lock_holder:
-                self.lock_wait.setdefault(lk, []).append(self.rank[v])
+                heapq.heappush(self.lock_wait.setdefault(lk, []), self.rank[v])
                 return
             heapq.heappush(self.heaps[self.queue[v]], self.rank[v])
         self._mark(self.owner[v])
@@ -251,7 +253,7 @@ class Scheduler:
                 v = self._by_rank[heapq.heappop(heaps[best_q])]
                 lk = self.lock[v]
                 if lk >= 0 and lk in self.lock_holder:
-                    self.lock_wait.setdefault(lk, []).append(best_r)
+                    heapq.heappush(self.lock_wait.setdefault(lk, []), best_r)
                     continue
             cmds.append(self._launch(v, g, streams.pop()))
 

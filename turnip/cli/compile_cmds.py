@@ -1,0 +1,154 @@
+"""``turnip compile`` and ``turnip verify``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def register(sub) -> None:
+    from turnip.compile import MODELS
+
+    p = sub.add_parser(
+        "compile",
+        help="compile a model into a memgraph plan under a GPU memory budget",
+        description="Tile and place a model's computation, then run BuildMemgraph: every tensor gets a fixed "
+        "GPU address inside the budget, with offload/reload vertices and memory dependencies added. "
+        "Prints vertex and edge counts, offload/reload traffic, peak memory and build time.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", default="llama-7b", choices=MODELS, help="computation to compile")
+    p.add_argument("--seq", type=int, default=4096, help="prompt length in tokens (LLaMA prefill)")
+    p.add_argument("--gpus", type=int, default=1, help="number of GPUs (1..8)")
+    p.add_argument("--budget", default="6GiB", help="GPU memory budget per GPU, e.g. 6GiB, 512MiB")
+    p.add_argument("--dtype", default="fp16", choices=["fp16", "fp32"])
+    p.add_argument("--policy", default="furthest", choices=["furthest", "lru", "largest"], help="eviction policy")
+    p.add_argument("--lookahead", type=int, default=None, help="cap on vertices allocated ahead of execution")
+    p.add_argument("--lookahead-bytes", default=None, help="cap on bytes reserved ahead of execution")
+    p.add_argument("--tile", action="append", default=[], metavar="DIM=SIZE",
+                   help="tile size override, e.g. t=512 (tokens), h=8 (heads), f=2752 (FFN); repeatable")
+    p.add_argument("--layers", type=int, default=None, help="compile only the first N layers")
+    p.add_argument("--verify", action="store_true", help="run the verifier on the result")
+    p.add_argument("-o", "--output", help="write the plan here (.tplan)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_compile)
+
+    v = sub.add_parser("verify", help="check a plan file for cycles, lost dependencies and races",
+                       description="Independent verification of a saved plan: acyclic, every taskgraph dependency "
+                       "kept or replaced by offload->reload, no race under any valid order, writes in bounds.")
+    v.add_argument("plan", help="plan file written by `turnip compile -o`")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_verify)
+
+
+def summary(tg, mg) -> dict:
+    from turnip.memgraph.plan import KIND_NAMES
+
+    s = mg.stats
+    counts = {k: mg.count(i) for i, k in enumerate(KIND_NAMES)}
+    return {
+        "model": tg.meta.get("model") if tg is not None else None,
+        "taskgraph_vertices": tg.n if tg is not None else None,
+        "memgraph_vertices": mg.n,
+        "vertices_by_kind": counts,
+        "edges": {"data": s["n_data_edges"], "memory": s["n_memory_edges"]},
+        "offloads": {"count": s["n_offload"], "nbytes": s["offload_nbytes"]},
+        "reloads": {"count": s["n_reload"], "nbytes": s["reload_nbytes"]},
+        "clean_evictions": {"count": s.get("n_clean_evict", 0), "nbytes": s.get("clean_evict_nbytes", 0)},
+        "budget_nbytes_per_gpu": [int(b) for b in mg.budget_nbytes],
+        "peak_nbytes_per_gpu": [int(p) for p in s["peak_nbytes_per_gpu"]],
+        "host_peak_nbytes": s["host_peak_nbytes"],
+        "host_input_nbytes": s["host_input_nbytes"],
+        "resident_input_nbytes": s["resident_input_nbytes"],
+        "build_s": round(s["build_s"], 3),
+        "vertices_per_s": round(tg.n / s["build_s"]) if tg is not None and s["build_s"] > 0 else None,
+    }
+
+
+def _gib(n) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def print_summary(d: dict) -> None:
+    k = d["vertices_by_kind"]
+    print(f"{d['model']}: {d['taskgraph_vertices']} taskgraph vertices -> {d['memgraph_vertices']} memgraph vertices")
+    print("  vertices  " + ", ".join(f"{n} {name}" for name, n in k.items()))
+    print(f"  edges     {d['edges']['data']} data, {d['edges']['memory']} memory")
+    print(f"  offload   {d['offloads']['count']} ({_gib(d['offloads']['nbytes'])}), reload {d['reloads']['count']} "
+          f"({_gib(d['reloads']['nbytes'])}), clean evictions {d['clean_evictions']['count']} "
+          f"({_gib(d['clean_evictions']['nbytes'])}, no copy)")
+    print("  peak/GPU  " + ", ".join(f"{_gib(p)} of {_gib(b)}" for p, b in
+                                     zip(d["peak_nbytes_per_gpu"], d["budget_nbytes_per_gpu"], strict=True)))
+    print(f"  host      {_gib(d['host_peak_nbytes'])} offload area, {_gib(d['host_input_nbytes'])} inputs; "
+          f"{_gib(d['resident_input_nbytes'])} of inputs still resident at the end")
+    print(f"  build     {d['build_s']} s ({d['vertices_per_s']} vertices/s)")
+
+
+def cmd_compile(a) -> int:
+    from turnip.compile import make_taskgraph, parse_nbytes
+    from turnip.memgraph.build import BudgetError, BuildConfig, build_memgraph
+    from turnip.memgraph.io import save_plan
+    from turnip.progress import Progress
+
+    tiles = {}
+    for item in a.tile:
+        dim, _, size = item.partition("=")
+        if not size.isdigit() or len(dim) != 1:
+            print(f"error: --tile expects DIM=SIZE like t=512, got {item!r}", file=sys.stderr)
+            return 2
+        tiles[dim] = int(size)
+    t0 = time.perf_counter()
+    try:
+        cfg = BuildConfig(a.policy, a.lookahead, parse_nbytes(a.lookahead_bytes) if a.lookahead_bytes else None)
+        budget = parse_nbytes(a.budget)
+        tg = make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles or None, n_layers=a.layers)
+        bar = Progress(tg.n, "compile")
+        mg = build_memgraph(tg, budget, cfg, progress=bar.update)
+        bar.close()
+    except (BudgetError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    d = summary(tg, mg)
+    d["total_s"] = round(time.perf_counter() - t0, 3)
+    if a.verify:
+        from turnip.memgraph.verify import verify
+
+        vs = verify(mg, tg)
+        d["violations"] = [str(v) for v in vs]
+    if a.output:
+        save_plan(a.output, mg, tg)
+        d["plan"] = a.output
+    if a.json:
+        print(json.dumps(d, indent=1))
+    else:
+        print_summary(d)
+        if a.verify:
+            print(f"  verify    {'ok' if not d['violations'] else str(len(d['violations'])) + ' violations'}")
+            for v in d["violations"][:20]:
+                print("   ", v)
+        if a.output:
+            print(f"  wrote     {a.output}")
+    return 1 if d.get("violations") else 0
+
+
+def cmd_verify(a) -> int:
+    from turnip.memgraph.io import PlanFormatError, load_plan
+    from turnip.memgraph.verify import verify
+
+    try:
+        mg, tg = load_plan(a.plan)
+    except PlanFormatError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    vs = verify(mg, tg)
+    dt = time.perf_counter() - t0
+    if a.json:
+        print(json.dumps({"plan": a.plan, "vertices": mg.n, "violations": [str(v) for v in vs], "verify_s": dt}))
+    else:
+        print(f"{a.plan}: {mg.n} vertices, {'ok' if not vs else f'{len(vs)} violations'} ({dt:.2f} s)")
+        for v in vs[:50]:
+            print("  ", v)
+    return 1 if vs else 0

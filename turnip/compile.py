@@ -1,0 +1,42 @@
+"""One call from a model name to a verified-ready plan: ``compile_model``; plus byte-size parsing."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from turnip.memgraph.build import BuildConfig, build_memgraph
+from turnip.memgraph.plan import MemGraph
+from turnip.models import LLAMA, llama_prefill, matmul_example, random_dag
+from turnip.taskgraph import TaskGraph
+
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+MODELS = [f"llama-{s}" for s in LLAMA] + ["paper-matmul", "random"]
+
+
+def parse_nbytes(text: str) -> int:
+    """'6GiB', '512MiB', '1.5GB', '4096' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in UNITS:
+        raise ValueError(f"cannot read a byte size from {text!r}; use e.g. 6GiB, 512MiB, 4096")
+    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+
+
+def make_taskgraph(model: str, seq: int = 4096, gpus: int = 1, dtype: str = "fp16", tiles: dict | None = None,
+                   seed: int = 0, n_layers: int | None = None) -> TaskGraph:
+    if model.startswith("llama-"):
+        return llama_prefill(model[6:], seq=seq, n_gpus=gpus, dtype=dtype, tiles=tiles, n_layers=n_layers)
+    if model == "paper-matmul":
+        return matmul_example()
+    if model == "random":
+        return random_dag(np.random.default_rng(seed), n_kernels=200, n_gpus=gpus)
+    raise ValueError(f"unknown model {model!r}; choose from {MODELS}")
+
+
+def compile_model(model: str, seq: int = 4096, gpus: int = 1, budget: int | str = "6GiB", dtype: str = "fp16",
+                  config: BuildConfig | None = None, tiles: dict | None = None, progress=None,
+                  n_layers: int | None = None) -> tuple[TaskGraph, MemGraph]:
+    tg = make_taskgraph(model, seq, gpus, dtype, tiles, n_layers=n_layers)
+    b = parse_nbytes(budget) if isinstance(budget, str) else budget
+    return tg, build_memgraph(tg, b, config, progress=progress)
