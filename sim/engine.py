@@ -1,0 +1,227 @@
+"""The SimPy model: virtual GPUs driven by the same ``turnip.sched`` core as the real runtime.
+
+State it owns (virtual time in integer ns):
+  host_free_ns        when the single host thread is free to issue the next command
+  compute_free_ns[g]  when GPU g's kernel engine is free (kernels run one at a time, in issue order)
+  pcie[g][d]          the copy in flight on GPU g's host link in direction d (0: h2d, 1: d2h) as
+                      [v, bytes left, rate, last update ns, token]; both directions share the link: when
+                      both run each gets its share of ``pcie_both_bytes_per_s``, and the survivor speeds up
+                      again when the other finishes (stale completions are recognised by their token)
+  copies_active[g]    copies touching GPU g now (kernels issued meanwhile are slowed and noisier)
+Each launched vertex costs one ``Timeout`` when the host has issued it, one when its completion reaches the
+scheduler, and host-link copies one more when their bytes are through. No generator process per vertex.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim.profile import MachineProfile
+from sim.timing import ENG_H2D, ENG_KERNEL, ENG_P2P, TimingModel
+from turnip.memgraph.plan import MemGraph
+from turnip.sched import Scheduler
+
+
+@dataclass(slots=True)
+class SimResult:
+    policy: str
+    seed: int
+    mean_only: bool
+    makespan_ns: int
+    bound: dict
+    n_vertices: int
+    wall_s: float
+    issue_ns: np.ndarray = field(repr=False)
+    start_ns: np.ndarray = field(repr=False)
+    end_ns: np.ndarray = field(repr=False)
+    done_ns: np.ndarray = field(repr=False)
+    stream: np.ndarray = field(repr=False)
+    host_start_ns: np.ndarray = field(repr=False)
+
+    @property
+    def lower_bound_ns(self) -> int:
+        return self.bound["lower_bound_ns"]
+
+    def trace(self, mg: MemGraph, meta: dict | None = None):
+        """This run in the shared trace schema (``turnip.trace.Trace``), memory counter included."""
+        from sim.memory import memory_timeline
+        from turnip.trace import Trace, spans_from_plan
+
+        spans = spans_from_plan(mg, self.issue_ns, self.start_ns, self.end_ns, self.done_ns, self.stream,
+                                self.host_start_ns)  # fmt: skip
+        mem = memory_timeline(mg, self.start_ns, self.end_ns, self.makespan_ns)
+        info = {"policy": self.policy, "seed": self.seed, "mean_only": self.mean_only} | (meta or {})
+        return Trace(spans, mem, info)
+
+
+class Simulation:
+    """One run of one memgraph under one policy and seed."""
+
+    def __init__(
+        self,
+        mg: MemGraph,
+        prof: MachineProfile,
+        policy: str = "nondet",
+        seed: int = 0,
+        mean_only: bool = False,
+        tm: TimingModel | None = None,
+    ):
+        if mg.n_gpus > prof.n_gpus:
+            raise ValueError(f"plan uses {mg.n_gpus} GPUs; profile {prof.name!r} has {prof.n_gpus}")
+        import simpy
+
+        self.mg, self.prof, self.policy, self.seed, self.mean_only = mg, prof, policy, seed, mean_only
+        self.tm = tm = tm or TimingModel(mg, prof)
+        self.env = simpy.Environment()
+        dur = tm.mean_ns() if policy == "nondet-cp" else None
+        self.core = Scheduler(mg, policy, prof.streams_per_gpu, dur_ns=dur)
+        d = tm.draws(None if mean_only else np.random.default_rng(seed))
+        self.f, self.fc, self.stall = d.factor.tolist(), d.factor_contended.tolist(), d.stall_ns.tolist()
+        self.eng = tm.eng.tolist()
+        self.gpu = mg.gpu.tolist()
+        self.src = mg.src_gpu.tolist()
+        self.kernel_ns = tm.kernel_ns.tolist()
+        self.nbytes = tm.nbytes.tolist()
+        self.launch_ns = np.where(tm.eng == ENG_KERNEL, prof.kernel_launch_ns, prof.copy_launch_ns).tolist()
+        n, g = mg.n, mg.n_gpus
+        self.issue, self.start, self.end, self.done = [0] * n, [0] * n, [0] * n, [0] * n
+        self.stream = [-1] * n
+        self.host_free = 0
+        self.compute_free = [0] * g
+        self.copies_active = [0] * g
+        self.pcie: list[list] = [[None, None] for _ in range(g)]
+        self._token = 0
+        both = prof.pcie_both_bytes_per_s / (prof.h2d_bytes_per_s + prof.d2h_bytes_per_s)
+        self.rate_solo = (prof.h2d_bytes_per_s / 1e9, prof.d2h_bytes_per_s / 1e9)  # bytes per ns
+        self.rate_shared = (min(1.0, both) * self.rate_solo[0], min(1.0, both) * self.rate_solo[1])
+
+    # ------------------------------------------------------------------ driver loop
+    def run(self) -> SimResult:
+        t0 = time.perf_counter()
+        self._perform(self.core.start(0))
+        self.env.run()
+        if not self.core.finished:  # pragma: no cover - the core raises SchedulerStall first
+            raise self.core.stall_error()
+        from sim.bound import lower_bound
+
+        arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+        issue = arr(self.issue)
+        return SimResult(
+            policy=self.policy,
+            seed=self.seed,
+            mean_only=self.mean_only,
+            makespan_ns=max(self.done, default=0),
+            bound=lower_bound(self.tm),
+            n_vertices=self.mg.n,
+            wall_s=time.perf_counter() - t0,
+            issue_ns=issue,
+            start_ns=arr(self.start),
+            end_ns=arr(self.end),
+            done_ns=arr(self.done),
+            stream=arr(self.stream),
+            host_start_ns=issue - arr(self.launch_ns),
+        )
+
+    def _perform(self, cmds: list) -> None:
+        now = self.env.now
+        t = self.host_free if self.host_free > now else now
+        for c in cmds:
+            v = c.v
+            t += self.launch_ns[v]
+            self.issue[v] = t
+            self.stream[v] = c.stream
+            self.env.timeout(t - now, v).callbacks.append(self._on_issued)
+        self.host_free = t
+
+    def _on_issued(self, ev) -> None:
+        v, now = ev.value, self.env.now
+        e = self.eng[v]
+        if e == ENG_KERNEL:
+            g = self.gpu[v]
+            start = self.compute_free[g] if self.compute_free[g] > now else now
+            if self.copies_active[g]:
+                dur = int(self.kernel_ns[v] * self.fc[v] * self.prof.kernel_slowdown_with_copies)
+            else:
+                dur = int(self.kernel_ns[v] * self.f[v])
+            self.start[v], self.end[v] = start, start + dur
+            self.compute_free[g] = start + dur
+            self._deliver(v, start + dur - now)
+        elif e == ENG_P2P:
+            p = self.prof
+            dur = int((p.p2p_latency_ns + self.nbytes[v] * 1e9 / p.p2p_bytes_per_s) * self.f[v])
+            dur += self.stall[v]
+            self.start[v], self.end[v] = now, now + dur
+            self.copies_active[self.src[v]] += 1
+            self.copies_active[self.gpu[v]] += 1
+            self._deliver(v, dur)
+        else:
+            self._pcie_start(v, now, 0 if e == ENG_H2D else 1)
+
+    def _deliver(self, v: int, delay_ns: int) -> None:
+        """The completion of v reaches the scheduler ``completion_ns`` after the device finishes it."""
+        self.env.timeout(delay_ns + self.prof.completion_ns, v).callbacks.append(self._on_done)
+
+    def _on_done(self, ev) -> None:
+        v, now = ev.value, self.env.now
+        self.done[v] = now
+        if self.eng[v] == ENG_P2P:
+            self.copies_active[self.src[v]] -= 1
+            self.copies_active[self.gpu[v]] -= 1
+        cmds = self.core.complete(v, now)
+        if cmds:
+            self._perform(cmds)
+
+    # ------------------------------------------------------------------ host link sharing
+    def _pcie_start(self, v: int, now: int, d: int) -> None:
+        g = self.gpu[v]
+        self.start[v] = now
+        self.copies_active[g] += 1
+        link = self.pcie[g]
+        other = link[1 - d]
+        if other is None:
+            rec = [v, self.nbytes[v] * self.f[v], self.rate_solo[d], now, 0]
+        else:
+            rec = [v, self.nbytes[v] * self.fc[v], self.rate_shared[d], now, 0]
+            self._reschedule(other, now, self.rate_shared[1 - d], g, 1 - d)
+        link[d] = rec
+        self._reschedule(rec, now, rec[2], g, d)
+
+    def _reschedule(self, rec: list, now: int, rate: float, g: int, d: int) -> None:
+        rec[1] -= rec[2] * (now - rec[3])
+        rec[2], rec[3] = rate, now
+        self._token += 1
+        rec[4] = self._token
+        delay = max(0, math.ceil(rec[1] / rate - 1e-6))
+        self.env.timeout(delay, (g, d, self._token)).callbacks.append(self._on_bytes_through)
+
+    def _on_bytes_through(self, ev) -> None:
+        g, d, token = ev.value
+        link = self.pcie[g]
+        rec = link[d]
+        if rec is None or rec[4] != token:
+            return  # rescheduled since
+        now, v = self.env.now, rec[0]
+        link[d] = None
+        self.copies_active[g] -= 1
+        other = link[1 - d]
+        if other is not None:
+            self._reschedule(other, now, self.rate_solo[1 - d], g, 1 - d)
+        tail = self.prof.copy_latency_ns + self.stall[v]
+        self.end[v] = now + tail
+        self._deliver(v, tail)
+
+
+def simulate(
+    mg: MemGraph,
+    prof: MachineProfile,
+    policy: str = "nondet",
+    seed: int = 0,
+    mean_only: bool = False,
+    tm: TimingModel | None = None,
+) -> SimResult:
+    """Simulate one run. Same arguments → same result."""
+    return Simulation(mg, prof, policy, seed, mean_only, tm).run()

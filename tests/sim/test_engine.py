@@ -1,0 +1,101 @@
+import numpy as np
+import pytest
+
+from sim import h100, lower_bound, simulate
+from sim.memory import memory_timeline, peak_bytes
+from sim.timing import TimingModel
+from turnip.sched import POLICIES
+from turnip.sched.testing import chain, make_memgraph, random_memgraph
+
+pytestmark = pytest.mark.sim
+
+# 1 flop/ns kernels, 1 byte/ns copies, no latency, no noise: makespans by hand
+EXACT = h100().replace(
+    fp16_flops_per_s=1e9, hbm_bytes_per_s=1e18, kernel_efficiency=1.0, kernel_min_ns=0,
+    h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9, pcie_both_bytes_per_s=1e9, copy_latency_ns=0,
+    p2p_bytes_per_s=1e9, p2p_latency_ns=0, kernel_launch_ns=1000, copy_launch_ns=1000, completion_ns=500,
+    kernel_slowdown_with_copies=1.0, kernel_excess_mean=0.0, kernel_contended_excess_mean=0.0,
+    h2d_excess_mean=0.0, h2d_contended_excess_mean=0.0, d2h_excess_mean=0.0, d2h_contended_excess_mean=0.0,
+    p2p_excess_mean=0.0, stall_prob=0.0,
+)  # fmt: skip
+
+
+def test_chain_makespan_by_hand():
+    r = simulate(chain(3, flops=1000), EXACT, mean_only=True)
+    assert r.makespan_ns == 3 * (1000 + 1000 + 500)
+    assert r.lower_bound_ns == r.makespan_ns  # critical path counts launch and completion
+
+
+def test_kernels_share_one_compute_engine():
+    mg = make_memgraph(["kernel", "kernel"], [[], []], flops=[1000, 1000])
+    r = simulate(mg, EXACT, mean_only=True)
+    # host issues at 1000 and 2000; the second kernel queues behind the first until 2000
+    assert r.start_ns.tolist() == [1000, 2000] and r.end_ns.tolist() == [2000, 3000]
+    assert r.makespan_ns == 3500
+
+
+def test_both_link_directions_share_bandwidth():
+    # k0 tiny kernel; i1 loads 4000 B; o2 offloads 1000 B after k0.
+    # i1 alone 2000..3500 (1500 B), shared at 0.5 B/ns with o2 3500..5500, alone again 5500..7000.
+    mg = make_memgraph(["kernel", "input", "offload"], [[], [], [0]], flops=[1000, 0, 0],
+                       nbytes=[1000, 4000, 1000])  # fmt: skip
+    r = simulate(mg, EXACT, mean_only=True)
+    assert r.start_ns.tolist() == [1000, 2000, 3500]
+    assert r.end_ns.tolist() == [2000, 7000, 5500]
+    assert r.makespan_ns == 7500
+
+
+def test_transfer_uses_p2p_link():
+    mg = make_memgraph(["kernel", "transfer"], [[], [0]], n_gpus=2, gpus=[0, 1], src_gpus=[0, 0],
+                       flops=[1000, 0], nbytes=[500, 500])  # fmt: skip
+    r = simulate(mg, EXACT, mean_only=True)
+    assert r.end_ns[1] - r.start_ns[1] == 500 and r.makespan_ns == 2500 + 1000 + 500 + 500
+
+
+def test_same_seed_same_result_and_seeds_differ():
+    mg = random_memgraph(np.random.default_rng(3), 200, 2, p_edge=0.02)
+    a, b, c = (simulate(mg, h100(), "nondet", seed=s) for s in (7, 7, 8))
+    assert a.makespan_ns == b.makespan_ns and (a.end_ns == b.end_ns).all()
+    assert a.makespan_ns != c.makespan_ns
+
+
+def test_mean_only_has_no_variance():
+    mg = random_memgraph(np.random.default_rng(4), 200, 2, p_edge=0.02)
+    assert len({simulate(mg, h100(), "nondet", seed=s, mean_only=True).makespan_ns for s in range(3)}) == 1
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_lower_bound_below_every_makespan(policy):
+    for seed in range(6):
+        mg = random_memgraph(np.random.default_rng(seed), 120, 1 + seed % 3, p_edge=0.03)
+        for mean_only in (False, True):
+            r = simulate(mg, h100(), policy, seed=seed, mean_only=mean_only)
+            assert 0 < r.lower_bound_ns <= r.makespan_ns
+
+
+def test_chain_without_variance_det_equals_nondet():
+    mg = chain(30, flops=1e11)
+    runs = {p: simulate(mg, h100(), p, mean_only=True).makespan_ns for p in POLICIES}
+    assert len(set(runs.values())) == 1
+
+
+def test_bound_parts():
+    mg = chain(4, flops=1000)
+    b = lower_bound(TimingModel(mg, EXACT))
+    assert b["kernel_ns"] == 4000 and b["host_ns"] == 4000 and b["link_ns"] == 0
+    assert b["lower_bound_ns"] == max(b["critical_path_ns"], b["kernel_ns"], b["host_ns"])
+
+
+def test_random_graph_memory_within_budget():
+    for seed in range(5):
+        mg = random_memgraph(np.random.default_rng(seed), 150, 2, p_edge=0.03)
+        r = simulate(mg, h100(), "nondet", seed=seed)
+        tl = memory_timeline(mg, r.start_ns, r.end_ns, r.makespan_ns)
+        assert (tl["bytes_in_use"] >= 0).all()
+        assert (peak_bytes(tl, mg.n_gpus) <= mg.budget_nbytes).all()
+
+
+def test_plan_larger_than_machine():
+    mg = make_memgraph(["kernel"], [[]], n_gpus=9, gpus=[8])
+    with pytest.raises(ValueError, match="9 GPUs"):
+        simulate(mg, h100())
