@@ -155,11 +155,14 @@ class _Lowering:
         for node in self.g.nodes:
             getattr(self, "_" + ("map" if node.op in ELEMENTWISE else node.op))(node)
         outs = [v for x in self.g.outputs for v in self.blocks[x].values()]
-        blocks = {
-            self.g.t(x).name: (self.g.t(x).shape, [(self.starts(self.g.t(x), idx), v) for idx, v in self.blocks[x].items()])
-            for x in self.g.outputs
-        }
-        return self.b.build(outputs=outs, meta={"tiles": dict(self.T.tiles), "output_blocks": blocks})
+        ins = [n.out.id for n in self.g.nodes if n.op == "input"]
+        return self.b.build(outputs=outs, meta={"tiles": dict(self.T.tiles), "output_blocks": self.block_map(self.g.outputs),
+                                                "input_blocks": self.block_map(ins)})
+
+    def block_map(self, xs) -> dict:
+        """logical tensor name -> (shape, [(block start per dim, taskgraph vertex)])."""
+        return {self.g.t(x).name: (self.g.t(x).shape, [(self.starts(self.g.t(x), i), v) for i, v in self.blocks[x].items()])
+                for x in xs}
 
     def starts(self, t: Tensor, idx: tuple) -> tuple:
         return tuple(self.T.span(l, s, i)[0] for l, s, i in zip(t.dims, t.shape, idx, strict=True))

@@ -7,13 +7,14 @@ vertex: evicted operands are reloaded first (simMallocForceReld), operands with 
 (simFree). A reservation over a freed range depends on that range's last users (a memory dependency).
 
 Builder state per taskgraph tensor t: ``loc[t]`` the memgraph vertex whose buffer holds t on its GPU
-(-1: not resident), ``host_ok[t]`` whether the host copy is current (evict without a copy),
+(-1: not on the GPU), ``host_ok[t]`` whether the host copy is current (evict without a copy),
 ``host_src[t]`` the offload that wrote it (-1: the tensor's initial host data), and per buffer the
 vertices that wrote it (``writers``) and that touched it at all (``users``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ class BuildConfig:
     lookahead_vertices: int | None = None  # cap on alloc - exec
     lookahead_nbytes: int | None = None  # cap on bytes reserved ahead
     order: tuple[int, ...] | None = None  # V; default index order
+    resident_nbytes: int = 0  # per GPU: inputs kept on the GPU across runs (loaded once, never evicted)
 
 
 def _uses(tg: TaskGraph, order: np.ndarray):
@@ -79,6 +81,21 @@ class _Build:
         self.pinned: set[int] = set()
         self.reserved_nbytes = 0
         self.n_clean = self.clean_nbytes = 0
+        self.resident = self.place_resident(cfg.resident_nbytes)
+
+    def place_resident(self, nbytes: int) -> set[int]:
+        """Steady state: the first inputs in V order that fit in ``nbytes`` per GPU stay resident."""
+        keep, used = set(), [0] * len(self.arenas)
+        for v in self.V:
+            v = int(v)
+            g = int(self.tg.gpu[v])
+            if self.tg.kind[v] == KIND_INPUT and used[g] + aligned(self.tg.nbytes[v]) <= nbytes:
+                off = self.arenas[g].malloc(self.tg.nbytes[v], v)
+                if off >= 0:
+                    used[g] += aligned(self.tg.nbytes[v])
+                    self.off[v] = off
+                    keep.add(v)
+        return keep
 
     # -- horizons ---------------------------------------------------------------------------------
     def run(self) -> MemGraph:
@@ -106,7 +123,7 @@ class _Build:
 
     def reserve(self, v: int, evict: bool) -> bool:
         """simMalloc (evict=False) / simMallocOffld (evict=True) for v's output."""
-        if not self.needs_space(v):
+        if not self.needs_space(v) or v in self.resident:
             return True
         g = int(self.tg.gpu[v])
         off = self.arenas[g].malloc(self.tg.nbytes[v], v)
@@ -135,7 +152,7 @@ class _Build:
         return off
 
     def evictable(self, t: int, keep: set[int]) -> bool:
-        return t not in keep and t not in self.pinned and self.loc[t] >= 0
+        return t not in keep and t not in self.pinned and self.loc[t] >= 0 and t not in self.resident
 
     def evict(self, t: int) -> None:
         g = int(self.tg.gpu[t])
@@ -172,6 +189,8 @@ class _Build:
             if self.host_off[v] < 0:
                 self.host_off[v] = self.em.input_host(v)
             self.em.host_offset[mv] = self.host_off[v]
+            if v in self.resident:
+                self.em.rows[mv] = self.em.rows[mv][:4] + ({"resident": True},) + self.em.rows[mv][5:]
         if tg.op[v] == "sum_into":
             acc = int(tg.acc[v])
             self.host_ok[acc] = False
@@ -190,7 +209,7 @@ class _Build:
         while i < end and self.use_pos[i] <= cur:
             i += 1
         self.next_use[t] = i
-        if i == end and not self.tg.is_output[t] and self.loc[t] >= 0 and self.needs_space(t):
+        if i == end and not self.tg.is_output[t] and self.loc[t] >= 0 and self.needs_space(t) and t not in self.resident:
             g = int(self.tg.gpu[t])
             off = int(self.off[t])
             self.arenas[g].release(off)
@@ -240,7 +259,7 @@ class _Build:
     def finish(self) -> MemGraph:
         tg = self.tg
         outs = [int(self.loc[t]) if self.loc[t] >= 0 else int(self.host_src[t]) for t in np.flatnonzero(tg.is_output)]
-        resident = int(tg.nbytes[(tg.kind == KIND_INPUT) & (self.loc >= 0)].sum())
+        resident = int(sum(int(tg.nbytes[t]) for t in self.resident))
         return self.em.build(outs, host_nbytes=self.host.peak, stats={
             "peak_nbytes_per_gpu": [a.peak for a in self.arenas],
             "host_peak_nbytes": int(self.host.peak),
@@ -257,7 +276,7 @@ def build_memgraph(tg: TaskGraph, budget_nbytes, config: BuildConfig | None = No
     """Compile ``tg`` under a per-GPU budget (an int for every GPU, or a list) into a MemGraph."""
     cfg = config or BuildConfig()
     if policy is not None:
-        cfg = BuildConfig(policy, cfg.lookahead_vertices, cfg.lookahead_nbytes, cfg.order)
+        cfg = dataclasses.replace(cfg, policy=policy)
     budget = [int(budget_nbytes)] * tg.n_gpus if np.ndim(budget_nbytes) == 0 else [int(b) for b in budget_nbytes]
     if len(budget) != tg.n_gpus:
         raise ValueError(f"{len(budget)} budgets for {tg.n_gpus} GPUs")

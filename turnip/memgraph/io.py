@@ -1,13 +1,14 @@
 """Saving and loading compiled plans (format described in docs/formats.md).
 
 A plan file is a numpy ``.npz`` archive (zip, CRC-checked): integer arrays of the memgraph (prefix ``mg.``)
-and of the taskgraph it came from (prefix ``tg.``), plus one JSON document ``header`` holding the format
+and of the taskgraph it came from (prefix ``tg.``), plus a SHA-256 ``checksum`` of all arrays and one JSON document ``header`` holding the format
 name and version, per-vertex ops/params/shapes/dtypes and build statistics. Writes go to a temporary file
 renamed into place, so a failed save leaves nothing half-written.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -44,6 +45,14 @@ def _jsonable(x):
     return x
 
 
+def _checksum(arrays: dict) -> np.ndarray:
+    h = hashlib.sha256()
+    for k in sorted(arrays):
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(arrays[k]).tobytes())
+    return np.frombuffer(h.digest(), dtype=np.uint8)
+
+
 def save_plan(path: str | os.PathLike, mg: MemGraph, tg: TaskGraph | None = None) -> None:
     arrays = {f"mg.{k}": getattr(mg, k) for k in MG_ARRAYS}
     header = {
@@ -57,6 +66,7 @@ def save_plan(path: str | os.PathLike, mg: MemGraph, tg: TaskGraph | None = None
                         "shape": [list(s) for s in tg.shape], "dtype": tg.dtype, "name": tg.name,
                         "meta": _jsonable(tg.meta)}
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    arrays["checksum"] = _checksum(arrays)
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -78,6 +88,9 @@ def load_plan(path: str | os.PathLike) -> tuple[MemGraph, TaskGraph | None]:
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
+        stored = arrays.pop("checksum")
+        if not np.array_equal(stored, _checksum(arrays)):
+            raise ValueError("checksum mismatch")
         header = json.loads(arrays.pop("header").tobytes())
     except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError) as e:
         raise PlanFormatError(f"{path}: not a turnip plan or corrupted ({type(e).__name__}: {e})") from e

@@ -1,0 +1,108 @@
+"""BuildMemgraph on the paper's worked example, policies, caps and budget errors."""
+
+import numpy as np
+import pytest
+
+from turnip.memgraph.build import BudgetError, BuildConfig, build_memgraph
+from turnip.memgraph.interp import evaluate_taskgraph, random_inputs, random_order, run_memgraph
+from turnip.memgraph.plan import DEP_MEMORY, KIND_OFFLOAD, KIND_RELOAD
+from turnip.memgraph.verify import verify
+from turnip.models import llama_prefill, matmul_example
+
+pytestmark = pytest.mark.unit
+UNIT = 256
+
+
+def check(mg, tg, rng, orders=3, rtol=1e-5):
+    assert verify(mg, tg) == []
+    inputs = random_inputs(tg, rng)
+    ref = evaluate_taskgraph(tg, inputs)
+    for _ in range(orders):
+        out = run_memgraph(mg, tg, inputs, random_order(mg, rng))
+        assert set(out) == set(np.flatnonzero(tg.is_output).tolist())
+        for t, x in out.items():
+            np.testing.assert_allclose(x.astype(np.float32), ref[t].astype(np.float32), rtol=rtol, atol=rtol)
+
+
+def test_paper_example_five_locations_adds_memory_deps_only(rng):
+    tg = matmul_example(UNIT)
+    mg = build_memgraph(tg, 5 * UNIT)
+    assert mg.n == tg.n  # no offload/reload
+    assert (mg.dep_kind == DEP_MEMORY).sum() > 0
+    assert mg.stats["peak_nbytes_per_gpu"][0] == 5 * UNIT
+    check(mg, tg, rng)
+
+
+def test_paper_example_four_locations_offloads_and_reloads(rng):
+    tg = matmul_example(UNIT)
+    mg = build_memgraph(tg, 4 * UNIT)
+    off = np.flatnonzero(mg.kind == KIND_OFFLOAD)
+    rel = np.flatnonzero(mg.kind == KIND_RELOAD)
+    assert len(off) == 1 and len(rel) == 1
+    assert mg.tensor[off[0]] == mg.tensor[rel[0]]
+    assert off[0] in mg.deps(rel[0]).tolist()  # offload -> reload
+    assert mg.stats["peak_nbytes_per_gpu"][0] <= 4 * UNIT
+    check(mg, tg, rng)
+
+
+@pytest.mark.parametrize("policy", ["furthest", "lru", "largest"])
+def test_policies_under_pressure(policy, rng):
+    tg = llama_prefill("tiny", seq=32, n_gpus=2, dtype="fp32")
+    mg = build_memgraph(tg, 40_000, policy=policy)
+    assert mg.stats["n_offload"] + mg.stats["n_clean_evict"] > 0
+    check(mg, tg, rng, orders=2)
+
+
+def test_clean_eviction_skips_device_to_host_copy(rng):
+    tg = llama_prefill("tiny", seq=32, dtype="fp16", tiles={"t": 8, "h": 2, "f": 80})
+    mg = build_memgraph(tg, 24_000)
+    assert mg.stats["n_clean_evict"] > 0
+    inputs = set(np.flatnonzero(tg.kind == 0).tolist())
+    assert not any(int(mg.tensor[o]) in inputs for o in np.flatnonzero(mg.kind == KIND_OFFLOAD))
+    check(mg, tg, rng, orders=2, rtol=2e-2)
+
+
+def test_lookahead_caps(rng):
+    tg = llama_prefill("tiny", seq=32, dtype="fp32")
+    base = build_memgraph(tg, 1 << 20)
+    capped = build_memgraph(tg, 1 << 20, BuildConfig(lookahead_vertices=2))
+    byte_capped = build_memgraph(tg, 1 << 20, BuildConfig(lookahead_nbytes=4096))
+    assert capped.stats["peak_nbytes_per_gpu"][0] < base.stats["peak_nbytes_per_gpu"][0]
+    assert byte_capped.stats["peak_nbytes_per_gpu"][0] < base.stats["peak_nbytes_per_gpu"][0]
+    for mg in (capped, byte_capped):
+        check(mg, tg, rng, orders=1)
+
+
+def test_custom_order(rng):
+    tg = matmul_example(UNIT)
+    order = [0, 1, 2, 3, 4, 5, 8, 7, 6, 9, 10, 11, 12, 13, 14]
+    mg = build_memgraph(tg, 5 * UNIT, BuildConfig(order=tuple(order)))
+    check(mg, tg, rng)
+
+
+def test_budget_too_small_names_vertex_bytes_and_tile():
+    tg = llama_prefill("tiny", seq=32, dtype="fp32")
+    with pytest.raises(BudgetError) as e:
+        build_memgraph(tg, 8192)
+    msg = str(e.value)
+    assert "vertex" in msg and "budget of 7936" not in msg and "bytes" in msg and "tile size" in msg
+    with pytest.raises(BudgetError, match="below one 256-byte"):
+        build_memgraph(tg, 100)
+
+
+def test_host_and_resident_accounting():
+    tg = matmul_example(UNIT)
+    mg = build_memgraph(tg, 4 * UNIT)
+    assert mg.stats["host_peak_nbytes"] == UNIT
+    assert mg.stats["host_input_nbytes"] == 6 * UNIT
+    assert mg.stats["resident_input_nbytes"] == 0
+
+
+def test_resident_inputs_stay_loaded(rng):
+    tg = llama_prefill("tiny", seq=32, dtype="fp32")
+    mg = build_memgraph(tg, 90_000, BuildConfig(resident_nbytes=20_000))
+    res = [v for v in range(mg.n) if mg.params[v].get("resident")]
+    assert res and mg.stats["resident_input_nbytes"] == sum(int(mg.out_nbytes[v]) for v in res) <= 20_000
+    resident_tensors = {int(mg.tensor[v]) for v in res}
+    assert not any(int(mg.tensor[v]) in resident_tensors for v in np.flatnonzero(mg.kind == KIND_RELOAD))
+    check(mg, tg, rng, orders=2)

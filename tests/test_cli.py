@@ -1,0 +1,41 @@
+"""The turnip command: compile, verify, and errors for bad input."""
+
+import json
+
+import pytest
+
+from turnip.cli import main
+
+pytestmark = pytest.mark.unit
+
+
+def test_compile_verify_round_trip(tmp_path, capsys):
+    plan = tmp_path / "p.tplan"
+    rc = main(["compile", "--model", "llama-tiny", "--seq", "32", "--gpus", "2", "--budget", "40KB",
+               "--dtype", "fp32", "-o", str(plan), "--json", "--verify"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["violations"] == [] and d["memgraph_vertices"] >= d["taskgraph_vertices"]
+    assert set(d) >= {"edges", "offloads", "reloads", "clean_evictions", "peak_nbytes_per_gpu", "host_peak_nbytes",
+                      "build_s"}
+    assert main(["verify", str(plan)]) == 0
+    assert "ok" in capsys.readouterr().out
+
+
+def test_human_summary(capsys):
+    assert main(["compile", "--model", "paper-matmul", "--budget", "1024"]) == 0
+    out = capsys.readouterr().out
+    assert "offload   1" in out and "memory" in out and "peak/GPU" in out
+
+
+def test_bad_inputs(tmp_path, capsys):
+    assert main(["compile", "--model", "llama-tiny", "--seq", "32", "--budget", "4KB"]) == 1
+    assert "cannot get" in capsys.readouterr().err
+    assert main(["compile", "--model", "llama-tiny", "--budget", "lots"]) == 1
+    assert "byte size" in capsys.readouterr().err
+    assert main(["compile", "--model", "llama-tiny", "--tile", "tokens=5"]) == 2
+    bad = tmp_path / "bad.tplan"
+    bad.write_text("nope")
+    assert main(["verify", str(bad)]) == 2
+    assert "not a turnip plan" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["compile", "--model", "gpt-5"])

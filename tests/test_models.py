@@ -1,0 +1,101 @@
+"""Tiling and placement: the tiled LLaMA computes what a plain numpy LLaMA computes."""
+
+import numpy as np
+import pytest
+
+from turnip.memgraph.interp import NP_DTYPE, assemble, evaluate_taskgraph
+from turnip.models import LLAMA, llama_prefill, matmul_example, random_dag
+
+pytestmark = pytest.mark.unit
+
+
+def numpy_llama(w: dict, ids: np.ndarray, s) -> np.ndarray:
+    H, dh = s.n_heads, s.d_model // s.n_heads
+
+    def rms(x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g
+
+    def rope(x):
+        half = dh // 2
+        inv = 1.0 / 10000.0 ** (np.arange(half) * 2.0 / dh)
+        ang = np.arange(x.shape[0])[:, None] * inv[None]
+        c, sn = np.cos(ang)[:, None], np.sin(ang)[:, None]
+        return np.concatenate([x[..., :half] * c - x[..., half:] * sn, x[..., half:] * c + x[..., :half] * sn], -1)
+
+    x = w["tok_embed"][ids]
+    T = len(ids)
+    for i in range(s.n_layers):
+        p = f"L{i}."
+        h = rms(x, w[p + "attn_norm"])
+        q, k, v = (np.einsum("td,dhe->the", h, w[p + n]) for n in ("wq", "wk", "wv"))
+        q, k = rope(q), rope(k)
+        sc = np.einsum("ihd,jhd->hij", q, k) / np.sqrt(dh)
+        sc = np.where(np.tril(np.ones((T, T), bool)), sc, -np.inf)
+        pr = np.exp(sc - sc.max(-1, keepdims=True))
+        pr /= pr.sum(-1, keepdims=True)
+        a = np.einsum("hij,jhd->ihd", pr, v)
+        x = x + np.einsum("the,hed->td", a, w[p + "wo"])
+        h2 = rms(x, w[p + "ffn_norm"])
+        g, u = h2 @ w[p + "w_gate"], h2 @ w[p + "w_up"]
+        x = x + (g / (1 + np.exp(-g)) * u) @ w[p + "w_down"]
+    return rms(x, w["final_norm"])
+
+
+def block_inputs(tg, full: dict) -> dict:
+    out = {}
+    for name, (shape, blocks) in tg.meta["input_blocks"].items():
+        for starts, v in blocks:
+            sl = tuple(slice(a, a + n) for a, n in zip(starts, tg.shape[v], strict=True))
+            out[v] = full[name][sl].astype(NP_DTYPE[tg.dtype[v]])
+    return out
+
+
+@pytest.mark.parametrize("n_gpus,tiles", [(1, None), (2, None), (3, {"t": 5, "h": 1, "f": 48})])
+def test_tiled_llama_matches_numpy(n_gpus, tiles):
+    rng = np.random.default_rng(0)
+    s, seq = LLAMA["tiny"], 24
+    tg = llama_prefill("tiny", seq=seq, n_gpus=n_gpus, dtype="fp32", tiles=tiles)
+    full = {}
+    for name, (shape, _) in tg.meta["input_blocks"].items():
+        full[name] = (rng.integers(0, s.vocab, size=shape) if name == "ids" else rng.standard_normal(shape) * 0.3)
+    full.update({k: 1.0 + 0.1 * full[k] for k in full if k.endswith("norm")})
+    vals = evaluate_taskgraph(tg, block_inputs(tg, full))
+    got = assemble(tg, vals, "out")
+    want = numpy_llama(full, full["ids"], s)
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+    if n_gpus > 1:
+        assert (tg.kind == 2).any(), "cross-GPU consumers read through transfer vertices"
+        assert len(set(tg.gpu.tolist())) == n_gpus
+
+
+def test_contraction_split_gives_sum_into_groups():
+    tg = llama_prefill("tiny", seq=16, dtype="fp32", tiles={"t": 8, "h": 1, "f": 40})
+    groups = tg.sum_intos()
+    assert groups, "down projection split over f must produce sum_into vertices"
+    for acc, members in groups.items():
+        assert all(tg.op[m] == "sum_into" and tg.args(m)[0] == acc for m in members)
+
+
+def test_attention_skips_masked_key_blocks():
+    tg = llama_prefill("tiny", seq=32, dtype="fp32", tiles={"t": 8}, n_layers=1)
+    n_scores = sum(op == "attn_scores" for op in tg.op)
+    n_head_blocks = -(-LLAMA["tiny"].n_heads // 2)
+    assert n_scores == n_head_blocks * (1 + 2 + 3 + 4)
+
+
+def test_big_shapes_and_options():
+    tg = llama_prefill("13b", seq=2048, n_gpus=2, n_layers=1)
+    assert tg.meta["model"] == "llama-13b" and tg.n_gpus == 2
+    assert tg.shape[int(np.flatnonzero(np.array(tg.name) == "L0.wq[0, 0, 0]")[0])] == (5120, 10, 128)
+    with pytest.raises(ValueError, match="n_gpus"):
+        llama_prefill("7b", n_gpus=9)
+    with pytest.raises(ValueError, match="unknown LLaMA size"):
+        llama_prefill("3b")
+
+
+def test_paper_example_and_random_dags_validate(rng):
+    tg = matmul_example()
+    assert (tg.kind == 1).sum() == 6 and (tg.kind == 2).sum() == 3
+    assert ((tg.gpu == 0) & (tg.kind != 2) | (tg.kind == 2) & (tg.gpu == 0)).sum() == 7
+    for _ in range(20):
+        random_dag(rng, n_gpus=int(rng.integers(1, 4))).validate()
