@@ -1,7 +1,7 @@
 """Byte arenas for BuildMemgraph: a first-fit allocator over coalesced free ranges, and the "ghosts" of
 freed ranges that remember which memgraph vertices touched them last.
 
-Arena state: ``free`` is a sorted list of disjoint, non-adjacent [start, end) ranges; ``used`` maps the
+Arena state: ``largest`` bounds the biggest free range from above; ``free`` is a sorted list of disjoint, non-adjacent [start, end) ranges; ``used`` maps the
 start of every allocated range to (end, owner). Every range start and length is a multiple of ALIGN.
 Ghost state: sorted disjoint (start, end, users) triples; a new allocation over a ghost must depend on its
 users (memory dependency), after which that part of the ghost is forgotten (the new occupant's users will
@@ -20,7 +20,7 @@ def aligned(nbytes: int) -> int:
 
 
 class Arena:
-    __slots__ = ("capacity", "free", "used", "in_use", "peak")
+    __slots__ = ("capacity", "free", "used", "in_use", "peak", "largest")
 
     def __init__(self, capacity: int):
         self.capacity = capacity - capacity % ALIGN
@@ -28,19 +28,26 @@ class Arena:
         self.used: dict[int, tuple[int, object]] = {}
         self.in_use = 0
         self.peak = 0
+        self.largest = self.capacity  # upper bound on the largest free range: quick rejects
 
     def malloc(self, nbytes: int, owner) -> int:
         """First fit; returns the offset or -1."""
         n = aligned(nbytes)
+        if n > self.largest:
+            return -1
+        best = 0
         for i, r in enumerate(self.free):
-            if r[1] - r[0] >= n:
+            size = r[1] - r[0]
+            if size >= n:
                 off = r[0]
-                if r[1] - r[0] == n:
+                if size == n:
                     del self.free[i]
                 else:
                     r[0] += n
                 self._take(off, n, owner)
                 return off
+            best = max(best, size)
+        self.largest = best
         return -1
 
     def claim(self, off: int, nbytes: int, owner) -> None:
@@ -77,6 +84,7 @@ class Arena:
         if i + 1 < len(fr) and fr[i + 1][0] == fr[i][1]:
             fr[i][1] = fr[i + 1][1]
             del fr[i + 1]
+        self.largest = max(self.largest, fr[i][1] - fr[i][0])
 
     def segments(self) -> list[tuple[int, int, object]]:
         """All ranges in offset order: (start, end, owner), owner None for free ranges."""

@@ -1,0 +1,78 @@
+"""Memgraph build throughput: vertices, build seconds, vertices/s and peak RSS for the issue's configs.
+
+Each configuration runs in a fresh process so peak RSS is its own. Ratios are printed against the targets
+(20k vertices/s, 65B under 10 s) and against the original C++ compiler's published figure
+(7B/4K/4 GPUs: ~22.5k vertices in 0.8 s).
+
+    python benchmarks/compile_speed.py [--out benchmarks/results/compile_speed.csv] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import multiprocessing as mp
+import resource
+import sys
+import time
+
+CONFIGS = [
+    ("llama-7b", 4096, 1, "6GiB"),
+    ("llama-7b", 4096, 4, "4GiB"),
+    ("llama-7b", 32768, 1, "8GiB"),
+    ("llama-65b", 4096, 8, "20GiB"),
+]
+TARGET_VPS = 20_000
+CPP_VPS = 22_500 / 0.8
+
+
+def one(cfg, q):
+    from turnip.compile import make_taskgraph, parse_nbytes
+    from turnip.memgraph.build import build_memgraph
+    from turnip.memgraph.verify import verify
+
+    model, seq, gpus, budget = cfg
+    t0 = time.perf_counter()
+    tg = make_taskgraph(model, seq, gpus)
+    t1 = time.perf_counter()
+    mg = build_memgraph(tg, parse_nbytes(budget))
+    t2 = time.perf_counter()
+    bad = len(verify(mg, tg))
+    t3 = time.perf_counter()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    q.put(dict(model=model, seq=seq, gpus=gpus, budget=budget, tg_vertices=tg.n, mg_vertices=mg.n,
+               lower_s=round(t1 - t0, 3), build_s=round(t2 - t1, 3), verify_s=round(t3 - t2, 3),
+               vertices_per_s=round(tg.n / (t2 - t1)), peak_rss_mib=round(rss / 2**20), violations=bad,
+               n_offload=mg.stats["n_offload"], n_memory_edges=mg.stats["n_memory_edges"]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="CSV path")
+    ap.add_argument("--quick", action="store_true", help="only the 7B/4K configs")
+    a = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    rows = []
+    for cfg in CONFIGS[:2] if a.quick else CONFIGS:
+        q = ctx.Queue()
+        p = ctx.Process(target=one, args=(cfg, q))
+        p.start()
+        r = q.get()
+        p.join()
+        r["ratio_vs_target"] = round(r["vertices_per_s"] / TARGET_VPS, 2)
+        r["ratio_vs_cpp"] = round(r["vertices_per_s"] / CPP_VPS, 2)
+        rows.append(r)
+        print(f"{r['model']:>10} seq {r['seq']:>6} gpus {r['gpus']} budget {r['budget']:>6}: {r['tg_vertices']:>7} "
+              f"vertices, lower {r['lower_s']:.2f} s, build {r['build_s']:.2f} s = {r['vertices_per_s']:,} v/s "
+              f"(x{r['ratio_vs_target']} of target, x{r['ratio_vs_cpp']} of C++), verify {r['verify_s']:.2f} s, "
+              f"peak RSS {r['peak_rss_mib']} MiB, violations {r['violations']}", flush=True)
+    if a.out:
+        with open(a.out, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 1 if any(r["violations"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
