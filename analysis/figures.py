@@ -1,0 +1,141 @@
+"""matplotlib (Agg) figures from run tables and trace span/memory tables. Each function writes one PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from analysis.summary import CONFIG
+
+_COLORS = {"kernel": "tab:blue", "h2d": "tab:green", "d2h": "tab:red", "p2p": "tab:purple"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _label(row) -> str:
+    return f"{row['model']} {int(row['seq']) // 1024}K {int(row['gpus'])}g {row['budget']}"
+
+
+def speedup(table, path: Path) -> None:
+    """Nondet-over-det speedup per configuration with its 95% interval (and the mean-only speedup)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(table) + 2), 4))
+    x = np.arange(len(table))
+    y = table.speedup_pct.to_numpy()
+    err = np.vstack([y - table.ci_low_pct.to_numpy(), table.ci_high_pct.to_numpy() - y])
+    ax.bar(x - 0.2, y, 0.4, yerr=err, capsize=3, label="with timing noise")
+    ax.bar(x + 0.2, table.mean_only_speedup_pct.to_numpy(), 0.4, label="mean-only (no noise)", alpha=0.6)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x, [_label(r) for _, r in table.iterrows()], rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("speedup of nondet over det (%)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def makespan_distributions(runs, path: Path) -> None:
+    """Makespan over seeds per configuration and policy, relative to the configuration's lower bound."""
+    plt = _plt()
+    noisy = runs[~runs.mean_only.astype(bool)]
+    groups = list(noisy.groupby(CONFIG, sort=True))
+    policies = sorted(noisy.policy.unique())
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(groups) + 2), 4))
+    w = 0.8 / max(1, len(policies))
+    for j, pol in enumerate(policies):
+        data = [(g[g.policy == pol].makespan_ns / g.lower_bound_ns).to_numpy() for _, g in groups]
+        pos = np.arange(len(groups)) + (j - (len(policies) - 1) / 2) * w
+        bp = ax.boxplot(data, positions=pos, widths=w * 0.9, patch_artist=True, showfliers=True)
+        for b in bp["boxes"]:
+            b.set_facecolor(f"C{j}")
+        ax.plot([], [], color=f"C{j}", lw=6, label=pol)
+    ax.set_xticks(np.arange(len(groups)), [_label(dict(zip(CONFIG, k, strict=True))) for k, _ in groups],
+                  rotation=60, ha="right", fontsize=8)  # fmt: skip
+    ax.set_ylabel("makespan / lower bound")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def efficiency(runs, path: Path) -> None:
+    """Lower bound / makespan of every run, per policy."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for j, (pol, g) in enumerate(runs[~runs.mean_only.astype(bool)].groupby("policy")):
+        ax.scatter(g.lower_bound_ns / 1e6, g.lower_bound_ns / g.makespan_ns, s=10, color=f"C{j}", label=pol)
+    ax.set_xscale("log")
+    ax.set_xlabel("lower bound (ms)")
+    ax.set_ylabel("efficiency = bound / makespan")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def offload_volume(runs, path: Path) -> None:
+    """Bytes offloaded + reloaded (and loaded as inputs) against the per-GPU budget."""
+    plt = _plt()
+    one = runs[runs.policy == runs.policy.iloc[0]].drop_duplicates(CONFIG)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for j, ((model, seq, gpus), g) in enumerate(one.groupby(["model", "seq", "gpus"])):
+        g = g.sort_values("budget_nbytes")
+        moved = (g.offload_nbytes + g.reload_nbytes + g.input_nbytes) / 1e9
+        ax.plot(g.budget_nbytes / 2**30, moved, "o-", color=f"C{j % 10}", label=f"{model} {seq // 1024}K {gpus}g")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("budget per GPU (GiB)")
+    ax.set_ylabel("host<->GPU bytes moved (GB)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def gantt(spans_by_policy: dict, path: Path, max_ms: float | None = None) -> None:
+    """Engine activity per GPU (one row per engine), one panel per policy."""
+    plt = _plt()
+    fig, axes = plt.subplots(len(spans_by_policy), 1, figsize=(11, 1.2 + 1.6 * len(spans_by_policy)),
+                             squeeze=False, sharex=True)  # fmt: skip
+    for ax, (pol, s) in zip(axes[:, 0], spans_by_policy.items(), strict=True):
+        pid = np.where(s["engine"] == "h2d", s["dst_gpu"], s["gpu"])
+        rows = sorted({(int(p), e) for p, e in zip(pid, s["engine"], strict=True)})
+        for i, (g, e) in enumerate(rows):
+            sel = (pid == g) & (s["engine"] == e)
+            t0 = s["start_ns"][sel] / 1e6
+            dur = (s["end_ns"][sel] - s["start_ns"][sel]) / 1e6
+            ax.broken_barh(list(zip(t0, dur, strict=True)), (i - 0.4, 0.8), color=_COLORS[e], lw=0)
+        ax.set_yticks(range(len(rows)), [f"gpu{g} {e}" for g, e in rows], fontsize=7)
+        ax.set_title(f"{pol}: makespan {s['done_ns'].max() / 1e6:.1f} ms", fontsize=9)
+        if max_ms:
+            ax.set_xlim(0, max_ms)
+    axes[-1, 0].set_xlabel("time (ms)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def memory(memory_by_policy: dict, budget_nbytes: np.ndarray, path: Path) -> None:
+    """GPU bytes in use over time (step functions) per policy, with the budget."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for j, (pol, m) in enumerate(memory_by_policy.items()):
+        for g in np.unique(m["gpu"]):
+            sel = m["gpu"] == g
+            ax.step(m["t_ns"][sel] / 1e6, m["bytes_in_use"][sel] / 2**30, where="post", color=f"C{j}",
+                    lw=0.8, alpha=0.8, label=f"{pol}" if g == 0 else None)  # fmt: skip
+    ax.axhline(float(np.max(budget_nbytes)) / 2**30, color="k", ls="--", lw=1, label="budget")
+    ax.set_xlabel("time (ms)")
+    ax.set_ylabel("GPU bytes in use (GiB)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,181 @@
+"""Ablation sweeps: models x seq lens x GPU counts x budgets x policies x seeds, on all local cores.
+
+Plans are compiled once each (in parallel) and cached as plan files under ``<out>/plans/``; then every
+(configuration, policy, seed) run is one task for a process pool. Results: ``runs.csv`` (one row per run),
+one trace per policy for the trace configuration, then ``analysis.report.write_report``.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from sim.profile import load_profile
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    models: tuple[str, ...] = ("llama-7b",)
+    seqs: tuple[int, ...] = (1024, 4096, 16384)
+    gpus: tuple[int, ...] = (1, 4)
+    budgets: dict = field(default_factory=lambda: {"tight": "1GiB", "roomy": "16GiB"})
+    policies: tuple[str, ...] = ("det", "nondet")
+    seeds: int = 10
+    mean_only: bool = True  # also one noise-free run per policy and configuration
+    profile: str = "h100"
+    trace: dict = field(default_factory=lambda: {"model": "llama-7b", "seq": 4096, "gpus": 1, "budget": "tight"})
+
+    @staticmethod
+    def from_toml(path: str | Path, **overrides) -> SweepConfig:
+        data = tomllib.loads(Path(path).read_text())
+        data = data.get("ablate", data)
+        known = {f.name for f in fields(SweepConfig)}
+        if set(data) - known:
+            raise ValueError(f"{path}: unknown keys {sorted(set(data) - known)}; known: {sorted(known)}")
+        data |= {k: v for k, v in overrides.items() if v is not None}
+        return SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+    def plans(self) -> list[dict]:
+        return [
+            {"model": m, "seq": s, "gpus": g, "budget": b, "budget_nbytes": _nbytes(v)}
+            for m in self.models
+            for s in self.seqs
+            for g in self.gpus
+            for b, v in self.budgets.items()
+        ]
+
+
+def _nbytes(v) -> int:
+    from turnip.compile import parse_nbytes
+
+    return int(v) if isinstance(v, int) else parse_nbytes(v)
+
+
+def plan_path(out: Path, p: dict) -> Path:
+    return out / "plans" / f"{p['model']}_{p['seq']}_{p['gpus']}g_{p['budget_nbytes']}.tplan"
+
+
+def _compile(args) -> tuple[dict, float, str | None]:
+    out, p = args
+    path = plan_path(out, p)
+    if path.exists():
+        return p, 0.0, None
+    from turnip.compile import compile_model
+    from turnip.memgraph.io import save_plan
+
+    t0 = time.perf_counter()
+    try:
+        tg, mg = compile_model(p["model"], p["seq"], p["gpus"], p["budget_nbytes"])
+    except Exception as e:  # a budget too small for the plan: reported, the sweep goes on
+        return p, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
+    save_plan(path, mg)
+    return p, time.perf_counter() - t0, None
+
+
+_PLANS: dict = {}
+
+
+def _load(path: Path):
+    if path not in _PLANS:
+        from sim.timing import TimingModel
+        from turnip.memgraph.io import load_plan
+
+        mg = load_plan(path)[0]
+        _PLANS.clear()  # keep one plan per worker in memory
+        _PLANS[path] = (mg, None)
+        _PLANS[path] = (mg, TimingModel(mg, _PROFILE))
+    return _PLANS[path]
+
+
+_PROFILE = None
+
+
+def _init(profile_name: str) -> None:
+    global _PROFILE
+    _PROFILE = load_profile(profile_name)
+
+
+def _run(task) -> tuple[dict, dict | None]:
+    from analysis.metrics import run_metrics
+    from sim.engine import simulate
+
+    out, p, policy, seed, mean_only, want_trace = task
+    mg, tm = _load(plan_path(out, p))
+    r = simulate(mg, _PROFILE, policy, seed, mean_only, tm)
+    tr = r.trace(mg, p)
+    row = {k: p[k] for k in ("model", "seq", "gpus", "budget", "budget_nbytes")}
+    row |= {"policy": policy, "seed": seed, "mean_only": mean_only, "lower_bound_ns": r.lower_bound_ns}
+    row |= run_metrics(tr.spans, mg.n_gpus)
+    row |= {f"bound_{k}": v for k, v in r.bound.items() if k != "lower_bound_ns"}
+    row |= {"n_vertices": mg.n, "sim_wall_s": r.wall_s}
+    return row, (tr if want_trace else None)
+
+
+def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = None, quiet: bool = False):
+    """Run the whole sweep; write ``runs.csv``, traces and the report into ``out``. Returns the summary."""
+    import pandas as pd
+
+    from analysis.report import write_report
+    from turnip.progress import Progress
+
+    t_start = time.perf_counter()
+    out = Path(out)
+    (out / "plans").mkdir(parents=True, exist_ok=True)
+    (out / "traces").mkdir(exist_ok=True)
+    jobs = jobs or os.cpu_count() or 1
+    plans = cfg.plans()
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    say(f"ablate: {len(plans)} plans x {len(cfg.policies)} policies x {cfg.seeds} seeds on {jobs} processes")
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    with ctx.Pool(jobs, initializer=_init, initargs=(cfg.profile,)) as pool:
+        ok, bar = [], Progress(len(plans), "compile")
+        for i, (p, _, err) in enumerate(pool.imap_unordered(_compile, [(out, p) for p in plans]), 1):
+            if err:
+                say(f"  skipped {p['model']} {p['seq']} {p['gpus']} GPUs {p['budget']}: {err}")
+            else:
+                ok.append(p)
+            bar.update(i)
+        bar.close()
+        tr_cfg = cfg.trace
+        tasks = []
+        for p in sorted(ok, key=lambda p: -plan_path(out, p).stat().st_size):
+            is_tr = all(p.get(k) == v for k, v in tr_cfg.items())
+            for pol in cfg.policies:
+                for s in range(cfg.seeds):
+                    tasks.append((out, p, pol, s, False, is_tr and s == 0))
+                if cfg.mean_only:
+                    tasks.append((out, p, pol, 0, True, False))
+        rows, traces = [], {}
+        bar = Progress(len(tasks), "simulate")
+        for i, (row, tr) in enumerate(pool.imap(_run, tasks, chunksize=1), 1):
+            rows.append(row)
+            if tr is not None:
+                traces[row["policy"]] = tr
+            bar.update(i)
+        bar.close()
+    runs = pd.DataFrame(rows).sort_values(["model", "seq", "gpus", "budget_nbytes", "policy", "mean_only", "seed"])
+    runs.to_csv(out / "runs.csv", index=False)
+    for pol, tr in traces.items():
+        spans, mem = tr.to_frames()
+        spans.to_csv(out / "traces" / f"{pol}.spans.csv", index=False)
+        mem.to_csv(out / "traces" / f"{pol}.memory.csv", index=False)
+        if pol == "nondet" or len(traces) == 1:
+            tr.write_chrome(out / "traces" / f"{pol}.trace.json")
+    if traces:
+        meta = next(iter(traces.values())).meta
+        (out / "traces" / "meta.json").write_text(json.dumps({k: str(v) for k, v in meta.items()}, indent=1))
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
+    text = write_report(out, quiet=True)
+    wall = time.perf_counter() - t_start
+    sim_v = int(runs.n_vertices.sum())
+    say(text)
+    say(f"\n{len(runs)} runs, {sim_v:,} simulated vertices, {wall:.1f} s wall on {jobs} processes; "
+        f"wrote {out}/runs.csv, summary.csv, figures/*.png, traces/")  # fmt: skip
+    return text
