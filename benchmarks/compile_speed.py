@@ -40,10 +40,24 @@ def one(cfg, q):
     bad = len(verify(mg, tg))
     t3 = time.perf_counter()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    q.put(dict(model=model, seq=seq, gpus=gpus, budget=budget, tg_vertices=tg.n, mg_vertices=mg.n,
-               lower_s=round(t1 - t0, 3), build_s=round(t2 - t1, 3), verify_s=round(t3 - t2, 3),
-               vertices_per_s=round(tg.n / (t2 - t1)), peak_rss_mib=round(rss / 2**20), violations=bad,
-               n_offload=mg.stats["n_offload"], n_memory_edges=mg.stats["n_memory_edges"]))
+    q.put(
+        dict(
+            model=model,
+            seq=seq,
+            gpus=gpus,
+            budget=budget,
+            tg_vertices=tg.n,
+            mg_vertices=mg.n,
+            lower_s=round(t1 - t0, 3),
+            build_s=round(t2 - t1, 3),
+            verify_s=round(t3 - t2, 3),
+            vertices_per_s=round(tg.n / (t2 - t1)),
+            peak_rss_mib=round(rss / 2**20),
+            violations=bad,
+            n_offload=mg.stats["n_offload"],
+            n_memory_edges=mg.stats["n_memory_edges"],
+        )
+    )
 
 
 def main() -> int:
@@ -62,10 +76,13 @@ def main() -> int:
         r["ratio_vs_target"] = round(r["vertices_per_s"] / TARGET_VPS, 2)
         r["ratio_vs_cpp"] = round(r["vertices_per_s"] / CPP_VPS, 2)
         rows.append(r)
-        print(f"{r['model']:>10} seq {r['seq']:>6} gpus {r['gpus']} budget {r['budget']:>6}: {r['tg_vertices']:>7} "
-              f"vertices, lower {r['lower_s']:.2f} s, build {r['build_s']:.2f} s = {r['vertices_per_s']:,} v/s "
-              f"(x{r['ratio_vs_target']} of target, x{r['ratio_vs_cpp']} of C++), verify {r['verify_s']:.2f} s, "
-              f"peak RSS {r['peak_rss_mib']} MiB, violations {r['violations']}", flush=True)
+        print(
+            f"{r['model']:>10} seq {r['seq']:>6} gpus {r['gpus']} budget {r['budget']:>6}: {r['tg_vertices']:>7} "
+            f"vertices, lower {r['lower_s']:.2f} s, build {r['build_s']:.2f} s = {r['vertices_per_s']:,} v/s "
+            f"(x{r['ratio_vs_target']} of target, x{r['ratio_vs_cpp']} of C++), verify {r['verify_s']:.2f} s, "
+            f"peak RSS {r['peak_rss_mib']} MiB, violations {r['violations']}",
+            flush=True,
+        )
     if a.out:
         with open(a.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -11,12 +11,36 @@ pytestmark = pytest.mark.unit
 
 def test_compile_verify_round_trip(tmp_path, capsys):
     plan = tmp_path / "p.tplan"
-    rc = main(["compile", "--model", "llama-tiny", "--seq", "32", "--gpus", "2", "--budget", "40KB",
-               "--dtype", "fp32", "-o", str(plan), "--json", "--verify"])
+    rc = main(
+        [
+            "compile",
+            "--model",
+            "llama-tiny",
+            "--seq",
+            "32",
+            "--gpus",
+            "2",
+            "--budget",
+            "40KB",
+            "--dtype",
+            "fp32",
+            "-o",
+            str(plan),
+            "--json",
+            "--verify",
+        ]
+    )
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["violations"] == [] and d["memgraph_vertices"] >= d["taskgraph_vertices"]
-    assert set(d) >= {"edges", "offloads", "reloads", "clean_evictions", "peak_nbytes_per_gpu", "host_peak_nbytes",
-                      "build_s"}
+    assert set(d) >= {
+        "edges",
+        "offloads",
+        "reloads",
+        "clean_evictions",
+        "peak_nbytes_per_gpu",
+        "host_peak_nbytes",
+        "build_s",
+    }
     assert main(["verify", str(plan)]) == 0
     assert "ok" in capsys.readouterr().out
 

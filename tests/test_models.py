@@ -10,7 +10,7 @@ pytestmark = pytest.mark.unit
 
 
 def numpy_llama(w: dict, ids: np.ndarray, s) -> np.ndarray:
-    H, dh = s.n_heads, s.d_model // s.n_heads
+    _H, dh = s.n_heads, s.d_model // s.n_heads
 
     def rms(x, g):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g
@@ -43,7 +43,7 @@ def numpy_llama(w: dict, ids: np.ndarray, s) -> np.ndarray:
 
 def block_inputs(tg, full: dict) -> dict:
     out = {}
-    for name, (shape, blocks) in tg.meta["input_blocks"].items():
+    for name, (_shape, blocks) in tg.meta["input_blocks"].items():
         for starts, v in blocks:
             sl = tuple(slice(a, a + n) for a, n in zip(starts, tg.shape[v], strict=True))
             out[v] = full[name][sl].astype(NP_DTYPE[tg.dtype[v]])
@@ -57,7 +57,7 @@ def test_tiled_llama_matches_numpy(n_gpus, tiles):
     tg = llama_prefill("tiny", seq=seq, n_gpus=n_gpus, dtype="fp32", tiles=tiles)
     full = {}
     for name, (shape, _) in tg.meta["input_blocks"].items():
-        full[name] = (rng.integers(0, s.vocab, size=shape) if name == "ids" else rng.standard_normal(shape) * 0.3)
+        full[name] = rng.integers(0, s.vocab, size=shape) if name == "ids" else rng.standard_normal(shape) * 0.3
     full.update({k: 1.0 + 0.1 * full[k] for k in full if k.endswith("norm")})
     vals = evaluate_taskgraph(tg, block_inputs(tg, full))
     got = assemble(tg, vals, "out")

@@ -4,7 +4,12 @@ import numpy as np
 import pytest
 
 from turnip.taskgraph import (
-    Builder, CycleError, GpuRangeError, ShapeError, SizeError, UnknownOpError,
+    Builder,
+    CycleError,
+    GpuRangeError,
+    ShapeError,
+    SizeError,
+    UnknownOpError,
 )
 
 pytestmark = pytest.mark.unit

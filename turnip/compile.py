@@ -24,8 +24,15 @@ def parse_nbytes(text: str) -> int:
     return int(float(m.group(1)) * UNITS[m.group(2).lower()])
 
 
-def make_taskgraph(model: str, seq: int = 4096, gpus: int = 1, dtype: str = "fp16", tiles: dict | None = None,
-                   seed: int = 0, n_layers: int | None = None) -> TaskGraph:
+def make_taskgraph(
+    model: str,
+    seq: int = 4096,
+    gpus: int = 1,
+    dtype: str = "fp16",
+    tiles: dict | None = None,
+    seed: int = 0,
+    n_layers: int | None = None,
+) -> TaskGraph:
     if model.startswith("llama-"):
         return llama_prefill(model[6:], seq=seq, n_gpus=gpus, dtype=dtype, tiles=tiles, n_layers=n_layers)
     if model == "paper-matmul":
@@ -35,23 +42,34 @@ def make_taskgraph(model: str, seq: int = 4096, gpus: int = 1, dtype: str = "fp1
     raise ValueError(f"unknown model {model!r}; choose from {MODELS}")
 
 
-def build_with_resident(tg: TaskGraph, budget: int, config: BuildConfig | None = None, resident="0",
-                        progress=None) -> MemGraph:
+def build_with_resident(
+    tg: TaskGraph, budget: int, config: BuildConfig | None = None, resident="0", progress=None
+) -> MemGraph:
     """Build with a resident input set: a byte size, or ``"auto"`` = a quarter of the budget, falling back to
     none when that leaves too little room for some vertex."""
     cfg = config or BuildConfig()
     if str(resident) != "auto":
-        return build_memgraph(tg, budget, dataclasses.replace(cfg, resident_nbytes=parse_nbytes(str(resident))),
-                              progress=progress)
+        return build_memgraph(
+            tg, budget, dataclasses.replace(cfg, resident_nbytes=parse_nbytes(str(resident))), progress=progress
+        )
     try:
         return build_memgraph(tg, budget, dataclasses.replace(cfg, resident_nbytes=budget // 4), progress=progress)
     except BudgetError:
         return build_memgraph(tg, budget, dataclasses.replace(cfg, resident_nbytes=0), progress=progress)
 
 
-def compile_model(model: str, seq: int = 4096, gpus: int = 1, budget: int | str = "6GiB", dtype: str = "fp16",
-                  config: BuildConfig | None = None, tiles: dict | None = None, progress=None,
-                  n_layers: int | None = None, resident="0") -> tuple[TaskGraph, MemGraph]:
+def compile_model(
+    model: str,
+    seq: int = 4096,
+    gpus: int = 1,
+    budget: int | str = "6GiB",
+    dtype: str = "fp16",
+    config: BuildConfig | None = None,
+    tiles: dict | None = None,
+    progress=None,
+    n_layers: int | None = None,
+    resident="0",
+) -> tuple[TaskGraph, MemGraph]:
     tg = make_taskgraph(model, seq, gpus, dtype, tiles, n_layers=n_layers)
     b = parse_nbytes(budget) if isinstance(budget, str) else budget
     return tg, build_with_resident(tg, b, config, resident, progress)

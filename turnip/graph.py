@@ -137,9 +137,7 @@ class _Lowering:
         return itertools.product(*(range(self.T.nblocks(l, s)) for l, s in zip(t.dims, t.shape, strict=True)))
 
     def bshape(self, t: Tensor, idx: tuple) -> tuple:
-        return tuple(
-            b - a for a, b in (self.T.span(l, s, i) for l, s, i in zip(t.dims, t.shape, idx, strict=True))
-        )
+        return tuple(b - a for a, b in (self.T.span(l, s, i) for l, s, i in zip(t.dims, t.shape, idx, strict=True)))
 
     def block(self, x: int, coords: dict, gpu: int) -> int:
         t = self.g.t(x)
@@ -156,13 +154,21 @@ class _Lowering:
             getattr(self, "_" + ("map" if node.op in ELEMENTWISE else node.op))(node)
         outs = [v for x in self.g.outputs for v in self.blocks[x].values()]
         ins = [n.out.id for n in self.g.nodes if n.op == "input"]
-        return self.b.build(outputs=outs, meta={"tiles": dict(self.T.tiles), "output_blocks": self.block_map(self.g.outputs),
-                                                "input_blocks": self.block_map(ins)})
+        return self.b.build(
+            outputs=outs,
+            meta={
+                "tiles": dict(self.T.tiles),
+                "output_blocks": self.block_map(self.g.outputs),
+                "input_blocks": self.block_map(ins),
+            },
+        )
 
     def block_map(self, xs) -> dict:
         """logical tensor name -> (shape, [(block start per dim, taskgraph vertex)])."""
-        return {self.g.t(x).name: (self.g.t(x).shape, [(self.starts(self.g.t(x), i), v) for i, v in self.blocks[x].items()])
-                for x in xs}
+        return {
+            self.g.t(x).name: (self.g.t(x).shape, [(self.starts(self.g.t(x), i), v) for i, v in self.blocks[x].items()])
+            for x in xs
+        }
 
     def starts(self, t: Tensor, idx: tuple) -> tuple:
         return tuple(self.T.span(l, s, i)[0] for l, s, i in zip(t.dims, t.shape, idx, strict=True))
@@ -170,8 +176,12 @@ class _Lowering:
     def _input(self, node: Node):
         t = node.out
         self.blocks[t.id] = {
-            idx: self.b.input(self.bshape(t, idx), t.dtype, self.T.place(dict(zip(t.dims, idx, strict=True))),
-                              name=f"{t.name}{list(idx)}")
+            idx: self.b.input(
+                self.bshape(t, idx),
+                t.dtype,
+                self.T.place(dict(zip(t.dims, idx, strict=True))),
+                name=f"{t.name}{list(idx)}",
+            )
             for idx in self.grid(t)
         }
 
@@ -182,8 +192,16 @@ class _Lowering:
         shape = self.bshape(t, idx)
         args = [self.block(x, coords, gpu) for x in args_of]
         n = math.prod(shape)
-        return self.b.kernel(op, args, shape, t.dtype, gpu, params if params is not None else node.params,
-                             flops=flops_per_elem * n, name=f"{t.name}{list(idx)}")
+        return self.b.kernel(
+            op,
+            args,
+            shape,
+            t.dtype,
+            gpu,
+            params if params is not None else node.params,
+            flops=flops_per_elem * n,
+            name=f"{t.name}{list(idx)}",
+        )
 
     def _map(self, node: Node):
         self.blocks[node.out.id] = {idx: self._emit(node, idx, node.op, node.inputs) for idx in self.grid(node.out)}
@@ -206,8 +224,9 @@ class _Lowering:
     def _embed(self, node: Node):
         self.whole(self.g.t(node.inputs[1]), self.g.t(node.inputs[1]).dims[0], "embed")
         self.whole(node.out, node.out.dims[1], "embed")
-        self.blocks[node.out.id] = {idx: self._emit(node, idx, "embed", node.inputs, flops_per_elem=0)
-                                    for idx in self.grid(node.out)}
+        self.blocks[node.out.id] = {
+            idx: self._emit(node, idx, "embed", node.inputs, flops_per_elem=0) for idx in self.grid(node.out)
+        }
 
     def _einsum(self, node: Node):
         from turnip.graph_lower import lower_einsum

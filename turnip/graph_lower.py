@@ -36,10 +36,21 @@ def lower_einsum(lw, node) -> None:
             shape = tuple(sizes[l] for l in out_l)
             args = [lw.block(x, coords, gpu) for x in node.inputs]
             flops = 2.0 * math.prod(sizes.values())
-            parts.append(b.kernel("einsum", args, shape, t.dtype, gpu, node.params, flops=flops,
-                                  name=f"{t.name}{list(idx)}{list(cidx) if contracted else ''}"))
-        blocks[idx] = _accumulate(b, parts, T.place(oc), lw.moves, f"{t.name}{list(idx)}") if len(parts) > 1 \
-            else parts[0]
+            parts.append(
+                b.kernel(
+                    "einsum",
+                    args,
+                    shape,
+                    t.dtype,
+                    gpu,
+                    node.params,
+                    flops=flops,
+                    name=f"{t.name}{list(idx)}{list(cidx) if contracted else ''}",
+                )
+            )
+        blocks[idx] = (
+            _accumulate(b, parts, T.place(oc), lw.moves, f"{t.name}{list(idx)}") if len(parts) > 1 else parts[0]
+        )
     lw.blocks[t.id] = blocks
 
 
@@ -68,23 +79,46 @@ def lower_attention(lw, node) -> None:
                 break  # fully masked
             kc = {tl: kj, hl: hb}
             p = {"scale": scale, "q_off": q0, "k_off": k0, "causal": True}
-            s = b.kernel("attn_scores", [qv, lw.block(k, kc, gpu)], (nh, tq, k1 - k0), t.dtype, gpu, p,
-                         flops=2.0 * nh * tq * (k1 - k0) * dh, name=f"{name}.S{kj}")
+            s = b.kernel(
+                "attn_scores",
+                [qv, lw.block(k, kc, gpu)],
+                (nh, tq, k1 - k0),
+                t.dtype,
+                gpu,
+                p,
+                flops=2.0 * nh * tq * (k1 - k0) * dh,
+                name=f"{name}.S{kj}",
+            )
             scores.append((s, kc, k1 - k0))
-            maxes.append(b.kernel("rowmax", [s], (nh, tq), t.dtype, gpu, flops=nh * tq * (k1 - k0),
-                                  name=f"{name}.m{kj}"))
-        m = maxes[0] if len(maxes) == 1 else b.kernel("max_n", maxes, (nh, tq), t.dtype, gpu,
-                                                      flops=nh * tq * len(maxes), name=f"{name}.m")
+            maxes.append(
+                b.kernel("rowmax", [s], (nh, tq), t.dtype, gpu, flops=nh * tq * (k1 - k0), name=f"{name}.m{kj}")
+            )
+        m = (
+            maxes[0]
+            if len(maxes) == 1
+            else b.kernel("max_n", maxes, (nh, tq), t.dtype, gpu, flops=nh * tq * len(maxes), name=f"{name}.m")
+        )
         sums, parts = [], []
         for j, (s, kc, tk) in enumerate(scores):
-            e = b.kernel("exp_sub", [s, m], (nh, tq, tk), t.dtype, gpu, flops=2.0 * nh * tq * tk,
-                         name=f"{name}.E{j}")
+            e = b.kernel("exp_sub", [s, m], (nh, tq, tk), t.dtype, gpu, flops=2.0 * nh * tq * tk, name=f"{name}.E{j}")
             sums.append(b.kernel("rowsum", [e], (nh, tq), t.dtype, gpu, flops=nh * tq * tk, name=f"{name}.l{j}"))
-            parts.append(b.kernel("einsum", [e, lw.block(v, kc, gpu)], (tq, nh, dh), t.dtype, gpu,
-                                  {"subscripts": "hqk,khd->qhd", "scale": 1.0}, flops=2.0 * nh * tq * tk * dh,
-                                  name=f"{name}.PV{j}"))
-        l = sums[0] if len(sums) == 1 else b.kernel("add_n", sums, (nh, tq), t.dtype, gpu,
-                                                    flops=nh * tq * len(sums), name=f"{name}.l")
+            parts.append(
+                b.kernel(
+                    "einsum",
+                    [e, lw.block(v, kc, gpu)],
+                    (tq, nh, dh),
+                    t.dtype,
+                    gpu,
+                    {"subscripts": "hqk,khd->qhd", "scale": 1.0},
+                    flops=2.0 * nh * tq * tk * dh,
+                    name=f"{name}.PV{j}",
+                )
+            )
+        l = (
+            sums[0]
+            if len(sums) == 1
+            else b.kernel("add_n", sums, (nh, tq), t.dtype, gpu, flops=nh * tq * len(sums), name=f"{name}.l")
+        )
         o = _accumulate(b, parts, gpu, lw.moves, f"{name}.O")
         blocks[idx] = b.kernel("div_rows", [o, l], (tq, nh, dh), t.dtype, gpu, flops=tq * nh * dh, name=name)
     lw.blocks[t.id] = blocks

@@ -54,8 +54,12 @@ def llama_graph(size: str = "7b", seq: int = 4096, dtype: str = "fp16", n_layers
             for w, n in (("wq", "q"), ("wk", "k"), ("wv", "v"))
         )
         a = g.attention(g.rotary(q, name=p + "qr"), g.rotary(k, name=p + "kr"), v, name=p + "attn")
-        x = g.map("add_n", x, g.einsum("the,hed->td", a, g.input(p + "wo", "hed", (H, dh, s.d_model)),
-                                       name=p + "o"), name=p + "x1")
+        x = g.map(
+            "add_n",
+            x,
+            g.einsum("the,hed->td", a, g.input(p + "wo", "hed", (H, dh, s.d_model)), name=p + "o"),
+            name=p + "x1",
+        )
         h2 = g.rmsnorm(x, g.input(p + "ffn_norm", "d", (s.d_model,)), name=p + "h2")
         gate = g.einsum("td,df->tf", h2, g.input(p + "w_gate", "df", (s.d_model, s.d_ffn)), name=p + "gate")
         up = g.einsum("td,df->tf", h2, g.input(p + "w_up", "df", (s.d_model, s.d_ffn)), name=p + "up")
@@ -66,8 +70,14 @@ def llama_graph(size: str = "7b", seq: int = 4096, dtype: str = "fp16", n_layers
     return g
 
 
-def llama_prefill(size: str = "7b", seq: int = 4096, n_gpus: int = 1, dtype: str = "fp16",
-                  tiles: dict | None = None, n_layers: int | None = None) -> TaskGraph:
+def llama_prefill(
+    size: str = "7b",
+    seq: int = 4096,
+    n_gpus: int = 1,
+    dtype: str = "fp16",
+    tiles: dict | None = None,
+    n_layers: int | None = None,
+) -> TaskGraph:
     """LLaMA prefill tiled over ``n_gpus`` (heads and FFN split across GPUs, tokens tiled)."""
     if not 1 <= n_gpus <= 8:
         raise ValueError(f"n_gpus must be in 1..8, got {n_gpus}")
@@ -106,8 +116,15 @@ def matmul_example(unit_nbytes: int = 256) -> TaskGraph:
     return tg
 
 
-def random_dag(rng: np.random.Generator, n_kernels: int = 30, n_gpus: int = 1, max_args: int = 3,
-               max_elems: int = 512, p_sum_into: float = 0.15, n_inputs: int | None = None) -> TaskGraph:
+def random_dag(
+    rng: np.random.Generator,
+    n_kernels: int = 30,
+    n_gpus: int = 1,
+    max_args: int = 3,
+    max_elems: int = 512,
+    p_sum_into: float = 0.15,
+    n_inputs: int | None = None,
+) -> TaskGraph:
     """Random DAG of ``mix`` kernels on fp32 vectors of random sizes, with inputs, transfers between
     GPUs and sum_into groups; a random subset of sinks are outputs."""
     b = Builder(n_gpus)

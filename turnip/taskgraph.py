@@ -26,8 +26,23 @@ from turnip.memgraph.plan import DTYPE_NBYTES, KIND_INPUT, KIND_KERNEL, KIND_TRA
 
 KNOWN_OPS = frozenset(
     {
-        "einsum", "attn_scores", "rowmax", "max_n", "exp_sub", "rowsum", "add_n", "div_rows", "mul",
-        "scale", "silu", "silu_mul", "rmsnorm", "rotary", "embed", "sum_into", "mix",
+        "einsum",
+        "attn_scores",
+        "rowmax",
+        "max_n",
+        "exp_sub",
+        "rowsum",
+        "add_n",
+        "div_rows",
+        "mul",
+        "scale",
+        "silu",
+        "silu_mul",
+        "rmsnorm",
+        "rotary",
+        "embed",
+        "sum_into",
+        "mix",
     }
 )
 
@@ -141,7 +156,9 @@ class TaskGraph:
                 if self.shape[a] != self.shape[v]:
                     raise ShapeError(f"transfer {v}: moves {self.shape[a]} into {self.shape[v]}")
                 if self.gpu[a] != self.src_gpu[v]:
-                    raise GpuRangeError(f"transfer {v}: source tensor {a} is on gpu {self.gpu[a]}, not {self.src_gpu[v]}")
+                    raise GpuRangeError(
+                        f"transfer {v}: source tensor {a} is on gpu {self.gpu[a]}, not {self.src_gpu[v]}"
+                    )
             elif k == KIND_KERNEL:
                 for a in args:
                     if self.gpu[a] != self.gpu[v]:

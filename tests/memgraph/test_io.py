@@ -1,6 +1,7 @@
 """Plan files: round trip, and clear errors for corrupted or foreign files."""
 
 import json
+
 import numpy as np
 import pytest
 

@@ -27,20 +27,31 @@ def register(sub) -> None:
     p.add_argument("--policy", default="furthest", choices=["furthest", "lru", "largest"], help="eviction policy")
     p.add_argument("--lookahead", type=int, default=None, help="cap on vertices allocated ahead of execution")
     p.add_argument("--lookahead-bytes", default=None, help="cap on bytes reserved ahead of execution")
-    p.add_argument("--tile", action="append", default=[], metavar="DIM=SIZE",
-                   help="tile size override, e.g. t=512 (tokens), h=8 (heads), f=2752 (FFN); repeatable")
-    p.add_argument("--resident", default="auto",
-                   help="bytes per GPU of inputs/weights kept on the GPU for good (steady state: loaded once, "
-                   "never evicted); 'auto' = a quarter of the budget when it fits, 0 = stream every input")
+    p.add_argument(
+        "--tile",
+        action="append",
+        default=[],
+        metavar="DIM=SIZE",
+        help="tile size override, e.g. t=512 (tokens), h=8 (heads), f=2752 (FFN); repeatable",
+    )
+    p.add_argument(
+        "--resident",
+        default="auto",
+        help="bytes per GPU of inputs/weights kept on the GPU for good (steady state: loaded once, "
+        "never evicted); 'auto' = a quarter of the budget when it fits, 0 = stream every input",
+    )
     p.add_argument("--layers", type=int, default=None, help="compile only the first N layers")
     p.add_argument("--verify", action="store_true", help="run the verifier on the result")
     p.add_argument("-o", "--output", help="write the plan here (.tplan)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_compile)
 
-    v = sub.add_parser("verify", help="check a plan file for cycles, lost dependencies and races",
-                       description="Independent verification of a saved plan: acyclic, every taskgraph dependency "
-                       "kept or replaced by offload->reload, no race under any valid order, writes in bounds.")
+    v = sub.add_parser(
+        "verify",
+        help="check a plan file for cycles, lost dependencies and races",
+        description="Independent verification of a saved plan: acyclic, every taskgraph dependency "
+        "kept or replaced by offload->reload, no race under any valid order, writes in bounds.",
+    )
     v.add_argument("plan", help="plan file written by `turnip compile -o`")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_verify)
@@ -82,19 +93,26 @@ def print_summary(d: dict) -> None:
     print(f"{d['model']}: {d['taskgraph_vertices']} taskgraph vertices -> {d['memgraph_vertices']} memgraph vertices")
     print("  vertices  " + ", ".join(f"{n} {name}" for name, n in k.items()))
     print(f"  edges     {d['edges']['data']} data, {d['edges']['memory']} memory")
-    print(f"  offload   {d['offloads']['count']} ({_gib(d['offloads']['nbytes'])}), reload {d['reloads']['count']} "
-          f"({_gib(d['reloads']['nbytes'])}), clean evictions {d['clean_evictions']['count']} "
-          f"({_gib(d['clean_evictions']['nbytes'])}, no copy)")
-    print("  peak/GPU  " + ", ".join(f"{_gib(p)} of {_gib(b)}" for p, b in
-                                     zip(d["peak_nbytes_per_gpu"], d["budget_nbytes_per_gpu"], strict=True)))
-    print(f"  host      {_gib(d['host_peak_nbytes'])} offload area, {_gib(d['host_input_nbytes'])} inputs; "
-          f"{_gib(d['resident_input_nbytes'])} of inputs resident on the GPUs (loaded once)")
+    print(
+        f"  offload   {d['offloads']['count']} ({_gib(d['offloads']['nbytes'])}), reload {d['reloads']['count']} "
+        f"({_gib(d['reloads']['nbytes'])}), clean evictions {d['clean_evictions']['count']} "
+        f"({_gib(d['clean_evictions']['nbytes'])}, no copy)"
+    )
+    print(
+        "  peak/GPU  "
+        + ", ".join(
+            f"{_gib(p)} of {_gib(b)}" for p, b in zip(d["peak_nbytes_per_gpu"], d["budget_nbytes_per_gpu"], strict=True)
+        )
+    )
+    print(
+        f"  host      {_gib(d['host_peak_nbytes'])} offload area, {_gib(d['host_input_nbytes'])} inputs; "
+        f"{_gib(d['resident_input_nbytes'])} of inputs resident on the GPUs (loaded once)"
+    )
     print(f"  build     {d['build_s']} s ({d['vertices_per_s']} vertices/s)")
 
 
 def cmd_compile(a) -> int:
-    from turnip.compile import make_taskgraph, parse_nbytes
-    from turnip.compile import build_with_resident
+    from turnip.compile import build_with_resident, make_taskgraph, parse_nbytes
     from turnip.memgraph.build import BudgetError, BuildConfig
     from turnip.memgraph.io import save_plan
     from turnip.progress import Progress

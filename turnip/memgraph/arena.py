@@ -1,8 +1,9 @@
 """Byte arenas for BuildMemgraph: a first-fit allocator over coalesced free ranges, and the "ghosts" of
 freed ranges that remember which memgraph vertices touched them last.
 
-Arena state: ``largest`` bounds the biggest free range from above; ``free`` is a sorted list of disjoint, non-adjacent [start, end) ranges; ``used`` maps the
-start of every allocated range to (end, owner). Every range start and length is a multiple of ALIGN.
+Arena state: ``largest`` bounds the biggest free range from above; ``free`` is a sorted list of disjoint,
+non-adjacent [start, end) ranges; ``used`` maps the start of every allocated range to (end, owner). Every
+range start and length is a multiple of ALIGN.
 Ghost state: sorted disjoint (start, end, users) triples; a new allocation over a ghost must depend on its
 users (memory dependency), after which that part of the ghost is forgotten (the new occupant's users will
 be ordered after it).

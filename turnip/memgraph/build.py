@@ -104,8 +104,11 @@ class _Build:
         cap_v, cap_b = self.cfg.lookahead_vertices, self.cfg.lookahead_nbytes
         while exe < n:
             alloc = self.alloc
-            room = alloc < n and (cap_v is None or alloc - exe < cap_v) and (
-                cap_b is None or alloc == exe or self.reserved_nbytes + tg.nbytes[V[alloc]] <= cap_b)
+            room = (
+                alloc < n
+                and (cap_v is None or alloc - exe < cap_v)
+                and (cap_b is None or alloc == exe or self.reserved_nbytes + tg.nbytes[V[alloc]] <= cap_b)
+            )
             if room and self.reserve(int(V[alloc]), evict=False):
                 self.alloc += 1
             elif alloc == exe:
@@ -142,8 +145,9 @@ class _Build:
         """Evict a contiguous range chosen by the policy and claim it for ``owner``; -1 if none exists."""
         arena = self.arenas[g]
         cur = int(self.pos[v])
-        victims, off = find_victims(arena, aligned(nbytes), lambda t: self.evictable(t, keep),
-                                    lambda t: self.key(self, t, cur))
+        victims, off = find_victims(
+            arena, aligned(nbytes), lambda t: self.evictable(t, keep), lambda t: self.key(self, t, cur)
+        )
         if off < 0:
             return -1
         for t in victims:
@@ -209,7 +213,13 @@ class _Build:
         while i < end and self.use_pos[i] <= cur:
             i += 1
         self.next_use[t] = i
-        if i == end and not self.tg.is_output[t] and self.loc[t] >= 0 and self.needs_space(t) and t not in self.resident:
+        if (
+            i == end
+            and not self.tg.is_output[t]
+            and self.loc[t] >= 0
+            and self.needs_space(t)
+            and t not in self.resident
+        ):
             g = int(self.tg.gpu[t])
             off = int(self.off[t])
             self.arenas[g].release(off)
@@ -260,19 +270,24 @@ class _Build:
         tg = self.tg
         outs = [int(self.loc[t]) if self.loc[t] >= 0 else int(self.host_src[t]) for t in np.flatnonzero(tg.is_output)]
         resident = int(sum(int(tg.nbytes[t]) for t in self.resident))
-        return self.em.build(outs, host_nbytes=self.host.peak, stats={
-            "peak_nbytes_per_gpu": [a.peak for a in self.arenas],
-            "host_peak_nbytes": int(self.host.peak),
-            "host_input_nbytes": int(self.em.input_host_nbytes),
-            "resident_input_nbytes": resident,
-            "policy": self.cfg.policy,
-            "n_clean_evict": self.n_clean,
-            "clean_evict_nbytes": self.clean_nbytes,
-        })
+        return self.em.build(
+            outs,
+            host_nbytes=self.host.peak,
+            stats={
+                "peak_nbytes_per_gpu": [a.peak for a in self.arenas],
+                "host_peak_nbytes": int(self.host.peak),
+                "host_input_nbytes": int(self.em.input_host_nbytes),
+                "resident_input_nbytes": resident,
+                "policy": self.cfg.policy,
+                "n_clean_evict": self.n_clean,
+                "clean_evict_nbytes": self.clean_nbytes,
+            },
+        )
 
 
-def build_memgraph(tg: TaskGraph, budget_nbytes, config: BuildConfig | None = None, *,
-                   policy: str | None = None, progress=None) -> MemGraph:
+def build_memgraph(
+    tg: TaskGraph, budget_nbytes, config: BuildConfig | None = None, *, policy: str | None = None, progress=None
+) -> MemGraph:
     """Compile ``tg`` under a per-GPU budget (an int for every GPU, or a list) into a MemGraph."""
     cfg = config or BuildConfig()
     if policy is not None:

@@ -65,9 +65,23 @@ class Emitter:
         t = int(tg.acc[v]) if into else v
         if into:
             off = self.out_offset[arg_bufs[0]]
-        mv = self._new(int(tg.kind[v]), int(tg.gpu[v]), int(tg.src_gpu[v]), tg.op[v], tg.params[v], t, v,
-                       float(tg.flops[v]), off, int(tg.nbytes[t]), -1, arg_bufs, data, memory,
-                       lock=t if into else -1)
+        mv = self._new(
+            int(tg.kind[v]),
+            int(tg.gpu[v]),
+            int(tg.src_gpu[v]),
+            tg.op[v],
+            tg.params[v],
+            t,
+            v,
+            float(tg.flops[v]),
+            off,
+            int(tg.nbytes[t]),
+            -1,
+            arg_bufs,
+            data,
+            memory,
+            lock=t if into else -1,
+        )
         for b in arg_bufs:
             self.users[b].append(mv)
         if into:
@@ -91,8 +105,22 @@ class Emitter:
 
     def offload(self, t: int, buf: int, host_off: int) -> int:
         nb = int(self.tg.nbytes[t])
-        o = self._new(KIND_OFFLOAD, self.rows[buf][1], self.rows[buf][1], "offload", {}, t, -1, 0.0, -1, nb,
-                      host_off, [buf], self.writers[buf], [])
+        o = self._new(
+            KIND_OFFLOAD,
+            self.rows[buf][1],
+            self.rows[buf][1],
+            "offload",
+            {},
+            t,
+            -1,
+            0.0,
+            -1,
+            nb,
+            host_off,
+            [buf],
+            self.writers[buf],
+            [],
+        )
         self.users[buf].append(o)
         self.n_offload += 1
         self.offload_nbytes += nb
@@ -101,8 +129,22 @@ class Emitter:
     def reload(self, t: int, off: int, host_off: int, host_src: int, memory: list[int]) -> int:
         nb = int(self.tg.nbytes[t])
         data = [host_src] if host_src >= 0 else []
-        r = self._new(KIND_RELOAD, int(self.tg.gpu[t]), int(self.tg.gpu[t]), "reload", {}, t, -1, 0.0, off, nb,
-                      host_off, [], data, memory)
+        r = self._new(
+            KIND_RELOAD,
+            int(self.tg.gpu[t]),
+            int(self.tg.gpu[t]),
+            "reload",
+            {},
+            t,
+            -1,
+            0.0,
+            off,
+            nb,
+            host_off,
+            [],
+            data,
+            memory,
+        )
         self.writers[r] = [r]
         self.users[r] = [r]
         self.n_reload += 1
@@ -116,8 +158,15 @@ class Emitter:
         _, dep_kind = csr(self.dep_kind, dtype=np.int8)
         kind = np.array(cols[0], dtype=np.int8)
         n_mem = int((dep_kind == DEP_MEMORY).sum())
-        stats = dict(stats, n_offload=self.n_offload, n_reload=self.n_reload, offload_nbytes=self.offload_nbytes,
-                     reload_nbytes=self.reload_nbytes, n_data_edges=len(dep_src) - n_mem, n_memory_edges=n_mem)
+        stats = dict(
+            stats,
+            n_offload=self.n_offload,
+            n_reload=self.n_reload,
+            offload_nbytes=self.offload_nbytes,
+            reload_nbytes=self.reload_nbytes,
+            n_data_edges=len(dep_src) - n_mem,
+            n_memory_edges=n_mem,
+        )
         return MemGraph(
             n_gpus=self.tg.n_gpus,
             budget_nbytes=np.array(self.budget, dtype=np.int64),

@@ -12,7 +12,12 @@ import numpy as np
 
 from cuda_kernels.reference import run_reference
 from turnip.memgraph.plan import (
-    KIND_INPUT, KIND_KERNEL, KIND_OFFLOAD, KIND_RELOAD, KIND_TRANSFER, MemGraph,
+    KIND_INPUT,
+    KIND_KERNEL,
+    KIND_OFFLOAD,
+    KIND_RELOAD,
+    KIND_TRANSFER,
+    MemGraph,
 )
 
 NP_DTYPE = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32}

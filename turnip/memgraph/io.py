@@ -1,9 +1,9 @@
 """Saving and loading compiled plans (format described in docs/formats.md).
 
-A plan file is a numpy ``.npz`` archive (zip, CRC-checked): integer arrays of the memgraph (prefix ``mg.``)
-and of the taskgraph it came from (prefix ``tg.``), plus a SHA-256 ``checksum`` of all arrays and one JSON document ``header`` holding the format
-name and version, per-vertex ops/params/shapes/dtypes and build statistics. Writes go to a temporary file
-renamed into place, so a failed save leaves nothing half-written.
+A plan file is a numpy ``.npz`` archive (zip): integer arrays of the memgraph (prefix ``mg.``) and of the
+taskgraph it came from (prefix ``tg.``), a SHA-256 ``checksum`` of all arrays, and one JSON document
+``header`` holding the format name and version, per-vertex ops/params/shapes/dtypes and build statistics.
+Writes go to a temporary file renamed into place, so a failed save leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -23,9 +23,25 @@ from turnip.taskgraph import TaskGraph
 
 FORMAT = "turnip-plan"
 VERSION = 1
-MG_ARRAYS = ("kind", "gpu", "src_gpu", "tensor", "tg_vertex", "out_offset", "out_nbytes", "host_offset",
-             "in_ptr", "in_idx", "dep_ptr", "dep_src", "dep_kind", "lock_group", "flops", "outputs",
-             "budget_nbytes")
+MG_ARRAYS = (
+    "kind",
+    "gpu",
+    "src_gpu",
+    "tensor",
+    "tg_vertex",
+    "out_offset",
+    "out_nbytes",
+    "host_offset",
+    "in_ptr",
+    "in_idx",
+    "dep_ptr",
+    "dep_src",
+    "dep_kind",
+    "lock_group",
+    "flops",
+    "outputs",
+    "budget_nbytes",
+)
 TG_ARRAYS = ("kind", "gpu", "src_gpu", "nbytes", "flops", "arg_ptr", "arg_idx", "acc", "is_output")
 
 
@@ -56,15 +72,28 @@ def _checksum(arrays: dict) -> np.ndarray:
 def save_plan(path: str | os.PathLike, mg: MemGraph, tg: TaskGraph | None = None) -> None:
     arrays = {f"mg.{k}": getattr(mg, k) for k in MG_ARRAYS}
     header = {
-        "format": FORMAT, "version": VERSION, "n_gpus": mg.n_gpus, "host_nbytes": mg.host_nbytes,
-        "stats": _jsonable(mg.stats), "op": mg.op, "params": _jsonable(mg.params),
-        "shape": [list(s) for s in mg.shape], "dtype": mg.dtype, "taskgraph": tg is not None,
+        "format": FORMAT,
+        "version": VERSION,
+        "n_gpus": mg.n_gpus,
+        "host_nbytes": mg.host_nbytes,
+        "stats": _jsonable(mg.stats),
+        "op": mg.op,
+        "params": _jsonable(mg.params),
+        "shape": [list(s) for s in mg.shape],
+        "dtype": mg.dtype,
+        "taskgraph": tg is not None,
     }
     if tg is not None:
         arrays |= {f"tg.{k}": getattr(tg, k) for k in TG_ARRAYS}
-        header["tg"] = {"n_gpus": tg.n_gpus, "op": tg.op, "params": _jsonable(tg.params),
-                        "shape": [list(s) for s in tg.shape], "dtype": tg.dtype, "name": tg.name,
-                        "meta": _jsonable(tg.meta)}
+        header["tg"] = {
+            "n_gpus": tg.n_gpus,
+            "op": tg.op,
+            "params": _jsonable(tg.params),
+            "shape": [list(s) for s in tg.shape],
+            "dtype": tg.dtype,
+            "name": tg.name,
+            "meta": _jsonable(tg.meta),
+        }
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     arrays["checksum"] = _checksum(arrays)
     path = Path(path)
@@ -105,13 +134,26 @@ def load_plan(path: str | os.PathLike) -> tuple[MemGraph, TaskGraph | None]:
     if not (len(header["op"]) == len(header["params"]) == len(header["shape"]) == n):
         raise PlanFormatError(f"{path}: header describes {len(header['op'])} vertices, arrays {n}")
     mg = MemGraph(
-        n_gpus=header["n_gpus"], op=header["op"], params=header["params"],
-        shape=[tuple(s) for s in header["shape"]], dtype=header["dtype"], host_nbytes=header["host_nbytes"],
-        stats=header["stats"], **{k: arrays[f"mg.{k}"] for k in MG_ARRAYS},
+        n_gpus=header["n_gpus"],
+        op=header["op"],
+        params=header["params"],
+        shape=[tuple(s) for s in header["shape"]],
+        dtype=header["dtype"],
+        host_nbytes=header["host_nbytes"],
+        stats=header["stats"],
+        **{k: arrays[f"mg.{k}"] for k in MG_ARRAYS},
     )
     tg = None
     if header.get("taskgraph"):
         h = header["tg"]
-        tg = TaskGraph(n_gpus=h["n_gpus"], op=h["op"], params=h["params"], shape=[tuple(s) for s in h["shape"]],
-                       dtype=h["dtype"], name=h["name"], meta=h["meta"], **{k: arrays[f"tg.{k}"] for k in TG_ARRAYS})
+        tg = TaskGraph(
+            n_gpus=h["n_gpus"],
+            op=h["op"],
+            params=h["params"],
+            shape=[tuple(s) for s in h["shape"]],
+            dtype=h["dtype"],
+            name=h["name"],
+            meta=h["meta"],
+            **{k: arrays[f"tg.{k}"] for k in TG_ARRAYS},
+        )
     return mg, tg

@@ -87,8 +87,13 @@ def verify(mg: MemGraph, tg=None, limit: int = 50) -> list[Violation]:
         return [Violation("cycle", (), "dependency on a vertex id out of range")]
     topo, stuck = _toposort(mg)
     if topo is None:
-        return [Violation("cycle", tuple(stuck[:20]), f"dependency cycle among {len(stuck)} vertices, e.g. "
-                          f"{[mg.label(v) for v in stuck[:5]]}")]
+        return [
+            Violation(
+                "cycle",
+                tuple(stuck[:20]),
+                f"dependency cycle among {len(stuck)} vertices, e.g. {[mg.label(v) for v in stuck[:5]]}",
+            )
+        ]
     reach = _Reach(mg, topo)
     into = np.array([op == "sum_into" for op in mg.op], dtype=bool)
     writes_gpu = mg.kind != KIND_OFFLOAD
@@ -101,8 +106,12 @@ def verify(mg: MemGraph, tg=None, limit: int = 50) -> list[Violation]:
     for v in np.flatnonzero(writes_gpu):
         b = mg.budget_nbytes[mg.gpu[v]]
         if mg.out_offset[v] < 0 or mg.out_offset[v] + mg.out_nbytes[v] > b:
-            add("bounds", [v], f"{mg.label(v)} writes [{mg.out_offset[v]}, {mg.out_offset[v] + mg.out_nbytes[v]})"
-                f" outside the {b}-byte arena of gpu {mg.gpu[v]}")
+            add(
+                "bounds",
+                [v],
+                f"{mg.label(v)} writes [{mg.out_offset[v]}, {mg.out_offset[v] + mg.out_nbytes[v]})"
+                f" outside the {b}-byte arena of gpu {mg.gpu[v]}",
+            )
     # buffers: creators, in-place writers, readers
     creator = writes_gpu & ~into
     writers: dict[int, list[int]] = {int(b): [int(b)] for b in np.flatnonzero(creator)}
@@ -126,8 +135,11 @@ def verify(mg: MemGraph, tg=None, limit: int = 50) -> list[Violation]:
         for r in readers[b]:
             for w in ws:
                 if not reach(w, r):
-                    add("dataflow", [w, r], f"{mg.label(r)} reads buffer {b} without waiting for its writer "
-                        f"{mg.label(w)}")
+                    add(
+                        "dataflow",
+                        [w, r],
+                        f"{mg.label(r)} reads buffer {b} without waiting for its writer {mg.label(w)}",
+                    )
     _check_host(mg, reach, add)
     if tg is not None:
         _check_taskgraph(mg, tg, reach, add)
@@ -149,7 +161,7 @@ def _check_host(mg, reach, add):
                 add("host", [v], f"{mg.label(v)} reloads a computed tensor without depending on its offload")
     for region in (True, False):
         iv = sorted((o, o + nb, t) for (inp, t), (o, nb) in slots.items() if inp == region)
-        for (s0, e0, t0), (s1, _, t1) in zip(iv, iv[1:], strict=False):
+        for (_s0, e0, t0), (s1, _, t1) in zip(iv, iv[1:], strict=False):
             if s1 < e0:
                 add("host", [], f"host copies of tensors {t0} and {t1} overlap")
 
@@ -169,17 +181,26 @@ def _check_taskgraph(mg, tg, reach, add):
             continue
         args, bufs = tg.args(t), mg.reads(v)
         if len(args) != len(bufs):
-            add("taskgraph", [v], f"{mg.label(v)} reads {len(bufs)} buffers, taskgraph vertex {t} has "
-                f"{len(args)} operands")
+            add(
+                "taskgraph",
+                [v],
+                f"{mg.label(v)} reads {len(bufs)} buffers, taskgraph vertex {t} has {len(args)} operands",
+            )
             continue
         for a, b in zip(args.tolist(), bufs.tolist(), strict=True):
             if mg.tensor[b] != a:
-                add("taskgraph", [v, b], f"{mg.label(v)} should read tensor {a} but reads buffer of tensor "
-                    f"{mg.tensor[b]}")
+                add(
+                    "taskgraph",
+                    [v, b],
+                    f"{mg.label(v)} should read tensor {a} but reads buffer of tensor {mg.tensor[b]}",
+                )
         for u in tg.deps(t):
             if tg.kind[u] != KIND_INPUT and mv[u] >= 0 and not reach(int(mv[u]), v):
-                add("taskgraph", [mv[u], v], f"taskgraph dependency {u} -> {t} lost: {mg.label(int(mv[u]))} "
-                    f"does not precede {mg.label(v)}")
+                add(
+                    "taskgraph",
+                    [mv[u], v],
+                    f"taskgraph dependency {u} -> {t} lost: {mg.label(int(mv[u]))} does not precede {mg.label(v)}",
+                )
 
 
 def _check_races(mg, topo, writers, readers, reach, add):
@@ -202,8 +223,12 @@ def _check_races(mg, topo, writers, readers, reach, add):
             for p in prev:
                 for a in writers[p] + readers[p]:
                     if not reach(a, b):
-                        add("race", [a, b], f"gpu {g} bytes [{s}, {e}): {mg.label(b)} may overwrite buffer {p}"
-                            f" before {mg.label(a)} is done with it")
+                        add(
+                            "race",
+                            [a, b],
+                            f"gpu {g} bytes [{s}, {e}): {mg.label(b)} may overwrite buffer {p}"
+                            f" before {mg.label(a)} is done with it",
+                        )
             keep.append((s, e, b))
             keep.sort()
             segs = keep
