@@ -168,6 +168,8 @@ class TaskGraph:
                         )
                 if op == "sum_into" and (len(args) != 2 or args[0] != self.acc[v]):
                     raise TaskGraphError(f"sum_into {v}: operands must be (accumulator, partial)")
+                if op == "sum_into" and self.kind[int(args[0])] == KIND_INPUT:
+                    raise TaskGraphError(f"sum_into {v}: accumulator {args[0]} is an input; inputs are immutable")
                 if op == "sum_into" and self.shape[int(args[0])] != self.shape[int(args[1])]:
                     raise ShapeError(
                         f"sum_into {v}: partial {self.shape[int(args[1])]} vs accumulator {self.shape[int(args[0])]}"
