@@ -4,12 +4,11 @@ import pytest
 
 from sim import h100, simulate
 from sim.memory import memory_timeline, peak_bytes
+from turnip import models
+from turnip.memgraph import build
 from turnip.sched import POLICIES
 
 pytestmark = pytest.mark.sim
-
-build = pytest.importorskip("turnip.memgraph.build")
-models = pytest.importorskip("turnip.models")
 
 
 @pytest.fixture(scope="module", params=[(64, 2, 1 << 15), (256, 1, 1 << 16), (64, 2, 1 << 16)])
@@ -32,3 +31,14 @@ def test_every_dependency_respected_in_time(plan):
     for v in range(plan.n):
         for u in plan.deps(v).tolist():
             assert r.done_ns[u] <= r.host_start_ns[v] and r.end_ns[u] <= r.start_ns[v]
+
+
+def test_resident_inputs_are_loaded_before_the_run():
+    tg = models.llama_prefill("tiny", 64, 1)
+    mg = build.build_memgraph(tg, 1 << 16, build.BuildConfig(resident_nbytes=1 << 14))
+    res = [v for v in range(mg.n) if mg.params[v].get("resident")]
+    assert res
+    for policy in POLICIES:
+        r = simulate(mg, h100(), policy, seed=0, mean_only=True)
+        assert all(r.start_ns[v] == 0 and r.end_ns[v] == 0 for v in res)
+        assert all(r.end_ns[v] > 0 for v in range(mg.n) if v not in set(res))

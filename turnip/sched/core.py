@@ -99,12 +99,15 @@ class Scheduler:
         self.rank, self._by_rank = rank.tolist(), by_rank.tolist()
 
         # fixed-order classes: per GPU the vertices of those classes in compile (topological) order
+        # resident inputs were loaded when the plan was loaded: done before the run starts
+        self.preloaded = [v for v in np.flatnonzero(kind == KIND_INPUT).tolist() if mg.params[v].get("resident")]
         fixed = _FIXED[policy]
         is_fixed = np.zeros(n, dtype=bool)
         if "kernel" in fixed:
             is_fixed |= kind == KIND_KERNEL
         if "copy" in fixed:
             is_fixed |= kind != KIND_KERNEL
+        is_fixed[self.preloaded] = False
         self.fixed = is_fixed.tolist()
         fo = order[is_fixed[order]]
         self._order = [fo[owner[fo] == i].tolist() for i in range(g)]
@@ -157,8 +160,13 @@ class Scheduler:
         if self.started:
             raise ProtocolError("RunStarted twice")
         self.started, self.now_ns = True, t_ns
+        for v in self.preloaded:
+            self.status[v] = DONE
+            self.n_done += 1
+            for i in range(self.succ_ptr[v], self.succ_ptr[v + 1]):
+                self.missing[self.succ_idx[i]] -= 1
         for v in range(self.n):
-            if self.missing[v] == 0:
+            if self.missing[v] == 0 and self.status[v] == WAITING:
                 self._make_ready(v)
         return self._dispatch_dirty()
 
