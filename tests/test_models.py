@@ -86,7 +86,7 @@ def test_attention_skips_masked_key_blocks():
 def test_big_shapes_and_options():
     tg = llama_prefill("13b", seq=2048, n_gpus=2, n_layers=1)
     assert tg.meta["model"] == "llama-13b" and tg.n_gpus == 2
-    assert tg.shape[int(np.flatnonzero(np.array(tg.name) == "L0.wq[0, 0, 0]")[0])] == (5120, 10, 128)
+    assert tg.shape[int(np.flatnonzero(np.array(tg.name) == "L0.wq[0, 0, 0]")[0])] == (5120, 20, 128)
     with pytest.raises(ValueError, match="n_gpus"):
         llama_prefill("7b", n_gpus=9)
     with pytest.raises(ValueError, match="unknown LLaMA size"):
