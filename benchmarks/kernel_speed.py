@@ -1,0 +1,220 @@
+"""Time every kernel at LLaMA-7B tile sizes on a GPU; print and write achieved rate vs ceilings.
+
+For each op: median device time of single launches (CUDA events around each launch, the GPU kept busy
+by a preceding GEMM so host launch cost does not show), host time per launch, achieved TFLOP/s
+(contractions) or GB/s (bytes of inputs + output, each once), and the fraction of the ceilings measured
+in the same run (fp16/fp32 cuBLAS GEMM 8192^3, device-to-device copy counted read + write) and of the
+FACTS.md ceilings. Contractions are also timed through the numba GEMM (numba/cuBLAS time ratio), and
+every op with a PyTorch equivalent is timed in PyTorch on the same stream and buffers.
+
+    PYTHONPATH=. python benchmarks/kernel_speed.py --tokens 2048 --out kernels.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from cuda_kernels._numba import cuda
+from cuda_kernels.cases import NP_DTYPE, Case, llama_cases, make_inputs
+from cuda_kernels.kernels import prepare
+
+FACTS = {"gemm_fp16_tflops": 740.0, "gemm_fp32_tflops": 52.0, "hbm_copy_gbps": 2900.0}
+L2_BYTES = 200 << 20  # rotate input sets until one pass touches more than this
+
+
+class Bench:
+    def __init__(self, reps: int, warmup: int):
+        self.c = cuda()
+        self.stream = self.c.stream()
+        self.reps, self.warmup = reps, warmup
+        self._pad = None
+
+    def set_pad(self, fn, dur_us: float):
+        self._pad, self._pad_us = fn, max(dur_us, 1.0)
+
+    def time(self, fn, n_sets: int = 1) -> tuple[float, float]:
+        """(median device us per call, host us per call); fn(stream, set_index)."""
+        s, c = self.stream, self.c
+        for i in range(self.warmup):
+            fn(s, i % n_sets)
+        s.synchronize()
+        host_t0 = time.perf_counter()
+        for i in range(self.reps):
+            fn(s, i % n_sets)
+        s.synchronize()
+        host_us = (time.perf_counter() - host_t0) / self.reps * 1e6
+        if self._pad is not None:  # keep the GPU behind the host so events time only the kernel
+            for _ in range(min(50, max(1, math.ceil(self.reps * (host_us + 10) / self._pad_us)))):
+                self._pad(s)
+        evs = [(c.event(), c.event()) for _ in range(self.reps)]
+        for i, (e0, e1) in enumerate(evs):
+            e0.record(s)
+            fn(s, i % n_sets)
+            e1.record(s)
+        s.synchronize()
+        dev = [e0.elapsed_time(e1) * 1e3 for e0, e1 in evs]
+        return max(statistics.median(dev), 1e-3), host_us  # the simulator reports 0
+
+
+def nbytes_moved(case: Case, dtype: str) -> int:
+    isz = np.dtype(NP_DTYPE[dtype]).itemsize
+    total = 0
+    for kind, shp in zip(case.kinds or ("normal",) * len(case.in_shapes), case.in_shapes, strict=True):
+        n = int(np.prod(shp))
+        if case.op == "embed" and not kind.startswith("ids"):
+            n = case.out_shape[0] * case.out_shape[1]  # rows gathered
+        total += n * (4 if kind.startswith("ids") or case.op == "mix" else isz)
+    return total + int(np.prod(case.out_shape)) * (4 if case.op == "mix" else isz)
+
+
+def torch_fn(case: Case, torch):
+    """A PyTorch version of the op on (out, ins) torch tensors, or None."""
+    F = torch.nn.functional
+    p = case.params
+    if case.op == "einsum":
+        return lambda o, x: o.copy_(torch.einsum(p["subscripts"], x[0], x[1]))
+    ops = {
+        "attn_scores": lambda o, x: o.copy_(torch.einsum("ihd,jhd->hij", x[0], x[1]).mul_(p["scale"])
+                                            .masked_fill_(torch.ones(o.shape[1:], dtype=torch.bool,
+                                                                     device=o.device).triu_(1), -math.inf)),
+        "rowmax": lambda o, x: torch.amax(x[0], -1, out=o),
+        "rowsum": lambda o, x: torch.sum(x[0], -1, out=o),
+        "exp_sub": lambda o, x: torch.exp(torch.sub(x[0], x[1][..., None], out=o), out=o),
+        "max_n": lambda o, x: torch.maximum(torch.maximum(x[0], x[1], out=o), x[2], out=o),
+        "add_n": lambda o, x: torch.add(x[0], x[1], out=o),
+        "div_rows": lambda o, x: torch.div(x[0], x[1].t()[:, :, None], out=o),
+        "mul": lambda o, x: torch.mul(x[0], x[1], out=o),
+        "scale": lambda o, x: torch.mul(x[0], p["alpha"], out=o),
+        "silu": lambda o, x: o.copy_(F.silu(x[0])),
+        "silu_mul": lambda o, x: torch.mul(F.silu(x[0]), x[1], out=o),
+        "rmsnorm": lambda o, x: o.copy_(F.rms_norm(x[0], (x[0].shape[-1],), x[1], p["eps"])),
+        "embed": lambda o, x: o.copy_(F.embedding(x[0], x[1])),
+        "sum_into": lambda o, x: o.add_(x[1]),
+    }
+    return ops.get(case.op)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=2048, help="token tile (LLaMA-7B 4K prefill: 2048)")
+    ap.add_argument("--dtypes", default="fp16,fp32")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny widths and ceilings (checks the script only)")
+    ap.add_argument("--out", required=True, help="CSV path")
+    a = ap.parse_args(argv)
+    c = cuda()
+    b = Bench(a.reps, a.warmup)
+    rng = np.random.default_rng()
+    try:
+        import torch
+
+        torch_stream = torch.cuda.ExternalStream(int(b.stream.handle)) if not a.no_torch else None
+    except Exception as e:  # noqa: BLE001
+        print(f"torch unavailable: {e!r}")
+        torch = torch_stream = None
+
+    # ceilings measured in this run
+    ceil = {}
+    n16, n32, ncopy = (64, 64, 1 << 12) if a.smoke else (8192, 4096, 1 << 30)
+    big = prepare("einsum", [(n16, n16)] * 2, (n16, n16), "fp16", {"subscripts": "td,df->tf"})
+    bx = [c.to_device(rng.standard_normal((n16, n16), dtype=np.float32).astype(np.float16)) for _ in range(2)]
+    bo = c.device_array((n16, n16), np.float16)
+    t_big, _ = b.time(lambda s, i: big(s, bo, bx))
+    ceil["fp16"] = 2 * n16**3 / t_big / 1e6
+    if not a.smoke:
+        b.set_pad(lambda s: big(s, bo, bx), t_big)
+    f32 = prepare("einsum", [(n32, n32)] * 2, (n32, n32), "fp32", {"subscripts": "td,df->tf"})
+    fx = [c.to_device(rng.standard_normal((n32, n32), dtype=np.float32)) for _ in range(2)]
+    fo = c.device_array((n32, n32), np.float32)
+    ceil["fp32"] = 2 * n32**3 / b.time(lambda s, i: f32(s, fo, fx))[0] / 1e6
+    src, dst = c.device_array(ncopy, np.uint8), c.device_array(ncopy, np.uint8)
+    ceil["copy"] = 2 * ncopy / b.time(lambda s, i: dst.copy_to_device(src, stream=s))[0] / 1e3
+    print(f"ceilings this run: fp16 GEMM {ceil['fp16']:.0f} TFLOP/s, fp32 GEMM {ceil['fp32']:.1f} TFLOP/s, "
+          f"D2D copy {ceil['copy']:.0f} GB/s (FACTS: 740 / 52 / 2900)")
+
+    rows = []
+    for dtype in a.dtypes.split(","):
+        cases = llama_cases(a.tokens, 16, 24, 2, 8, 50) if a.smoke else llama_cases(a.tokens)
+        for case in cases:
+            if case.op == "mix" and dtype != "fp32":
+                continue
+            try:
+                rows.append(bench_case(b, case, dtype, rng, ceil, torch, torch_stream))
+                print(fmt(rows[-1]), flush=True)
+            except Exception as e:  # noqa: BLE001 - report and go on to the next op
+                print(f"{case.name} {dtype}: FAILED {e!r}", file=sys.stderr, flush=True)
+    with open(a.out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\nceilings: fp16 GEMM {ceil['fp16']:.0f} TFLOP/s, fp32 GEMM {ceil['fp32']:.1f}, "
+          f"copy {ceil['copy']:.0f} GB/s; tokens {a.tokens}")
+    print("\n".join(fmt(r) for r in rows))
+    return 0
+
+
+def bench_case(b: Bench, case: Case, dtype: str, rng, ceil, torch, torch_stream) -> dict:
+    c = b.c
+    nbytes = nbytes_moved(case, dtype)
+    n_sets = 1 if case.contraction else max(1, min(4, math.ceil(L2_BYTES / nbytes)))
+    sets = []
+    for _ in range(n_sets):
+        xs = make_inputs(case, dtype, rng)
+        ins = [c.to_device(x) for x in xs]
+        out = ins[0] if case.op == "sum_into" else c.device_array(case.out_shape, np.float32 if case.op == "mix"
+                                                                   else NP_DTYPE[dtype])
+        sets.append((out, ins))
+    lau = prepare(case.op, case.in_shapes, case.out_shape, "fp32" if case.op == "mix" else dtype, case.params)
+    us, host_us = b.time(lambda s, i: lau(s, sets[i][0], sets[i][1]), n_sets)
+    row = dict(case=case.name, op=case.op, dtype=dtype, path=lau.path,
+               shapes=" ".join("x".join(map(str, s)) for s in case.in_shapes) + " -> "
+               + "x".join(map(str, case.out_shape)),
+               median_us=round(us, 2), host_us_per_launch=round(host_us, 1), gbytes=round(nbytes / 1e9, 4),
+               gflop=round(lau.flops / 1e9, 2))
+    if case.contraction:
+        rate, ref, facts = lau.flops / us / 1e6, ceil[dtype], FACTS[f"gemm_{dtype}_tflops"]
+        row.update(achieved=round(rate, 1), unit="TFLOP/s")
+        nb = prepare(case.op, case.in_shapes, case.out_shape, dtype, case.params, gemm="numba")
+        nus, _ = b.time(lambda s, i: nb(s, sets[0][0], sets[0][1]))
+        row.update(numba_us=round(nus, 1), numba_over_cublas=round(nus / us, 1))
+    else:
+        rate, ref, facts = nbytes / us / 1e3, ceil["copy"], FACTS["hbm_copy_gbps"]
+        row.update(achieved=round(rate, 0), unit="GB/s", numba_us="", numba_over_cublas="")
+    row.update(frac_ceiling_run=round(rate / ref, 3), frac_ceiling_facts=round(rate / facts, 3))
+    tf = torch_fn(case, torch) if torch is not None and torch_stream is not None else None
+    row.update(torch_us="", torch_over_ours="")
+    if tf is not None:
+        tsets = [(torch.as_tensor(o, device="cuda"), [torch.as_tensor(x, device="cuda") for x in ins])
+                 for o, ins in sets]
+        if case.op == "embed":
+            tsets = [(o, [x[0].long(), x[1]]) for o, x in tsets]
+
+        def run_torch(s, i):
+            with torch.cuda.stream(torch_stream):
+                tf(tsets[i][0], tsets[i][1])
+
+        tus, _ = b.time(run_torch, n_sets)
+        row.update(torch_us=round(tus, 1), torch_over_ours=round(tus / us, 2))
+    return row
+
+
+def fmt(r: dict) -> str:
+    extra = f"  numba/cuBLAS {r['numba_over_cublas']}x" if r.get("numba_over_cublas") != "" else ""
+    tor = f"  torch/ours {r['torch_over_ours']}" if r.get("torch_over_ours") != "" else ""
+    return (f"{r['case']:<12} {r['dtype']} {r['path']:<10} {r['median_us']:>9.1f} us"
+            f"  host {r['host_us_per_launch']:>5.1f} us"
+            f"  {r['achieved']:>7} {r['unit']:<7} {r['frac_ceiling_run']:.2f} of run ceiling"
+            f" ({r['frac_ceiling_facts']:.2f} of FACTS){extra}{tor}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The one place that imports ``numba.cuda``: compatibility shim, lazy import, compiled-kernel handles.
+
+``cuda()`` applies the numpy ``row_stack`` shim (numba-cuda 0.30 needs it with numpy >= 2.5) before
+numba is imported, then returns the ``numba.cuda`` module. ``Compiled`` holds one kernel specialised for
+one argument signature: on a device it is compiled once and launched without type dispatch; under the
+CUDA simulator it falls back to the ordinary ``kernel[grid, block, stream](*args)`` call.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import numpy as np
+
+_CUDA: ModuleType | None = None
+
+
+def apply_numpy_shim() -> None:
+    """numba-cuda 0.30 references ``np.row_stack``, removed in numpy 2.5."""
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+
+
+def cuda() -> ModuleType:
+    """``numba.cuda``, imported on first use (after the numpy shim)."""
+    global _CUDA
+    if _CUDA is None:
+        apply_numpy_shim()
+        from numba import cuda as _c
+
+        _CUDA = _c
+    return _CUDA
+
+
+def simulating() -> bool:
+    """True under ``NUMBA_ENABLE_CUDASIM=1`` (read from numba's config once it is imported)."""
+    if _CUDA is not None:
+        from numba.core import config
+
+        return bool(config.ENABLE_CUDASIM)
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+def available() -> bool:
+    """A CUDA device (or the simulator) is usable."""
+    try:
+        return bool(cuda().is_available())
+    except Exception:
+        return False
+
+
+def _nbtypes():
+    c = cuda()
+    t = getattr(c, "types", None)
+    if t is None or not hasattr(t, "Array"):
+        from numba.core import types as t
+    return t
+
+
+def array_type(np_dtype, ndim: int):
+    """numba type of a C-contiguous device array."""
+    t = _nbtypes()
+    scalar = {
+        "float16": t.float16, "float32": t.float32, "float64": t.float64,
+        "int32": t.int32, "int64": t.int64,
+    }[np.dtype(np_dtype).name]
+    return t.Array(scalar, ndim, "C")
+
+
+def scalar_type(kind: str):
+    t = _nbtypes()
+    return {"i8": t.int64, "f4": t.float32, "f8": t.float64}[kind]
+
+
+def _dim3(d) -> tuple:
+    d = (d,) if isinstance(d, int) else tuple(d)
+    return d + (1,) * (3 - len(d))
+
+
+_CORE_STREAMS: dict[int, tuple] = {}
+
+
+def _launch_stream(stream):
+    """The stream object ``_Kernel.launch`` wants (numba-cuda >= 0.2x wraps streams in cuda.core)."""
+    from numba.cuda.cudadrv import driver
+
+    conv = getattr(driver, "_to_core_stream", None)
+    if conv is None:
+        return stream
+    hit = _CORE_STREAMS.get(id(stream))
+    if hit is None or hit[0] is not stream:
+        hit = (stream, conv(stream))
+        _CORE_STREAMS[id(stream)] = hit
+    return hit[1]
+
+
+class Compiled:
+    """A kernel specialised for one signature; ``launch`` does no typing, compiling or allocation.
+
+    On a device the kernel is compiled in ``__init__`` and launched through ``_Kernel.launch`` (no
+    dispatch); if that internal interface is missing it falls back, with a warning, to the dispatcher.
+    Under the simulator (or with ``argtypes=None``) the dispatcher is called directly.
+    """
+
+    __slots__ = ("dispatcher", "kernel", "grid", "block")
+
+    def __init__(self, dispatcher, argtypes: tuple | None, grid, block):
+        self.dispatcher = dispatcher
+        self.grid = _dim3(grid)
+        self.block = _dim3(block)
+        self.kernel = None
+        if argtypes is not None and not simulating():
+            self.kernel = dispatcher.compile(tuple(argtypes))
+
+    def launch(self, stream, args: tuple) -> None:
+        k = self.kernel
+        if k is not None:
+            try:
+                k.launch(args, self.grid, self.block, _launch_stream(stream), 0)
+                return
+            except (AttributeError, TypeError) as e:  # internal API drift: dispatch instead
+                import warnings
+
+                warnings.warn(f"direct kernel launch unavailable ({e!r}); using the dispatcher", stacklevel=2)
+                self.kernel = None
+        self.dispatcher[self.grid, self.block, stream](*args)

@@ -1,0 +1,28 @@
+"""Every kernel under the CUDA simulator, tiny shapes, against the float64 reference."""
+
+import pytest
+
+from cuda_kernels.cases import TOLERANCE, tiny_cases
+
+pytestmark = pytest.mark.cudasim
+
+CASES = tiny_cases()
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_kernel_matches_reference(case, dtype, rng):
+    from cuda_kernels.harness import check
+
+    if case.op == "mix" and dtype == "fp16":
+        pytest.skip("mix is defined on float32 vectors")
+    err, path = check(case, dtype, rng)
+    assert path != "cublas"
+    assert err <= TOLERANCE[dtype], f"{case.name} {dtype}: relative error {err:.3g}"
+
+
+def test_gemm_cublas_unavailable_under_simulator():
+    from cuda_kernels.kernels import KernelPrepareError, prepare
+
+    with pytest.raises(KernelPrepareError, match="cuBLAS"):
+        prepare("einsum", [(4, 8), (8, 4)], (4, 4), "fp32", {"subscripts": "td,df->tf"}, gemm="cublas")
