@@ -1,6 +1,7 @@
 """Ablation sweeps: models x seq lens x GPU counts x budgets x policies x seeds, on all local cores.
 
-Plans are compiled once each (in parallel) and cached as plan files under ``<out>/plans/``; then every
+Plans are compiled once each (in parallel) and cached as plan files under ``<out>/plans/`` (named with the
+compiler's source fingerprint, so changed compiler code never reuses an old plan); then every
 (configuration, policy, seed) run is one task for a process pool. Results: ``runs.csv`` (one row per run),
 one trace per policy for the trace configuration, then ``analysis.report.write_report``.
 """
@@ -59,7 +60,10 @@ def _nbytes(v) -> int:
 
 
 def plan_path(out: Path, p: dict) -> Path:
-    return out / "plans" / f"{p['model']}_{p['seq']}_{p['gpus']}g_{p['budget_nbytes']}.tplan"
+    from turnip.compile import compiler_fingerprint
+
+    name = f"{p['model']}_{p['seq']}_{p['gpus']}g_{p['budget_nbytes']}_{compiler_fingerprint()}.tplan"
+    return out / "plans" / name
 
 
 def _compile(args) -> tuple[dict, float, str | None]:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -14,6 +17,17 @@ from turnip.taskgraph import TaskGraph
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 MODELS = [f"llama-{s}" for s in LLAMA] + ["paper-matmul", "random"]
+
+
+@functools.cache
+def compiler_fingerprint() -> str:
+    """Short hash of the compiler's source: plan caches keyed on it never serve a plan built by other code."""
+    root = Path(__file__).parent
+    h = hashlib.sha256()
+    for f in sorted([*root.glob("graph*.py"), root / "models.py", root / "taskgraph.py", *root.glob("memgraph/*.py")]):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def parse_nbytes(text: str) -> int:
