@@ -13,6 +13,7 @@ axis ``c`` runs over ``blockIdx.x * blockDim.x + threadIdx.x`` with a grid-strid
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -78,9 +79,22 @@ def flat_index(var: str, ndim: int, arr: str) -> str:
     )
 
 
+def unroll() -> int:
+    """Elements per thread: loads of all of them are issued before the first store (more bytes in
+    flight; 4 on a device, 2 under the simulator so that path is tested too)."""
+    return 2 if simulating() else 4
+
+
+def _suffix(text: str, u: int) -> str:
+    return re.sub(r"\b(v\d+|mm)\b", rf"\1_{u}", text)
+
+
 def elementwise_source(n_in: int, ndim: int, loads: list[str], expr: str, n_scalars: int = 0,
-                       pre: tuple[str, ...] = ()) -> str:
-    """Kernel ``kern(out, x0.., s0..)`` writing ``out[a, b, c] = expr`` after ``v_k = loads[k]``."""
+                       pre: tuple[str, ...] = (), unrolled: int | None = None) -> str:
+    """Kernel ``kern(out, x0.., s0..)`` writing ``out[a, b, c] = expr`` after ``v_k = loads[k]``.
+
+    Each thread handles ``unrolled`` elements ``c = base + u * blockDim.x`` of the last axis."""
+    U = unroll() if unrolled is None else unrolled
     names = out_names(ndim)
     args = ["out", *(f"x{k}" for k in range(n_in)), *(f"s{k}" for k in range(n_scalars))]
     body = [f"def kern({', '.join(args)}):", _CONSTS.rstrip("\n")]
@@ -90,13 +104,20 @@ def elementwise_source(n_in: int, ndim: int, loads: list[str], expr: str, n_scal
         body.append("    a = cuda.blockIdx.z")
     body += [
         f"    n = out.shape[{ndim - 1}]",
-        "    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
-        "    step = cuda.gridDim.x * cuda.blockDim.x",
-        "    while c < n:",
+        "    bd = cuda.blockDim.x",
+        f"    base = cuda.blockIdx.x * bd * {U} + cuda.threadIdx.x",
+        f"    step = cuda.gridDim.x * bd * {U}",
+        "    while base < n:",
     ]
-    body += [f"        v{k} = {ld}" for k, ld in enumerate(loads)]
-    body += [f"        {p}" for p in pre]
-    body += [f"        out[{', '.join(names)}] = {expr}", "        c += step", ""]
+    for u in range(U if loads else 0):
+        body += [f"        v{k}_{u} = ZERO" for k in range(len(loads))]
+        body += [f"        c = base + {u} * bd", "        if c < n:"]
+        body += [f"            v{k}_{u} = {ld}" for k, ld in enumerate(loads)]
+    for u in range(U):
+        body += [f"        c = base + {u} * bd", "        if c < n:"]
+        body += [f"            {_suffix(p, u)}" for p in pre]
+        body += [f"            out[{', '.join(names)}] = {_suffix(expr, u)}"]
+    body += ["        base += step", ""]
     return "\n".join(body)
 
 
@@ -111,11 +132,11 @@ def block_for(n: int, cap: int = 256) -> int:
     return max(32, min(cap, -(-n // 32) * 32))
 
 
-def elementwise_geometry(out_shape: tuple, n_last: int | None = None) -> tuple[tuple, tuple]:
-    """(grid, block) for an elementwise kernel over ``out_shape`` (``n_last`` overrides the x extent)."""
+def elementwise_geometry(out_shape: tuple, n_last: int | None = None, per_thread: int = 1) -> tuple[tuple, tuple]:
+    """(grid, block) over ``out_shape`` (``n_last`` overrides the x extent; ``per_thread`` elements each)."""
     n = out_shape[-1] if n_last is None else n_last
-    blk = block_for(max(n, 1))
-    gx = max(1, min(-(-n // blk), _MAX_GRID_X))
+    blk = block_for(max(-(-n // per_thread), 1))
+    gx = max(1, min(-(-n // (blk * per_thread)), _MAX_GRID_X))
     rest = tuple(out_shape[:-1])[::-1]
     for extent in rest:
         if extent > _MAX_GRID_YZ:
@@ -143,15 +164,15 @@ def row_source(kind: str, ndim: int, block: int) -> str:
     L = [f"def kern({args}):", _CONSTS.rstrip("\n"), f"    sh = cuda.shared.array({block}, np.float32)",
          "    row = cuda.blockIdx.x"]
     L += ["    a = row // x.shape[1]", "    b = row % x.shape[1]"] if ndim == 3 else ["    b = row"]
-    L += [
-        "    t = cuda.threadIdx.x",
-        f"    n = x.shape[{ndim - 1}]",
-        f"    acc = {init}",
-        "    j = t",
-        "    while j < n:",
-        f"        v = np.float32(x[{xi}])",
-        f"        acc = {comb.format('acc', val)}",
-        f"        j += {block}",
+    U = unroll()
+    L += ["    t = cuda.threadIdx.x", f"    n = x.shape[{ndim - 1}]", f"    acc = {init}", "    j0 = t",
+          "    while j0 < n:"]
+    for u in range(U):
+        L += [f"        w{u} = {init}", f"        j = j0 + {u * block}", "        if j < n:",
+              f"            v = np.float32(x[{xi}])", f"            w{u} = {val}"]
+    for u in range(U):
+        L += [f"        acc = {comb.format('acc', f'w{u}')}"]
+    L += [f"        j0 += {block * U}",
         "    sh[t] = acc",
         "    cuda.syncthreads()",
         f"    s = {block // 2}",
@@ -174,28 +195,38 @@ def row_source(kind: str, ndim: int, block: int) -> str:
     return "\n".join(L) + "\n"
 
 
-ROTARY_SOURCE = """
-def kern(out, x, pos_off, theta):
-    half = x.shape[2] // 2
-    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    b = cuda.blockIdx.y
-    a = cuda.blockIdx.z
-    if c < half:
-        inv = 1.0 / math.pow(theta, (2.0 * c) / x.shape[2])
-        ang = (pos_off + a) * inv
-        cs = np.float32(math.cos(ang))
-        sn = np.float32(math.sin(ang))
-        x1 = np.float32(x[a, b, c])
-        x2 = np.float32(x[a, b, c + half])
-        out[a, b, c] = x1 * cs - x2 * sn
-        out[a, b, c + half] = x2 * cs + x1 * sn
-"""
+ROTARY_HEADS_PER_THREAD = 4
 
+
+def rotary_source(heads_per_thread: int = ROTARY_HEADS_PER_THREAD) -> str:
+    """Grid (ceil(dh/2 / block), t, ceil(h / heads_per_thread)); one angle per thread, applied to
+    ``heads_per_thread`` heads. The angle is reduced to [-pi, pi] in float64, then cos/sin in float32."""
+    H = heads_per_thread
+    L = ["def kern(out, x, pos_off, theta):", "    half = x.shape[2] // 2",
+         "    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x", "    a = cuda.blockIdx.y",
+         f"    b0 = cuda.blockIdx.z * {H}", "    if c < half:",
+         "        inv = 1.0 / math.pow(theta, (2.0 * c) / x.shape[2])",
+         "        ang = (pos_off + a) * inv",
+         "        ang = ang - 6.283185307179586 * math.floor(ang / 6.283185307179586 + 0.5)",
+         "        r = np.float32(ang)", "        cs = math.cos(r)", "        sn = math.sin(r)"]
+    for u in range(H):
+        L += [f"        p{u} = np.float32(0.0)", f"        q{u} = np.float32(0.0)",
+              f"        if b0 + {u} < x.shape[1]:", f"            p{u} = np.float32(x[a, b0 + {u}, c])",
+              f"            q{u} = np.float32(x[a, b0 + {u}, c + half])"]
+    for u in range(H):
+        L += [f"        if b0 + {u} < x.shape[1]:", f"            out[a, b0 + {u}, c] = p{u} * cs - q{u} * sn",
+              f"            out[a, b0 + {u}, c + half] = q{u} * cs + p{u} * sn"]
+    return "\n".join(L) + "\n"
+
+# Row b's masked columns start at q_off - k_off + 1 + b; the grid covers the widest row (row 0).
 CAUSAL_MASK_SOURCE = """
-def kern(s, q_off, k_off, c0):
-    c = c0 + cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+def kern(s, q_off, k_off):
     b = cuda.blockIdx.y
     a = cuda.blockIdx.z
+    c = q_off - k_off + 1 + b
+    if c < 0:
+        c = 0
+    c += cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if c < s.shape[2] and q_off + b < k_off + c:
         s[a, b, c] = -math.inf
 """

@@ -78,8 +78,8 @@ def _need(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def _ew(src: str, out_shape, argtypes, scalars=(), n_last=None) -> Callable:
-    grid, block = cg.elementwise_geometry(out_shape, n_last)
+def _ew(src: str, out_shape, argtypes, scalars=()) -> Callable:
+    grid, block = cg.elementwise_geometry(out_shape, per_thread=cg.unroll())
     k = Compiled(cg.jit(src), argtypes, grid, block)
     sc = tuple(scalars)
     if any(e == 0 for e in out_shape):
@@ -154,8 +154,8 @@ def _attn_scores(in_shapes, out_shape, dtype, params, gemm):
     if not params.get("causal", True) or c0 >= tk:
         return path, mm, plan.flops()
     grid, block = cg.elementwise_geometry(out_shape, tk - c0)
-    mask = Compiled(cg.jit(cg.CAUSAL_MASK_SOURCE), [_arr(dtype, 3), *[scalar_type("i8")] * 3], grid, block)
-    margs = (q_off, k_off, c0)
+    mask = Compiled(cg.jit(cg.CAUSAL_MASK_SOURCE), [_arr(dtype, 3), *[scalar_type("i8")] * 2], grid, block)
+    margs = (q_off, k_off)
 
     def run(stream, out, ins):
         mm(stream, out, ins)
@@ -210,9 +210,12 @@ def _div_rows(in_shapes, out_shape, dtype, params, gemm):
 def _rotary(in_shapes, out_shape, dtype, params, gemm):
     _need(len(in_shapes) == 1 and len(out_shape) == 3 and in_shapes[0] == out_shape and out_shape[2] % 2 == 0,
           "rotary takes x (t, h, dh) with even dh")
-    grid, block = cg.elementwise_geometry(out_shape, out_shape[2] // 2)
+    t, h, dh = out_shape
+    (gx,), block = cg.elementwise_geometry((dh // 2,))
+    grid = (gx, t, -(-h // cg.ROTARY_HEADS_PER_THREAD))
+    _need(t <= 65535, f"rotary tile of {t} tokens exceeds the grid limit 65535")
     types = [_arr(dtype, 3), _arr(dtype, 3), scalar_type("i8"), scalar_type("f8")]
-    k = Compiled(cg.jit(cg.ROTARY_SOURCE), types, grid, block)
+    k = Compiled(cg.jit(cg.rotary_source()), types, grid, block)
     sc = (int(params["pos_off"]), float(params.get("theta", 10000.0)))
     return "kernel", lambda stream, out, ins: k.launch(stream, (out, ins[0], *sc)), 0
 
