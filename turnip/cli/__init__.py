@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = ("turnip.cli.compile_cmds", "turnip.cli.sim_cmds")
+COMMAND_MODULES = ("turnip.cli.compile_cmds", "turnip.cli.sim_cmds", "turnip.cli.run_cmds")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,37 @@
+"""Plans and reference values shared by the runtime tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from turnip.compile import build_with_resident
+from turnip.memgraph.interp import evaluate_taskgraph, random_inputs
+from turnip.models import llama_prefill, random_dag
+
+
+def tiny_llama(budget: int = 64 * 1024, dtype: str = "fp32", n_gpus: int = 1, resident: str = "0"):
+    tg = llama_prefill("tiny", seq=64, n_gpus=n_gpus, dtype=dtype)
+    return tg, build_with_resident(tg, budget, None, resident)
+
+
+def dag(seed: int, n_gpus: int = 1, p_sum_into: float = 0.15):
+    """A random DAG plan under the tightest budget (of a few) it compiles in."""
+    from turnip.memgraph.build import BudgetError
+
+    tg = random_dag(np.random.default_rng(seed), n_kernels=60, n_gpus=n_gpus, p_sum_into=p_sum_into)
+    for kib in (6, 8, 10, 12, 16, 24):
+        try:
+            return tg, build_with_resident(tg, kib * 1024)
+        except BudgetError:
+            continue
+    raise AssertionError(f"random DAG {seed} does not compile under 24 KiB")
+
+
+def reference(tg, seed: int = 0):
+    inputs = random_inputs(tg, np.random.default_rng(seed))
+    return inputs, evaluate_taskgraph(tg, inputs)
+
+
+def rel_err(x, y) -> float:
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    return float(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30))

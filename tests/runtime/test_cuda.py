@@ -1,0 +1,76 @@
+"""The CUDA backend on a real GPU: tiny LLaMA plans against the numpy taskgraph evaluation, one and two
+GPUs, failure handling and the no-allocation rule. Skipped without a CUDA device."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from tests.runtime.helpers import reference, rel_err, tiny_llama
+from turnip.runtime import VertexFailed, execute, open_backend
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpus() -> int:
+    try:
+        from cuda_kernels._numba import available, cuda, simulating
+
+        return 0 if simulating() or not available() else len(cuda().gpus)
+    except Exception:
+        return 0
+
+
+needs_gpu = pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA device")
+
+
+@needs_gpu
+@pytest.mark.parametrize("budget,resident", [(1 << 24, "0"), (48 * 1024, "0"), (1 << 20, "auto")])
+@pytest.mark.parametrize("policy", ["nondet", "det"])
+def test_tiny_llama_matches_numpy(budget, resident, policy):
+    tg, mg = tiny_llama(budget, "fp16", resident=resident)
+    inputs, ref = reference(tg)
+    with open_backend("cuda", mg) as be:
+        be.write_inputs(inputs)
+        n_alloc, n_views = be.allocations, be.views_built
+        for seed in range(3):
+            execute(mg, be, policy, seed=seed)
+            out = be.read_outputs()
+            assert max(rel_err(out[t], ref[t]) for t in out) <= 2e-2
+            assert not be.timing_failures
+        assert (be.allocations, be.views_built) == (n_alloc, n_views)
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")
+def test_tiny_llama_on_two_gpus_with_transfers():
+    tg, mg = tiny_llama(1 << 20, "fp16", n_gpus=2)
+    assert (mg.kind == 2).sum() > 0
+    inputs, ref = reference(tg)
+    with open_backend("cuda", mg) as be:
+        be.write_inputs(inputs)
+        for seed in range(3):
+            execute(mg, be, "nondet", seed=seed)
+            out = be.read_outputs()
+            assert max(rel_err(out[t], ref[t]) for t in out) <= 2e-2
+
+
+@needs_gpu
+def test_raising_launcher_names_the_vertex():
+    tg, mg = tiny_llama(48 * 1024, "fp16")
+    inputs, _ = reference(tg)
+    v = int(np.flatnonzero(mg.kind == 1)[5])
+    n_threads = threading.active_count()
+
+    def boom(stream, out, ins):
+        raise ValueError("bad launch")
+
+    with open_backend("cuda", mg) as be:
+        be.write_inputs(inputs)
+        w = be._work[v]
+        be._work[v] = (w[0], boom, w[2], w[3])
+        with pytest.raises(VertexFailed, match=f"#{v}") as e:
+            execute(mg, be)
+        assert e.value.v == v
+        be._work[v] = w
+        execute(mg, be)  # the backend stays usable after an aborted run
+    assert threading.active_count() == n_threads

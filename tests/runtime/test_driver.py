@@ -1,0 +1,159 @@
+"""The driver loop: the same scheduler class as the simulator, legal command streams, failure handling,
+the watchdog, Ctrl-C, and the shared trace schema."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tests.runtime.helpers import dag, reference, tiny_llama
+from turnip.runtime import RuntimeStall, VertexFailed, execute, open_backend
+from turnip.sched import CopyDone, KernelDone, RunStarted, Scheduler
+from turnip.trace import SPAN_COLUMNS
+
+pytestmark = pytest.mark.cpu_runtime
+
+
+def assert_legal(mg, spans, streams_per_gpu: int) -> None:
+    """A run (simulated or real) obeyed the plan: every vertex started after its dependencies were done;
+    a stream slot, a copy engine or a sum-into lock was never held by two vertices at once."""
+    start, done = np.asarray(spans["host_start_ns"]), np.asarray(spans["done_ns"])
+    issued = np.asarray(spans["issue_ns"])
+    for v in range(mg.n):
+        for u in mg.deps(v).tolist():
+            assert done[u] <= start[v] or done[v] == 0, f"vertex {v} issued before dependency {u} was done"
+    kind, gpu, stream = mg.kind, np.asarray(spans["gpu"]), np.asarray(spans["stream"])
+    held = {}
+    for v in range(mg.n):
+        if done[v] == 0 and issued[v] == 0:
+            continue  # preloaded (resident) input
+        assert 0 <= stream[v] < streams_per_gpu
+        held.setdefault(("slot", int(gpu[v]), int(stream[v])), []).append(v)
+        if kind[v] != 1:
+            held.setdefault(("engine", int(kind[v] == 3), int(mg.src_gpu[v]), int(mg.gpu[v])), []).append(v)
+        if mg.lock_group[v] >= 0:
+            held.setdefault(("lock", int(mg.lock_group[v])), []).append(v)
+    for key, vs in held.items():
+        iv = sorted((issued[v], done[v], v) for v in vs)
+        for (_, a1, a), (b0, _, b) in zip(iv, iv[1:], strict=False):
+            assert a1 <= b0, f"{key} held by {a} and {b} at once"
+
+
+def test_runtime_and_simulator_drive_the_same_scheduler_legally(monkeypatch):
+    sim = pytest.importorskip("sim")
+    tg, mg = dag(2, 2)
+    calls = {"n": 0}
+    original = Scheduler.complete
+
+    def counting(self, v, t_ns):
+        calls["n"] += 1
+        return original(self, v, t_ns)
+
+    monkeypatch.setattr(Scheduler, "complete", counting)
+    r = sim.simulate(mg, sim.h100(), "nondet", seed=0)
+    assert calls["n"] == mg.n
+    assert_legal(mg, r.trace(mg).spans, 5)
+    inputs, _ = reference(tg)
+    with open_backend("cpu", mg, 5, chaos=0.3, chaos_max_s=0.0003) as be:
+        be.write_inputs(inputs)
+        res = execute(mg, be, "nondet", seed=1, record_order=True)
+    assert calls["n"] == 2 * mg.n
+    assert_legal(mg, res.trace(mg).spans, 5)
+
+    # the runtime's completions, replayed into a fresh core in the same order, give the same commands
+    core = Scheduler(mg, "nondet", 5)
+    replay = list(core.handle(RunStarted(0)))
+    for v in np.argsort(res.done_ns, kind="stable").tolist():
+        ev = KernelDone(v, int(res.done_ns[v])) if mg.kind[v] == 1 else CopyDone(v, int(res.done_ns[v]))
+        replay += core.handle(ev)
+    core.validate()
+    assert core.finished and [c.v for c in replay] == [c.v for c in res.order]
+
+
+def test_trace_schema_and_csv_row():
+    tg, mg = tiny_llama()
+    inputs, _ = reference(tg)
+    with open_backend("cpu", mg, chaos=0.1, chaos_max_s=0.0002) as be:
+        be.write_inputs(inputs)
+        res = execute(mg, be, seed=0)
+    tr = res.trace(mg, {"model": "llama-tiny"})
+    assert set(tr.spans) == set(SPAN_COLUMNS)
+    s = tr.spans
+    assert (s["host_start_ns"] <= s["issue_ns"]).all() and (s["issue_ns"] <= s["start_ns"]).all()
+    assert (s["start_ns"] <= s["end_ns"]).all() and (s["end_ns"] <= s["done_ns"]).all()
+    assert res.makespan_ns == s["done_ns"].max()
+    assert tr.to_chrome()["traceEvents"]
+    row = res.row(mg, {"model": "llama-tiny"}, {"lower_bound_ns": 5, "kernel_ns": 3})
+    for col in ("model", "policy", "seed", "mean_only", "lower_bound_ns", "makespan_ns", "gpu_busy_frac",
+                "offload_nbytes", "reload_nbytes", "bound_kernel_ns", "n_vertices"):  # fmt: skip
+        assert col in row
+    assert row["offload_nbytes"] == mg.stats["offload_nbytes"]
+
+
+def test_raising_kernel_stops_the_run_naming_the_vertex():
+    tg, mg = tiny_llama()
+    inputs, ref = reference(tg)
+    n_threads = threading.active_count()
+    v = int(np.flatnonzero(mg.kind == 1)[20])
+    be = open_backend("cpu", mg, chaos=0.2, chaos_max_s=0.0002)
+    be.write_inputs(inputs)
+    keep = be._fn[v]
+
+    def boom():
+        raise FloatingPointError("planted")
+
+    be.inject(v, boom)
+    with pytest.raises(VertexFailed, match="planted") as e:
+        execute(mg, be, seed=0)
+    assert e.value.v == v and f"#{v}(" in str(e.value)
+    assert be.in_flight() == []
+    be.inject(v, keep)  # the backend stays usable
+    execute(mg, be, seed=1)
+    out = be.read_outputs()
+    assert all(np.allclose(out[t], ref[t], rtol=1e-4, atol=1e-4) for t in out)
+    be.close()
+    be.close()  # frees nothing twice
+    assert threading.active_count() == n_threads
+
+
+def test_watchdog_reports_the_vertices_in_flight():
+    tg, mg = dag(1)
+    inputs, _ = reference(tg)
+    v = int(np.flatnonzero(mg.kind == 1)[3])
+    with open_backend("cpu", mg) as be:
+        be.write_inputs(inputs)
+        work = be._fn[v]
+        be.inject(v, lambda: (time.sleep(0.6), work()))
+        with pytest.raises(RuntimeStall, match=f"#{v}\\(") as e:
+            execute(mg, be, seed=0, stall_s=0.2)
+        assert any(f"#{v}(" in s for s in e.value.in_flight)
+
+
+def test_ctrl_c_stops_cleanly(monkeypatch):
+    tg, mg = dag(1)
+    inputs, _ = reference(tg)
+    n_threads = threading.active_count()
+    with open_backend("cpu", mg) as be:
+        be.write_inputs(inputs)
+        real_poll, calls = be.poll, {"n": 0}
+
+        def poll(timeout_s):
+            calls["n"] += 1
+            if calls["n"] == 5:
+                raise KeyboardInterrupt
+            return real_poll(timeout_s)
+
+        monkeypatch.setattr(be, "poll", poll)
+        with pytest.raises(KeyboardInterrupt):
+            execute(mg, be, seed=0)
+        assert be.in_flight() == []
+    assert threading.active_count() == n_threads
+
+
+def test_missing_inputs_are_refused():
+    from turnip.runtime import BackendError
+
+    tg, mg = dag(1)
+    with open_backend("cpu", mg) as be, pytest.raises(BackendError, match="no data for input"):
+        execute(mg, be)

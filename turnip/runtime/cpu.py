@@ -1,0 +1,262 @@
+"""The CPU backend: numpy kernels on byte arenas laid out exactly like the GPU arenas, real threads.
+
+State it owns: per virtual GPU one ``uint8`` arena of exactly the budget; a host input region and a host
+offload region (``turnip.runtime.layout``); per vertex a closure over prebuilt typed views (built here,
+at plan load: a run creates no view and allocates no buffer); one worker thread per stream slot
+(``streams_per_gpu`` per GPU), each with its own queue, so vertices on different slots really run at once;
+one completion queue read by the driver loop.
+
+``poison=True`` fills the arenas and the offload region with 0xFF bytes (NaN as floats) before every
+run, so a vertex that reads bytes nothing wrote in this run gives NaN. Chaos (``chaos=p``): with
+probability ``p`` a vertex sleeps a random time (up to ``chaos_max_s``) before running and/or before
+reporting its completion, drawn per run from ``begin_run(seed)``. Different seeds give different valid
+orders, so a memgraph with a missing dependency or an overlapping address gives wrong numbers here.
+
+Invariants: a slot's queue holds at most one vertex (the scheduler gives a slot to one vertex until its
+completion); ``_n_in_flight`` counts submitted vertices whose completion the loop has not read.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import numpy as np
+
+from cuda_kernels.reference import run_reference
+from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL, KIND_OFFLOAD, KIND_RELOAD, KIND_TRANSFER, MemGraph
+from turnip.runtime.errors import BackendError, VertexFailed
+from turnip.runtime.layout import HOST_INPUT, buffer_view, input_vertices, output_sources, plan_layout
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def __init__(
+        self,
+        mg: MemGraph,
+        streams_per_gpu: int = 5,
+        chaos: float = 0.0,
+        chaos_max_s: float = 0.002,
+        poison: bool = False,
+    ):
+        self.mg, self.k, self.chaos, self.chaos_max_s = mg, streams_per_gpu, chaos, chaos_max_s
+        self.poison = poison
+        self.allocations = 0
+        self.views_built = 0
+        self.lay = lay = plan_layout(mg)
+        self.arenas = [self._alloc(int(b)) for b in mg.budget_nbytes]
+        self.host = [self._alloc(lay.host_input_nbytes), self._alloc(lay.host_offload_nbytes)]
+        self._buf = {}
+        self._fn = [self._closure(v) for v in range(mg.n)]
+        n = mg.n
+        self._pre, self._post = [0.0] * n, [0.0] * n
+        self._start, self._end = [0] * n, [0] * n
+        self._running = bytearray(n)
+        self._n_in_flight = 0
+        self._written: set[int] = set()
+        self._inputs = input_vertices(mg)
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._queues = [queue.SimpleQueue() for _ in range(mg.n_gpus * streams_per_gpu)]
+        k = streams_per_gpu
+        self._threads = [
+            threading.Thread(target=self._worker, args=(q,), name=f"turnip-cpu-{i // k}.{i % k}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
+        for t in self._threads:
+            t.start()
+        self._closed = False
+
+    # ------------------------------------------------------------------ plan load
+    def _alloc(self, nbytes: int) -> np.ndarray:
+        self.allocations += 1
+        return np.zeros(nbytes, dtype=np.uint8)
+
+    def _view(self, mem: np.ndarray, off: int, v: int) -> np.ndarray:
+        self.views_built += 1
+        return buffer_view(mem, off, self.mg.shape[v], self.mg.dtype[v])
+
+    def buf(self, b: int) -> np.ndarray:
+        """Typed view of the buffer created by vertex ``b`` in its GPU's arena (built once)."""
+        x = self._buf.get(b)
+        if x is None:
+            x = self._buf[b] = self._view(self.arenas[self.lay.gpu[b]], self.lay.out_offset[b], b)
+        return x
+
+    def _host_view(self, v: int) -> np.ndarray:
+        return self._view(self.host[self.lay.host_region[v]], self.lay.host_offset[v], v)
+
+    def _closure(self, v: int):
+        lay, mg = self.lay, self.mg
+        k = lay.kind[v]
+        if k == KIND_INPUT and lay.resident[v]:
+            return None  # loaded once by write_inputs
+        if k in (KIND_INPUT, KIND_RELOAD):
+            return _Copy(self.buf(v), self._host_view(v))
+        if k == KIND_OFFLOAD:
+            return _Copy(self._host_view(v), self.buf(lay.reads[v][0]))
+        if k == KIND_TRANSFER:
+            return _Copy(self.buf(v), self.buf(lay.reads[v][0]))
+        assert k == KIND_KERNEL
+        ins = [self.buf(b) for b in lay.reads[v]]
+        if mg.op[v] == "sum_into":
+            return _Kernel("sum_into", ins, mg.params[v], None)
+        return _Kernel(mg.op[v], ins, mg.params[v], self.buf(v))
+
+    def inject(self, v: int, fn) -> None:
+        """Run ``fn()`` instead of vertex ``v``'s work (a test hook: faults, slow vertices)."""
+        self._fn[v] = fn
+
+    # ------------------------------------------------------------------ data
+    def write_inputs(self, values: dict[int, np.ndarray]) -> None:
+        """Fill the host input region (by taskgraph input tensor); then load resident inputs into arenas."""
+        for t, vs in self._inputs.items():
+            if t in values:
+                v = vs[0]
+                dst = buffer_view(self.host[HOST_INPUT], self.lay.host_offset[v], self.mg.shape[v], self.mg.dtype[v])
+                dst[...] = np.asarray(values[t]).reshape(dst.shape)
+                self._written.add(t)
+        self._load_resident()
+
+    def _load_resident(self) -> None:
+        for t, vs in self._inputs.items():
+            for v in vs:
+                if self.lay.resident[v] and t in self._written:
+                    _Copy(self.buf(v), self._host_view(v))()
+
+    def read_outputs(self) -> dict[int, np.ndarray]:
+        out = {}
+        for t, o, on_host in output_sources(self.mg):
+            out[t] = (self._host_view(o) if on_host else self.buf(o)).copy()
+        return out
+
+    # ------------------------------------------------------------------ runs
+    def begin_run(self, seed: int | None = None) -> None:
+        if self._closed:
+            raise BackendError("backend is closed")
+        missing = set(self._inputs) - self._written
+        if missing:
+            raise BackendError(f"no data for input tensors {sorted(missing)[:10]} (call write_inputs first)")
+        n = self.mg.n
+        if self.chaos > 0:
+            rng = np.random.default_rng(seed)
+            hit = rng.random((2, n)) < self.chaos
+            d = np.where(hit, rng.random((2, n)) * self.chaos_max_s, 0.0)
+            self._pre, self._post = d[0].tolist(), d[1].tolist()
+        if self.poison:  # every byte a run did not write reads as NaN (or a huge integer)
+            for a in self.arenas:
+                a.fill(0xFF)
+            self.host[1].fill(0xFF)
+            self._load_resident()
+        while not self._done.empty():  # stale completions of an aborted run
+            self._done.get_nowait()
+
+    def submit(self, cmd) -> None:
+        v = cmd.v
+        self._running[v] = 1
+        self._n_in_flight += 1
+        self._queues[cmd.gpu * self.k + cmd.stream].put(v)
+
+    def poll(self, timeout_s: float) -> list[int]:
+        q = self._done
+        try:
+            items = [q.get(timeout=timeout_s)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                items.append(q.get_nowait())
+            except queue.Empty:
+                break
+        out, failed = [], None
+        for v, err in items:
+            self._running[v] = 0
+            self._n_in_flight -= 1
+            if err is not None and failed is None:
+                failed = (v, err)
+            out.append(v)
+        if failed is not None:
+            raise VertexFailed(failed[0], self.mg.label(failed[0]), failed[1])
+        return out
+
+    def in_flight(self) -> list[int]:
+        return [v for v in range(self.mg.n) if self._running[v]]
+
+    def abort(self, timeout_s: float = 30.0) -> None:
+        """Wait for in-flight vertices to finish (their results are dropped)."""
+        deadline = time.monotonic() + timeout_s
+        while self._n_in_flight > 0 and time.monotonic() < deadline:
+            try:
+                v, _ = self._done.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            self._running[v] = 0
+            self._n_in_flight -= 1
+
+    def end_run(self, t0_ns: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self._start, dtype=np.int64) - t0_ns, np.asarray(self._end, dtype=np.int64) - t0_ns
+
+    def _worker(self, q: queue.SimpleQueue) -> None:
+        fns, done, clock, sleep = self._fn, self._done, time.perf_counter_ns, time.sleep
+        start, end = self._start, self._end
+        while True:
+            v = q.get()
+            if v is None:
+                return
+            if self._pre[v]:
+                sleep(self._pre[v])
+            t = clock()
+            err = None
+            try:
+                f = fns[v]
+                if f is not None:
+                    f()
+            except BaseException as e:  # reported to the loop, which stops the run naming v
+                err = e
+            end[v] = clock()
+            start[v] = t
+            if self._post[v]:
+                sleep(self._post[v])
+            done.put((v, err))
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Stop and join every worker; drop the arenas. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.abort(timeout_s=5.0)
+        for q in self._queues:
+            q.put(None)
+        for t in self._threads:
+            t.join()
+        self.arenas, self.host, self._buf, self._fn = [], [], {}, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Copy:
+    __slots__ = ("dst", "src")
+
+    def __init__(self, dst: np.ndarray, src: np.ndarray):
+        self.dst, self.src = dst, src
+
+    def __call__(self) -> None:
+        np.copyto(self.dst, self.src)
+
+
+class _Kernel:
+    __slots__ = ("op", "ins", "params", "out")
+
+    def __init__(self, op: str, ins: list, params: dict, out: np.ndarray | None):
+        self.op, self.ins, self.params, self.out = op, ins, params, out
+
+    def __call__(self) -> None:
+        r = run_reference(self.op, self.ins, self.params)
+        if self.out is not None:
+            self.out[...] = r.reshape(self.out.shape)

@@ -1,0 +1,363 @@
+"""The CUDA backend: numba-cuda streams, one device arena per GPU, a pinned host arena, event polling.
+
+State it owns, all built at plan load (the constructor); a run allocates nothing, builds no view and
+compiles nothing:
+  per GPU     one device arena of exactly ``budget_nbytes[g]`` bytes (the only device allocation of the
+              plan), ``streams_per_gpu`` compute streams (stream slot k of the scheduler = stream k), one
+              host→device and one device→host copy stream, one copy stream per peer GPU it sends to
+  host        one pinned input region (portable, write-combined: the host only writes it) holding inputs
+              and weights, one pinned offload region (portable) receiving offloads
+  per vertex  typed device-array views of its output and operands (numba ``DeviceNDArray`` over the
+              arena), a prepared kernel launcher (``cuda_kernels.kernels.prepare``; GEMMs through cuBLAS on
+              the vertex's stream) or the raw pointers of its copy, and two CUDA events (device start/end)
+A run records the start event, enqueues the work, records the end event, and the driver loop polls end
+events (``cuEventQuery``, about 2 µs; no host callbacks: numba's ``add_callback`` is broken on the lent
+machines). Sum-into groups are serialised by the scheduler's lock: the next writer launches only after
+the previous one's end event was seen. Resident inputs are loaded by ``write_inputs``; the scheduler counts
+them done before a run starts (were one issued, it would be a no-op).
+
+Errors: a launcher that raises, or a copy / event that returns a CUDA error, raises ``VertexFailed`` naming
+the vertex (a sticky asynchronous error is reported on the first in-flight vertex whose event returns it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import time
+
+import numpy as np
+
+from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL, KIND_OFFLOAD, KIND_RELOAD, KIND_TRANSFER, MemGraph
+from turnip.runtime._cudadrv import NOT_READY, PEER_ACCESS_ALREADY_ENABLED, SUCCESS, CudaError, Driver
+from turnip.runtime.errors import BackendError, VertexFailed
+from turnip.runtime.layout import HOST_INPUT, NP_DTYPE, input_vertices, output_sources, plan_layout
+
+_COPY_KINDS = (KIND_INPUT, KIND_RELOAD, KIND_OFFLOAD, KIND_TRANSFER)
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self, mg: MemGraph, streams_per_gpu: int = 5, devices: list[int] | None = None,
+                 gemm: str = "auto"):  # fmt: skip
+        from cuda_kernels._numba import cuda as numba_cuda
+
+        self.cuda = cuda = numba_cuda()
+        self.drv = drv = Driver()
+        self.mg, self.k, self.gemm = mg, streams_per_gpu, gemm
+        self.lay = lay = plan_layout(mg)
+        G = mg.n_gpus
+        self.devices = list(devices) if devices is not None else list(range(G))
+        if len(cuda.gpus) < max(self.devices) + 1:
+            raise BackendError(f"plan needs {G} GPU(s) (devices {self.devices}); {len(cuda.gpus)} visible")
+        self.allocations = 0
+        self.views_built = 0
+        self._closed = False
+        self._host_ptrs: list[int] = []
+        self._events: list[int] = []
+        self.ctx, self.arenas, self.base, self.streams, self.hstreams = [], [], [], [], []
+        self.copy_streams: list[dict] = []
+        for g in range(G):
+            with cuda.gpus[self.devices[g]]:
+                self.ctx.append(drv.current_context())
+                self.arenas.append(cuda.device_array(int(mg.budget_nbytes[g]), dtype=np.uint8))
+                self.allocations += 1
+                self.base.append(int(self.arenas[g].__cuda_array_interface__["data"][0]))
+                ss = [cuda.stream() for _ in range(streams_per_gpu)]
+                self.streams.append(ss)
+                self.hstreams.append([int(s.handle) for s in ss])
+                cs = {name: cuda.stream() for name in ("h2d", "d2h")}
+                cs |= {("p2p", d): cuda.stream() for d in range(G) if d != g}
+                self.copy_streams.append({k: (s, int(s.handle)) for k, s in cs.items()})
+        self._enable_peers()
+        self.cur = -1
+        self._set_ctx(0)
+        self.host_in = self._host_alloc(lay.host_input_nbytes, write_combined=True)
+        self.host_off = self._host_alloc(lay.host_offload_nbytes, write_combined=False)
+        self._host_base = [self._host_ptrs[0], self._host_ptrs[1]]
+        self._views: dict[int, object] = {}
+        self._launchers: dict = {}
+        n = mg.n
+        self.owner = [lay.src_gpu[v] if lay.kind[v] == KIND_TRANSFER else lay.gpu[v] for v in range(n)]
+        self.ev0, self.ev1 = [0] * n, [0] * n
+        for v in range(n):
+            self._set_ctx(self.owner[v])
+            self.ev0[v], self.ev1[v] = drv.event(), drv.event()
+        self._events = self.ev0 + self.ev1
+        self.ref = []
+        for g in range(G):
+            self._set_ctx(g)
+            self.ref.append(drv.event())
+        self._work = [self._prepare(v) for v in range(n)]
+        self._ref_host_ns = [0] * G
+        self._in_flight: list[int] = []
+        self._inputs = input_vertices(mg)
+        self._written: set[int] = set()
+
+    # ------------------------------------------------------------------ plan load
+    def _set_ctx(self, g: int) -> None:
+        if g != self.cur:
+            self.drv.check(self.drv.cuCtxSetCurrent(self.ctx[g]), f"cuCtxSetCurrent(gpu {g})")
+            self.cur = g
+
+    def _enable_peers(self) -> None:
+        G, mg = self.mg.n_gpus, self.mg
+        pairs = {(int(s), int(d)) for s, d, k in zip(mg.src_gpu, mg.gpu, mg.kind, strict=True) if k == KIND_TRANSFER}
+        for s, d in pairs:
+            if s == d or G < 2:
+                continue
+            for a, b in ((s, d), (d, s)):
+                if self.drv.can_access_peer(self.devices[a], self.devices[b]):
+                    self.drv.cuCtxSetCurrent(self.ctx[a])
+                    r = self.drv.cuCtxEnablePeerAccess(self.ctx[b], 0)
+                    if r not in (SUCCESS, PEER_ACCESS_ALREADY_ENABLED):
+                        self.drv.check(r, f"cuCtxEnablePeerAccess(gpu {a} -> gpu {b})")
+        self.cur = -1
+
+    def _host_alloc(self, nbytes: int, write_combined: bool) -> np.ndarray:
+        p = self.drv.host_alloc(nbytes, write_combined)
+        self._host_ptrs.append(p)
+        self.allocations += 1
+        return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(p), dtype=np.uint8)
+
+    def view(self, b: int):
+        """Typed device-array view of the buffer created by vertex ``b`` (built once, at load)."""
+        x = self._views.get(b)
+        if x is None:
+            lay, mg = self.lay, self.mg
+            g, off, nb = lay.gpu[b], lay.out_offset[b], lay.nbytes[b]
+            self._set_ctx(g)
+            x = _device_view(self.arenas[g], off, nb, mg.shape[b], NP_DTYPE[mg.dtype[b]])
+            self.views_built += 1
+            self._views[b] = x
+        return x
+
+    def _launcher(self, v: int):
+        from cuda_kernels.kernels import prepare
+
+        mg, lay = self.mg, self.lay
+        in_shapes = tuple(tuple(mg.shape[b]) for b in lay.reads[v])
+        dt = mg.dtype[v]
+        key = (mg.op[v], in_shapes, tuple(mg.shape[v]), dt, json.dumps(mg.params[v], sort_keys=True))
+        lau = self._launchers.get(key)
+        if lau is None:
+            lau = self._launchers[key] = prepare(mg.op[v], in_shapes, mg.shape[v], dt, mg.params[v], gemm=self.gemm)
+        return lau
+
+    def _prepare(self, v: int) -> tuple:
+        """What ``submit`` needs for ``v``: ('k', launcher, out, ins), ('h2d'|'d2h'|'p2p', args...), ('skip',)."""
+        lay = self.lay
+        k, g = lay.kind[v], lay.gpu[v]
+        if k == KIND_KERNEL:
+            ins = [self.view(b) for b in lay.reads[v]]
+            out = ins[0] if self.mg.op[v] == "sum_into" else self.view(v)
+            lau = self._launcher(v)
+            if lau.path == "cublas" and self.mg.op[v] == "einsum":  # cuBLAS reads pointers only: cache them
+                out, ins = _Ptr(out), [_Ptr(x) for x in ins]
+            return ("k", lau, out, ins)
+        nb = lay.nbytes[v]
+        if k == KIND_INPUT and lay.resident[v]:
+            return ("skip",)
+        if k in (KIND_INPUT, KIND_RELOAD):
+            host = self._host_base[lay.host_region[v]] + lay.host_offset[v]
+            return ("h2d", self.base[g] + lay.out_offset[v], host, nb, self.copy_streams[g]["h2d"][1])
+        if k == KIND_OFFLOAD:
+            src = lay.reads[v][0]
+            host = self._host_base[lay.host_region[v]] + lay.host_offset[v]
+            return ("d2h", host, self.base[lay.gpu[src]] + lay.out_offset[src], nb, self.copy_streams[g]["d2h"][1])
+        assert k == KIND_TRANSFER
+        s, src = lay.src_gpu[v], lay.reads[v][0]
+        return ("p2p", self.base[g] + lay.out_offset[v], self.ctx[g], self.base[s] + lay.out_offset[src],
+                self.ctx[s], nb, self.copy_streams[s][("p2p", g)][1])  # fmt: skip
+
+    # ------------------------------------------------------------------ data
+    def write_inputs(self, values: dict[int, np.ndarray]) -> None:
+        """Fill the pinned input region (by taskgraph input tensor); load resident inputs to the GPUs."""
+        from turnip.runtime.layout import buffer_view
+
+        mg, lay = self.mg, self.lay
+        for t, vs in self._inputs.items():
+            if t in values:
+                v = vs[0]
+                dst = buffer_view(self.host_in, lay.host_offset[v], mg.shape[v], mg.dtype[v])
+                np.copyto(dst, np.asarray(values[t]).reshape(dst.shape), casting="same_kind")
+                self._written.add(t)
+        for t, vs in self._inputs.items():
+            for v in vs:
+                if lay.resident[v] and t in values:
+                    g = lay.gpu[v]
+                    self._set_ctx(g)
+                    host = self._host_base[HOST_INPUT] + lay.host_offset[v]
+                    self.drv.check(self.drv.cuMemcpyHtoD_v2(self.base[g] + lay.out_offset[v], host, lay.nbytes[v]),
+                                   f"loading resident input {mg.label(v)}")  # fmt: skip
+
+    def read_outputs(self) -> dict[int, np.ndarray]:
+        from turnip.runtime.layout import buffer_view
+
+        out = {}
+        for t, o, on_host in output_sources(self.mg):
+            if on_host:
+                out[t] = buffer_view(self.host_off, self.lay.host_offset[o], self.mg.shape[o], self.mg.dtype[o]).copy()
+            else:
+                self._set_ctx(self.lay.gpu[o])
+                out[t] = self.view(o).copy_to_host()
+        return out
+
+    # ------------------------------------------------------------------ runs
+    def begin_run(self, seed: int | None = None) -> None:
+        if self._closed:
+            raise BackendError("backend is closed")
+        missing = set(self._inputs) - self._written
+        if missing:
+            raise BackendError(f"no data for input tensors {sorted(missing)[:10]} (call write_inputs first)")
+        drv = self.drv
+        for g in range(self.mg.n_gpus):
+            self._set_ctx(g)
+            drv.check(drv.cuCtxSynchronize(), f"synchronizing gpu {g}")
+            drv.check(drv.cuEventRecord(self.ref[g], self.hstreams[g][0]), "cuEventRecord")
+            while drv.cuEventQuery(self.ref[g]) == NOT_READY:  # spin: a blocking wait wakes up late
+                pass
+            self._ref_host_ns[g] = time.perf_counter_ns()
+        self._in_flight.clear()
+
+    def submit(self, cmd) -> None:
+        v = cmd.v
+        drv = self.drv
+        g = cmd.gpu
+        if g != self.cur:
+            drv.cuCtxSetCurrent(self.ctx[g])
+            self.cur = g
+        w = self._work[v]
+        tag = w[0]
+        if tag == "k":
+            h = self.hstreams[g][cmd.stream]
+            r = drv.cuEventRecord(self.ev0[v], h)
+            try:
+                w[1](self.streams[g][cmd.stream], w[2], w[3])
+            except Exception as e:
+                raise VertexFailed(v, self.mg.label(v), e) from e
+            if r != SUCCESS:
+                raise VertexFailed(v, self.mg.label(v), CudaError(f"cuEventRecord: {drv.error_name(r)}"))
+        else:
+            h = w[-1] if tag != "skip" else self.hstreams[g][cmd.stream]
+            r = drv.cuEventRecord(self.ev0[v], h)
+            if r != SUCCESS:
+                pass
+            elif tag == "h2d":
+                r = drv.cuMemcpyHtoDAsync_v2(w[1], w[2], w[3], h)
+            elif tag == "d2h":
+                r = drv.cuMemcpyDtoHAsync_v2(w[1], w[2], w[3], h)
+            elif tag == "p2p":
+                r = drv.cuMemcpyPeerAsync(w[1], w[2], w[3], w[4], w[5], h)
+            if r != SUCCESS:
+                raise VertexFailed(v, self.mg.label(v), CudaError(drv.error_name(r)))
+        if r == SUCCESS:
+            r = drv.cuEventRecord(self.ev1[v], h)
+        if r != SUCCESS:
+            raise VertexFailed(v, self.mg.label(v), CudaError(f"cuEventRecord: {drv.error_name(r)}"))
+        self._in_flight.append(v)
+
+    def poll(self, timeout_s: float) -> list[int]:
+        query, ev1, fl = self.drv.cuEventQuery, self.ev1, self._in_flight
+        deadline = 0
+        while True:
+            done = None
+            for v in fl:
+                r = query(ev1[v])
+                if r == SUCCESS:
+                    if done is None:
+                        done = [v]
+                    else:
+                        done.append(v)
+                elif r != NOT_READY:
+                    raise VertexFailed(v, self.mg.label(v), CudaError(self.drv.error_name(r)))
+            if done is not None:
+                for v in done:
+                    fl.remove(v)
+                return done
+            t = time.perf_counter_ns()
+            if not deadline:
+                deadline = t + int(timeout_s * 1e9)
+            elif t > deadline:
+                return []
+
+    def in_flight(self) -> list[int]:
+        return list(self._in_flight)
+
+    def abort(self) -> None:
+        """Wait for everything enqueued to finish (errors ignored); forget the in-flight vertices."""
+        for g in range(self.mg.n_gpus):
+            self.drv.cuCtxSetCurrent(self.ctx[g])
+            self.drv.cuCtxSynchronize()
+        self.cur = -1
+        self._in_flight.clear()
+
+    def end_run(self, t0_ns: int) -> tuple[np.ndarray, np.ndarray]:
+        """Device start/end of every vertex from its events (-1 where the driver gives no time: the loop
+        then uses its host times); ``timing_failures`` lists (vertex, CUDA error) for those."""
+        n, drv = self.mg.n, self.drv
+        start, end = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        ms = ctypes.c_float()
+        ref_ms = ctypes.byref(ms)
+        self.timing_failures = []
+        resident = self.lay.resident
+        for v in range(n):
+            if resident[v]:  # loaded with the plan: the scheduler counts them done before the run starts
+                continue
+            g = self.owner[v]
+            base = self._ref_host_ns[g] - t0_ns
+            for ev, out in ((self.ev0[v], start), (self.ev1[v], end)):
+                r = drv.cuEventElapsedTime(ref_ms, self.ref[g], ev)
+                if r == SUCCESS:
+                    out[v] = base + int(ms.value * 1e6)
+                elif len(self.timing_failures) < 100:
+                    self.timing_failures.append((v, drv.error_name(r)))
+        return start, end
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Synchronize, destroy events, free pinned memory and the arenas. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.abort()
+        for e in self._events + self.ref:
+            self.drv.cuEventDestroy_v2(e)
+        self._work, self._views, self.host_in, self.host_off = [], {}, None, None
+        for p in self._host_ptrs:
+            self.drv.cuMemFreeHost(p)
+        self._host_ptrs = []
+        self.arenas, self.streams, self.copy_streams = [], [], []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Ptr:
+    """A device array reduced to the one attribute a cuBLAS launcher reads, computed once."""
+
+    __slots__ = ("device_ctypes_pointer", "shape", "dtype")
+
+    def __init__(self, arr):
+        self.device_ctypes_pointer = arr.device_ctypes_pointer
+        self.shape, self.dtype = arr.shape, arr.dtype
+
+
+def _device_view(arena, off: int, nbytes: int, shape, dtype):
+    """A C-contiguous typed DeviceNDArray over ``arena[off:off+nbytes]`` (no copy)."""
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    dtype = np.dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    strides, acc = [], dtype.itemsize
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= s
+    try:
+        return DeviceNDArray(shape, tuple(reversed(strides)), dtype, gpu_data=arena.gpu_data.view(off, off + nbytes))
+    except (AttributeError, TypeError):
+        return arena[off : off + nbytes].view(dtype).reshape(shape)

@@ -1,0 +1,164 @@
+"""The driver loop: the ``turnip.sched.Scheduler`` (the very core the simulator drives) around a backend.
+
+One thread does everything: it hands the scheduler's commands to the backend, polls the backend for
+completions, feeds them back (``Scheduler.complete``, the fast path of ``handle(KernelDone/CopyDone)``),
+and keeps per-vertex host timestamps in preallocated lists. The watchdog is part of the loop: when no
+completion arrives for ``stall_s`` seconds it raises ``RuntimeStall`` with the vertices in flight.
+On any error (a failed vertex, a stall, Ctrl-C) the backend is told to ``abort`` (in-flight work finishes
+and is dropped) before the error propagates; the backend stays usable and ``close`` frees it once.
+
+Times are integer ns from the start of the run on the host monotonic clock; device times come from the
+backend (CUDA events on GPUs). They fill the shared trace schema (``turnip.trace``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from turnip.memgraph.plan import MemGraph
+from turnip.runtime.errors import RuntimeStall
+from turnip.sched import RunStarted, Scheduler
+
+
+@dataclass(slots=True)
+class RunResult:
+    policy: str
+    seed: int | None
+    backend: str
+    makespan_ns: int
+    n_vertices: int
+    wall_s: float
+    host_start_ns: np.ndarray = field(repr=False)
+    issue_ns: np.ndarray = field(repr=False)
+    start_ns: np.ndarray = field(repr=False)
+    end_ns: np.ndarray = field(repr=False)
+    done_ns: np.ndarray = field(repr=False)
+    stream: np.ndarray = field(repr=False)
+    handle_ns: np.ndarray = field(repr=False)  # host time spent on each vertex's completion
+    order: list = field(repr=False, default_factory=list)  # commands in issue order
+
+    def host_cost_ns(self) -> np.ndarray:
+        """Host time per dispatched vertex: issuing its command plus handling its completion."""
+        return (self.issue_ns - self.host_start_ns) + self.handle_ns
+
+    def trace(self, mg: MemGraph, meta: dict | None = None):
+        """This run in the shared trace schema (``turnip.trace.Trace``), memory counter included."""
+        from sim.memory import memory_timeline
+        from turnip.trace import Trace, spans_from_plan
+
+        spans = spans_from_plan(mg, self.issue_ns, self.start_ns, self.end_ns, self.done_ns, self.stream,
+                                self.host_start_ns)  # fmt: skip
+        mem = memory_timeline(mg, self.start_ns, self.end_ns, self.makespan_ns)
+        info = {"policy": self.policy, "seed": self.seed, "backend": self.backend, "source": "real"}
+        return Trace(spans, mem, info | (meta or {}))
+
+    def row(self, mg: MemGraph, meta: dict | None = None, bound: dict | None = None) -> dict:
+        """One per-run CSV row with the columns simulated runs write (``sim.sweep``), plus ``backend``."""
+        from analysis.metrics import run_metrics
+
+        tr = self.trace(mg)
+        row = dict(meta or {})
+        row |= {"policy": self.policy, "seed": self.seed if self.seed is not None else -1, "mean_only": False}
+        row["lower_bound_ns"] = (bound or {}).get("lower_bound_ns", -1)
+        row |= run_metrics(tr.spans, mg.n_gpus)
+        row |= {f"bound_{k}": v for k, v in (bound or {}).items() if k != "lower_bound_ns"}
+        hc = self.host_cost_ns()
+        row |= {"n_vertices": mg.n, "backend": self.backend, "run_wall_s": self.wall_s,
+                "host_cost_us_p50": float(np.median(hc)) / 1e3 if len(hc) else 0.0}  # fmt: skip
+        return row
+
+
+def lower_bound(mg: MemGraph, profile: str = "h100") -> dict:
+    """The plan's lower bound (``sim.bound``) on a machine profile, with resident inputs (loaded with the
+    plan, not in the timed run) taken out of the transfer work."""
+    import dataclasses
+
+    from sim.bound import lower_bound as bound
+    from sim.profile import load_profile
+    from sim.timing import TimingModel
+
+    resident = np.array([bool(p.get("resident")) for p in mg.params], dtype=bool)
+    if resident.any():
+        mg = dataclasses.replace(mg, out_nbytes=np.where(resident, 0, mg.out_nbytes), _succ=None)
+    return bound(TimingModel(mg, load_profile(profile)))
+
+
+def execute(
+    mg: MemGraph,
+    backend,
+    policy: str = "nondet",
+    streams_per_gpu: int = 5,
+    seed: int | None = None,
+    stall_s: float = 60.0,
+    record_order: bool = False,
+) -> RunResult:
+    """Run ``mg`` once on ``backend`` under ``policy``; returns host and device timestamps per vertex."""
+    sched = Scheduler(mg, policy, streams_per_gpu)
+    n = mg.n
+    host_start, issue, done, stream, handle = [0] * n, [0] * n, [0] * n, [-1] * n, [0] * n
+    order: list = []
+    clock = time.perf_counter_ns
+    submit, poll, complete = backend.submit, backend.poll, sched.complete
+    stall_ns = int(stall_s * 1e9)
+    backend.begin_run(seed)
+    t0 = clock()
+
+    def issue_all(cmds) -> None:
+        for c in cmds:
+            v = c.v
+            t = clock()
+            submit(c)
+            issue[v] = clock() - t0
+            host_start[v] = t - t0
+            stream[v] = c.stream
+        if record_order:
+            order.extend(cmds)
+
+    try:
+        issue_all(sched.handle(RunStarted(0)))
+        last = clock()
+        while not sched.finished:
+            vs = poll(min(0.05, stall_s))
+            now = clock()
+            if not vs:
+                if now - last > stall_ns:
+                    raise RuntimeStall((now - last) / 1e9, [mg.label(u) for u in backend.in_flight()],
+                                       sched.n_done, n)  # fmt: skip
+                continue
+            last = now
+            for v in vs:
+                t = clock()
+                done[v] = t - t0
+                cmds = complete(v, t - t0)
+                handle[v] = clock() - t
+                if cmds:
+                    issue_all(cmds)
+    except BaseException:
+        backend.abort()
+        raise
+    wall_s = (clock() - t0) / 1e9
+    dev_start, dev_end = backend.end_run(t0)
+    arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    hs, iss, dn = arr(host_start), arr(issue), arr(done)
+    # device clocks and host clocks agree only to a few µs: keep the schema's ordering invariant
+    st = np.minimum(np.maximum(dev_start, iss), dn)
+    en = np.minimum(np.maximum(dev_end, st), dn)
+    return RunResult(
+        policy=policy,
+        seed=seed,
+        backend=backend.name,
+        makespan_ns=int(dn.max(initial=0)),
+        n_vertices=n,
+        wall_s=wall_s,
+        host_start_ns=hs,
+        issue_ns=iss,
+        start_ns=st,
+        end_ns=en,
+        done_ns=dn,
+        stream=arr(stream),
+        handle_ns=arr(handle),
+        order=order,
+    )
