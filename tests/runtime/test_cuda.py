@@ -55,6 +55,19 @@ def test_tiny_llama_on_two_gpus_with_transfers():
 
 
 @needs_gpu
+def test_two_gpu_plan_on_one_device():
+    """Both plan GPUs mapped onto device 0: separate arenas, transfers as peer copies within one context."""
+    tg, mg = tiny_llama(1 << 20, "fp16", n_gpus=2)
+    inputs, ref = reference(tg)
+    with open_backend("cuda", mg, devices=[0, 0]) as be:
+        be.write_inputs(inputs)
+        for seed in range(2):
+            execute(mg, be, "nondet", seed=seed)
+            out = be.read_outputs()
+            assert max(rel_err(out[t], ref[t]) for t in out) <= 2e-2
+
+
+@needs_gpu
 def test_raising_launcher_names_the_vertex():
     tg, mg = tiny_llama(48 * 1024, "fp16")
     inputs, _ = reference(tg)
