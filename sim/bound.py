@@ -42,4 +42,4 @@ def lower_bound(tm: TimingModel) -> dict[str, int]:
 
 
 def _launch_ns(tm: TimingModel, p: MachineProfile) -> np.ndarray:
-    return np.where(tm.eng == ENG_KERNEL, p.kernel_launch_ns, p.copy_launch_ns)
+    return np.where(tm.preloaded, 0, np.where(tm.eng == ENG_KERNEL, p.kernel_launch_ns, p.copy_launch_ns))

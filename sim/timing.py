@@ -52,7 +52,8 @@ class TimingModel:
     def __init__(self, mg: MemGraph, prof: MachineProfile):
         self.mg, self.prof = mg, prof
         self.eng = engine_class(mg)
-        self.nbytes = mg.out_nbytes.astype(np.int64)
+        self.preloaded = mg.preloaded()
+        self.nbytes = np.where(self.preloaded, 0, mg.out_nbytes).astype(np.int64)  # resident: moved at load
         self.kernel_ns = kernel_floor_ns(mg, prof)
         p = prof
         self._params = {
@@ -72,6 +73,7 @@ class TimingModel:
         out[e == ENG_H2D] = p.copy_latency_ns + nb[e == ENG_H2D] * 1e9 / p.h2d_bytes_per_s
         out[e == ENG_D2H] = p.copy_latency_ns + nb[e == ENG_D2H] * 1e9 / p.d2h_bytes_per_s
         out[e == ENG_P2P] = p.p2p_latency_ns + nb[e == ENG_P2P] * 1e9 / p.p2p_bytes_per_s
+        out[self.preloaded] = 0
         return out
 
     def mean_ns(self) -> np.ndarray:

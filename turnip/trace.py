@@ -87,7 +87,7 @@ def spans_from_plan(mg, issue_ns, start_ns, end_ns, done_ns, stream, host_start_
         "start_ns": np.asarray(start_ns, dtype=np.int64),
         "end_ns": np.asarray(end_ns, dtype=np.int64),
         "done_ns": np.asarray(done_ns, dtype=np.int64),
-        "nbytes": np.asarray(mg.out_nbytes, dtype=np.int64),
+        "nbytes": np.where(mg.preloaded(), 0, mg.out_nbytes).astype(np.int64),  # resident: moved at load
         "flops": np.asarray(mg.flops, dtype=np.float64),
     }
 

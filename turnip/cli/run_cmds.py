@@ -144,18 +144,20 @@ def _bound(mg, profile: str) -> dict:
 
 
 def _report(rows: list[dict], bound: dict, res, resident_nbytes: int = 0) -> None:
+    """Print the run summary; trace byte counts exclude resident inputs (moved when the plan loaded)."""
     import numpy as np
 
     if not rows:
         return
     ms = np.array([r["makespan_ns"] for r in rows]) / 1e6
     r = rows[-1]
-    inputs = r["input_nbytes"] - resident_nbytes  # resident inputs were loaded with the plan
+    inputs = r["input_nbytes"]
     moved = inputs + r["reload_nbytes"] + r["offload_nbytes"] + r["transfer_nbytes"]
     lb = bound["lower_bound_ns"] / 1e6
     print(f"time to first token  median {np.median(ms):.3f} ms  min {ms.min():.3f}  max {ms.max():.3f} "
           f"({len(ms)} runs)")  # fmt: skip
-    print(f"bytes moved          {_gib(moved)} (inputs {_gib(inputs)}, reloads "
+    print(f"bytes moved          {_gib(moved)} (inputs {_gib(inputs)}, resident {_gib(resident_nbytes)} loaded "
+          f"with the plan, reloads "
           f"{_gib(r['reload_nbytes'])}, offloads {_gib(r['offload_nbytes'])}, GPU->GPU "
           f"{_gib(r['transfer_nbytes'])})")  # fmt: skip
     print(f"GPU busy fraction    {np.median([x['gpu_busy_frac'] for x in rows]):.3f}")

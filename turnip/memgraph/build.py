@@ -245,7 +245,7 @@ class _Build:
     def cancel(self, w: int) -> None:
         """Give back the newest reservation (allocHzn steps back); its range keeps its memory deps."""
         self.alloc -= 1
-        if self.needs_space(w):
+        if self.needs_space(w) and w not in self.resident:
             g = int(self.tg.gpu[w])
             off = int(self.off[w])
             self.arenas[g].release(off)

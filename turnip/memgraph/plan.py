@@ -98,6 +98,10 @@ class MemGraph:
         np.add.at(rd, np.repeat(np.arange(self.n), np.diff(self.in_ptr)), self.out_nbytes[self.in_idx])
         return rd + self.out_nbytes
 
+    def preloaded(self) -> np.ndarray:
+        """Resident inputs: loaded with the plan, before any run, and never moved again."""
+        return (self.kind == KIND_INPUT) & np.array([bool(p.get("resident")) for p in self.params], dtype=bool)
+
     def count(self, kind: int) -> int:
         return int((self.kind == kind).sum())
 

@@ -72,17 +72,11 @@ class RunResult:
 
 
 def lower_bound(mg: MemGraph, profile: str = "h100") -> dict:
-    """The plan's lower bound (``sim.bound``) on a machine profile, with resident inputs (loaded with the
-    plan, not in the timed run) taken out of the transfer work."""
-    import dataclasses
-
+    """The plan's lower bound (``sim.bound``) on a machine profile (resident inputs are not in the run)."""
     from sim.bound import lower_bound as bound
     from sim.profile import load_profile
     from sim.timing import TimingModel
 
-    resident = np.array([bool(p.get("resident")) for p in mg.params], dtype=bool)
-    if resident.any():
-        mg = dataclasses.replace(mg, out_nbytes=np.where(resident, 0, mg.out_nbytes), _succ=None)
     return bound(TimingModel(mg, load_profile(profile)))
 
 

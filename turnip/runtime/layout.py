@@ -50,7 +50,7 @@ def plan_layout(mg: MemGraph) -> Layout:
     host_off = mg.host_offset.tolist()
     region = [-1 if host_off[v] < 0 else (HOST_INPUT if tensor[v] in input_tensors else HOST_OFFLOAD) for v in range(n)]
     kind = mg.kind.tolist()
-    resident = [kind[v] == KIND_INPUT and bool(mg.params[v].get("resident")) for v in range(n)]
+    resident = mg.preloaded().tolist()
     ip, ii = mg.in_ptr.tolist(), mg.in_idx.tolist()
     return Layout(
         kind=kind,

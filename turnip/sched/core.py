@@ -100,7 +100,7 @@ class Scheduler:
 
         # fixed-order classes: per GPU the vertices of those classes in compile (topological) order
         # resident inputs were loaded when the plan was loaded: done before the run starts
-        self.preloaded = [v for v in np.flatnonzero(kind == KIND_INPUT).tolist() if mg.params[v].get("resident")]
+        self.preloaded = np.flatnonzero(mg.preloaded()).tolist()
         fixed = _FIXED[policy]
         is_fixed = np.zeros(n, dtype=bool)
         if "kernel" in fixed:
