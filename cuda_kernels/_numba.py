@@ -220,7 +220,8 @@ class Compiled:
 
         Everything is computed here (in the current context, which the launches must share); under
         the simulator, or if the packing cannot be checked against the driver, the callables fall back
-        to ``launch``. The arrays in ``args`` must stay alive as long as the callables."""
+        to ``launch`` (with a warning in the second case). The arrays in ``args`` must stay alive as
+        long as the callables."""
         k = self.kernel
         if k is None or simulating():
             return [_later(self.launch, s, args) for s in streams]
@@ -232,8 +233,12 @@ class Compiled:
         f, sizes = hit
         vals = pack_params(k.argument_types, args)
         if sizes is not None and sizes != [ctypes.sizeof(x) for x in vals]:
-            raise LaunchError(f"kernel parameter sizes {sizes} differ from the packing "
-                              f"{[ctypes.sizeof(x) for x in vals]} ({k.argument_types})")
+            import warnings
+
+            warnings.warn(f"kernel parameter sizes {sizes} differ from the packing "
+                          f"{[ctypes.sizeof(x) for x in vals]} ({k.argument_types}); launching through numba",
+                          stacklevel=2)  # fmt: skip
+            return [_later(self.launch, s, args) for s in streams]
         params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(x) for x in vals])
         fn = libcuda().cuLaunchKernel
         (gx, gy, gz), (bx, by, bz) = self.grid, self.block
