@@ -1,9 +1,7 @@
 """Time every kernel at LLaMA-7B tile sizes on a GPU; print and write achieved rate vs ceilings.
 
 For each op: median device time of single launches (CUDA events around each launch, the GPU kept busy
-by a preceding GEMM so host launch cost does not show), host time per launch (``launcher(stream, out,
-ins)``, and a bound launch ``launcher.bind(stream, out, ins)()``: device time is taken through the
-bound launch), achieved TFLOP/s
+by a preceding GEMM so host launch cost does not show), host time per launch, achieved TFLOP/s
 (contractions) or GB/s (bytes of inputs + output, each once), and the fraction of the ceilings measured
 in the same run (fp16/fp32 cuBLAS GEMM 8192^3, device-to-device copy counted read + write) and of the
 FACTS.md ceilings. Contractions are also timed through the numba GEMM (numba/cuBLAS time ratio), and
@@ -37,18 +35,6 @@ class Bench:
         self.stream = self.c.stream()
         self.reps, self.warmup = reps, warmup
         self._pad = None
-
-    def host_us(self, fn, n_sets: int = 1) -> float:
-        """Wall time per call of a back-to-back loop of ``fn(stream, set_index)``."""
-        s = self.stream
-        for i in range(self.warmup):
-            fn(s, i % n_sets)
-        s.synchronize()
-        t0 = time.perf_counter()
-        for i in range(self.reps):
-            fn(s, i % n_sets)
-        s.synchronize()
-        return (time.perf_counter() - t0) / self.reps * 1e6
 
     def set_pad(self, fn, dur_us: float):
         self._pad, self._pad_us = fn, max(dur_us, 1.0)
@@ -188,14 +174,11 @@ def bench_case(b: Bench, case: Case, dtype: str, rng, ceil, torch, torch_stream)
                                                                    else NP_DTYPE[dtype])
         sets.append((out, ins))
     lau = prepare(case.op, case.in_shapes, case.out_shape, "fp32" if case.op == "mix" else dtype, case.params)
-    host_us = b.host_us(lambda s, i: lau(s, sets[i][0], sets[i][1]), n_sets)
-    bound = [lau.bind(b.stream, o, ins) for o, ins in sets]
-    us, host_bound_us = b.time(lambda s, i: bound[i](), n_sets)
+    us, host_us = b.time(lambda s, i: lau(s, sets[i][0], sets[i][1]), n_sets)
     row = dict(case=case.name, op=case.op, dtype=dtype, path=lau.path,
                shapes=" ".join("x".join(map(str, s)) for s in case.in_shapes) + " -> "
                + "x".join(map(str, case.out_shape)),
-               median_us=round(us, 2), host_us_per_launch=round(host_us, 1),
-               host_us_bound=round(host_bound_us, 1), gbytes=round(nbytes / 1e9, 4),
+               median_us=round(us, 2), host_us_per_launch=round(host_us, 1), gbytes=round(nbytes / 1e9, 4),
                gflop=round(lau.flops / 1e9, 2))
     if case.contraction:
         rate, ref, facts = lau.flops / us / 1e6, ceil[dtype], FACTS[f"gemm_{dtype}_tflops"]
@@ -228,7 +211,7 @@ def fmt(r: dict) -> str:
     extra = f"  numba/cuBLAS {r['numba_over_cublas']}x" if r.get("numba_over_cublas") != "" else ""
     tor = f"  torch/ours {r['torch_over_ours']}" if r.get("torch_over_ours") != "" else ""
     return (f"{r['case']:<12} {r['dtype']} {r['path']:<10} {r['median_us']:>9.1f} us"
-            f"  host {r['host_us_per_launch']:>5.1f} us, bound {r['host_us_bound']:>5.1f} us"
+            f"  host {r['host_us_per_launch']:>5.1f} us"
             f"  {r['achieved']:>7} {r['unit']:<7} {r['frac_ceiling_run']:.2f} of run ceiling"
             f" ({r['frac_ceiling_facts']:.2f} of FACTS){extra}{tor}")
 

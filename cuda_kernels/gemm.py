@@ -4,16 +4,12 @@
 input and output), n (second input and output) and k (both inputs, summed). ``CublasGemm`` maps the plan
 onto one ``cublasGemmEx`` / ``cublasGemmStridedBatchedEx`` call on raw pointers (no CuPy arrays are
 created at launch) with fp32 accumulation, when every group of letters is one strided axis per operand
-and one of each operand's two matrix axes has unit stride. ``CublasGemm.bind`` precomputes the whole
-call per stream and makes it through ctypes on the ``libcublas`` CuPy loaded (one handle per stream,
-its stream set once), falling back to CuPy's wrappers when that library cannot be found.
-``numba_gemm_source`` generates a 64x64-tile shared-memory kernel for any plan (the fallback, and the
-only path under the CUDA simulator).
+and one of each operand's two matrix axes has unit stride. ``numba_gemm_source`` generates a 64x64-tile
+shared-memory kernel for any plan (the fallback, and the only path under the CUDA simulator).
 """
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import numpy as np
@@ -182,29 +178,6 @@ class CublasGemm:
             cls._handles[id(stream)] = hit
         return hit
 
-    def bind(self, streams: list, out, a, b) -> list:
-        """One zero-argument callable per stream making this GEMM on fixed operands."""
-        lib = _cublas_ctypes()
-        if lib is None:
-            return [_later(self, s, out, a, b) for s in streams]
-        x, y = (b, a) if self.swap else (a, b)
-        px, py, po = _ptr(x), _ptr(y), _ptr(out)
-        dt, keep = self.dt, (self._alpha, self._beta)
-        calls = []
-        for s in streams:
-            h = _ctypes_handle(lib, _numba.stream_handle(s))
-            if self.batch > 1:
-                fn = lib.cublasGemmStridedBatchedEx
-                args = (h, self.ta, self.tb, self.m, self.n, self.k, self.alpha_p, px, dt, self.lda, self.sa,
-                        py, dt, self.ldb, self.sb, self.beta_p, po, dt, self.ldc, self.sc, self.batch,
-                        _COMPUTE_32F, _GEMM_DEFAULT)
-            else:
-                fn = lib.cublasGemmEx
-                args = (h, self.ta, self.tb, self.m, self.n, self.k, self.alpha_p, px, dt, self.lda,
-                        py, dt, self.ldb, self.beta_p, po, dt, self.ldc, _COMPUTE_32F, _GEMM_DEFAULT)
-            calls.append(_bound_call(fn, args, keep))
-        return calls
-
     def __call__(self, stream, out, a, b) -> None:
         _, ext, h = self._for_stream(stream)
         x, y = (b, a) if self.swap else (a, b)
@@ -220,73 +193,6 @@ class CublasGemm:
                     h, self.ta, self.tb, self.m, self.n, self.k, self.alpha_p,
                     _ptr(x), self.dt, self.lda, _ptr(y), self.dt, self.ldb,
                     self.beta_p, _ptr(out), self.dt, self.ldc, _COMPUTE_32F, _GEMM_DEFAULT)
-
-
-def _later(g, stream, out, a, b):
-    return lambda: g(stream, out, a, b)
-
-
-def _bound_call(fn, args: tuple, keep):
-    def go():
-        r = fn(*args)
-        if r:
-            raise _numba.LaunchError(f"cuBLAS GEMM returned status {r}")
-
-    go.keep = keep  # alpha/beta host scalars live as long as the call
-    return go
-
-
-_CT: dict = {}  # "lib" -> ctypes libcublas (or None), (context, stream handle) -> cuBLAS handle
-
-
-def _cublas_ctypes():
-    """ctypes on the ``libcublas`` already loaded by CuPy (found in /proc/self/maps), or None."""
-    if "lib" not in _CT:
-        _CT["lib"] = None
-        try:
-            _cublas_module()
-            path = None
-            with open("/proc/self/maps") as fh:
-                for line in fh:
-                    name = line.rsplit(None, 1)[-1]
-                    if "/libcublas.so" in name:
-                        path = name
-                        break
-            if path is None:  # not mapped yet: CuPy loads it with the first handle
-                _cublas_module().destroy(_cublas_create())
-                with open("/proc/self/maps") as fh:
-                    path = next((ln.rsplit(None, 1)[-1] for ln in fh if "/libcublas.so" in ln), None)
-            if path is not None:
-                _CT["lib"] = _declare_cublas(ctypes.CDLL(path))
-        except Exception:  # noqa: BLE001 - fall back to CuPy's wrappers
-            _CT["lib"] = None
-    return _CT["lib"]
-
-
-def _declare_cublas(lib):
-    P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
-    lib.cublasCreate_v2.argtypes = [ctypes.POINTER(P)]
-    lib.cublasSetStream_v2.argtypes = [P, P]
-    lib.cublasGemmEx.argtypes = [P, I, I, I, I, I, P, P, I, I, P, I, I, P, P, I, I, I, I]
-    lib.cublasGemmStridedBatchedEx.argtypes = [P, I, I, I, I, I, P, P, I, I, L, P, I, I, L, P, P, I, I, L, I,
-                                               I, I]
-    for f in (lib.cublasCreate_v2, lib.cublasSetStream_v2, lib.cublasGemmEx, lib.cublasGemmStridedBatchedEx):
-        f.restype = I
-    return lib
-
-
-def _ctypes_handle(lib, stream: int) -> int:
-    """The cuBLAS handle of raw stream ``stream`` (created in the current context on first use)."""
-    key = (_numba.current_context(), stream)
-    h = _CT.get(key)
-    if h is None:
-        p = ctypes.c_void_p()
-        for r, what in ((lib.cublasCreate_v2(ctypes.byref(p)), "cublasCreate"),
-                        (lib.cublasSetStream_v2(p, stream), "cublasSetStream")):
-            if r:
-                raise _numba.LaunchError(f"{what} returned status {r}")
-        h = _CT[key] = int(p.value)
-    return h
 
 
 def _cublas_module():

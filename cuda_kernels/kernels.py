@@ -31,105 +31,19 @@ class KernelPrepareError(ValueError):
 
 
 class Launcher:
-    """A prepared op. ``path`` is 'cublas', 'numba-gemm' or 'kernel'; ``flops`` counts GEMM work.
+    """A prepared op. ``path`` is 'cublas', 'numba-gemm' or 'kernel'; ``flops`` counts GEMM work."""
 
-    ``launcher(stream, out, ins)`` enqueues the op; ``launcher.bind(stream, out, ins)`` returns a
-    zero-argument callable enqueuing it on fixed arrays and stream with everything precomputed (one
-    driver or cuBLAS call per step); ``bind_streams`` does the same for several streams at once."""
+    __slots__ = ("op", "in_shapes", "out_shape", "dtype", "params", "path", "flops", "_run")
 
-    __slots__ = ("op", "in_shapes", "out_shape", "dtype", "params", "path", "flops", "_steps")
-
-    def __init__(self, op, in_shapes, out_shape, dtype, params, path, steps, flops=0):
+    def __init__(self, op, in_shapes, out_shape, dtype, params, path, run, flops=0):
         self.op, self.in_shapes, self.out_shape = op, in_shapes, out_shape
-        self.dtype, self.params, self.path, self._steps, self.flops = dtype, params, path, steps, flops
+        self.dtype, self.params, self.path, self._run, self.flops = dtype, params, path, run, flops
 
     def __call__(self, stream, out, ins: Sequence) -> None:
-        for st in self._steps:
-            st.launch(stream, out, ins)
-
-    def bind_streams(self, streams: Sequence, out, ins: Sequence) -> list[Callable[[], None]]:
-        """For each stream a zero-argument launch of this op on ``out``/``ins`` (kept alive by the caller).
-
-        Bind in the context the launches will run in; arguments are checked here, not at launch."""
-        _check_shapes(self, out, ins)
-        per_step = [st.bind(list(streams), out, ins) for st in self._steps]
-        if not per_step:
-            return [_noop_bound] * len(streams)
-        if len(per_step) == 1:
-            return per_step[0]
-        return [_chain(fs) for fs in zip(*per_step, strict=True)]
-
-    def bind(self, stream, out, ins: Sequence) -> Callable[[], None]:
-        return self.bind_streams([stream], out, ins)[0]
+        self._run(stream, out, ins)
 
     def __repr__(self) -> str:
         return f"Launcher({self.op}, {self.in_shapes} -> {self.out_shape}, {self.dtype}, {self.path})"
-
-
-def _check_shapes(lau: Launcher, out, ins) -> None:
-    got = [tuple(x.shape) for x in ins]
-    if got != [tuple(s) for s in lau.in_shapes] or tuple(out.shape) != tuple(lau.out_shape):
-        raise KernelPrepareError(f"{lau.op}: bound arrays {got} -> {tuple(out.shape)} differ from the "
-                                 f"prepared shapes {lau.in_shapes} -> {lau.out_shape}")
-
-
-def _noop_bound() -> None:
-    return None
-
-
-def _chain(fs):
-    f0, f1 = fs if len(fs) == 2 else (fs[0], _chain(fs[1:]))
-
-    def go():
-        f0()
-        f1()
-
-    return go
-
-
-class _Kernel:
-    """One numba kernel launch; ``args(out, ins)`` orders its arguments."""
-
-    __slots__ = ("k", "args")
-
-    def __init__(self, k: Compiled, args: Callable):
-        self.k, self.args = k, args
-
-    def launch(self, stream, out, ins) -> None:
-        self.k.launch(stream, self.args(out, ins))
-
-    def bind(self, streams, out, ins) -> list:
-        return self.k.bind(streams, self.args(out, ins))
-
-
-class _Gemm:
-    __slots__ = ("g",)
-
-    def __init__(self, g):
-        self.g = g
-
-    def launch(self, stream, out, ins) -> None:
-        self.g(stream, out, ins[0], ins[1])
-
-    def bind(self, streams, out, ins) -> list:
-        return self.g.bind(streams, out, ins[0], ins[1])
-
-
-class _ByIdWidth:
-    """Picks the step compiled for the itemsize of ``ins[0]`` (embed ids: int32 or int64)."""
-
-    __slots__ = ("by_itemsize",)
-
-    def __init__(self, by_itemsize: dict):
-        self.by_itemsize = by_itemsize
-
-    def launch(self, stream, out, ins) -> None:
-        for st in self.by_itemsize[ins[0].dtype.itemsize]:
-            st.launch(stream, out, ins)
-
-    def bind(self, streams, out, ins) -> list:
-        (st,) = self.by_itemsize[ins[0].dtype.itemsize]
-        return st.bind(streams, out, ins)
 
 
 def prepare(op: str, in_shapes: Sequence[tuple], out_shape: tuple, dtype: str, params: dict | None = None,
@@ -145,10 +59,10 @@ def prepare(op: str, in_shapes: Sequence[tuple], out_shape: tuple, dtype: str, p
     if gemm not in GEMM_MODES:
         raise KernelPrepareError(f"{op}: gemm={gemm!r} not in {GEMM_MODES}")
     try:
-        path, steps, flops = _BUILDERS[op](in_shapes, out_shape, dtype, params, gemm)
+        path, run, flops = _BUILDERS[op](in_shapes, out_shape, dtype, params, gemm)
     except (ValueError, KeyError, IndexError) as e:
         raise KernelPrepareError(f"{op} {in_shapes} -> {out_shape} {dtype} {params}: {e}") from e
-    return Launcher(op, in_shapes, out_shape, dtype, params, path, steps, flops)
+    return Launcher(op, in_shapes, out_shape, dtype, params, path, run, flops)
 
 
 # ---------------------------------------------------------------- helpers
@@ -164,14 +78,17 @@ def _need(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def _ew(src: str, out_shape, argtypes, scalars=(), dtype: str = "fp32") -> list:
-    """Steps of an elementwise kernel ``kern(out, *ins, *scalars)`` (none for an empty output)."""
-    grid, block = cg.elementwise_geometry(out_shape, per_thread=cg.unroll(dtype), rows_in_block=True)
+def _ew(src: str, out_shape, argtypes, scalars=()) -> Callable:
+    grid, block = cg.elementwise_geometry(out_shape, per_thread=cg.unroll())
     k = Compiled(cg.jit(src), argtypes, grid, block)
     sc = tuple(scalars)
     if any(e == 0 for e in out_shape):
-        return []
-    return [_Kernel(k, lambda out, ins: (out, *ins, *sc))]
+        return _noop
+    return lambda stream, out, ins: k.launch(stream, (out, *ins, *sc))
+
+
+def _noop(stream, out, ins) -> None:
+    return None
 
 
 def _simple(n_in: int, expr: str, n_scalars: int = 0, pre: tuple = ()):
@@ -182,10 +99,10 @@ def _simple(n_in: int, expr: str, n_scalars: int = 0, pre: tuple = ()):
         nd = len(out_shape)
         loads = [cg.load(k, cg.broadcast_index(s, out_shape)) for k, s in enumerate(in_shapes)]
         ex = expr(len(in_shapes)) if callable(expr) else expr
-        src = cg.elementwise_source(len(in_shapes), nd, loads, ex, n_scalars, pre, cg.unroll(dtype))
+        src = cg.elementwise_source(len(in_shapes), nd, loads, ex, n_scalars, pre)
         scal = [np.float32(params["alpha"])] if n_scalars else []
         types = [_arr(dtype, nd), *(_arr(dtype, s) for s in in_shapes), *[scalar_type("f4")] * n_scalars]
-        return "kernel", _ew(src, out_shape, types, scal, dtype), 0
+        return "kernel", _ew(src, out_shape, types, scal), 0
 
     return build
 
@@ -204,7 +121,8 @@ def _gemm_run(plan: gm.EinsumPlan, in_shapes, out_shape, dtype, alpha: float, ge
     if gemm != "numba" and gm.cupy_usable():
         layout = gm.cublas_layout(plan)
         if layout is not None:
-            return "cublas", [_Gemm(gm.CublasGemm(layout, dtype, alpha))]
+            g = gm.CublasGemm(layout, dtype, alpha)
+            return "cublas", lambda stream, out, ins: g(stream, out, ins[0], ins[1])
         if gemm == "cublas":
             raise ValueError(f"einsum {plan.subscripts!r} is not a single strided cuBLAS GEMM")
     elif gemm == "cublas":
@@ -215,14 +133,14 @@ def _gemm_run(plan: gm.EinsumPlan, in_shapes, out_shape, dtype, alpha: float, ge
              scalar_type("f4"), *[scalar_type("i8")] * len(sizes)]
     k = Compiled(cg.jit(gm.numba_gemm_source(plan)), types, grid, block)
     a32 = np.float32(alpha)
-    return "numba-gemm", [_Kernel(k, lambda out, ins: (ins[0], ins[1], out, a32, *sizes))]
+    return "numba-gemm", lambda stream, out, ins: k.launch(stream, (ins[0], ins[1], out, a32, *sizes))
 
 
 def _einsum(in_shapes, out_shape, dtype, params, gemm):
     _need(len(in_shapes) == 2, "einsum takes two inputs")
     plan = gm.plan_einsum(params["subscripts"], in_shapes[0], in_shapes[1], out_shape)
-    path, steps = _gemm_run(plan, in_shapes, out_shape, dtype, float(params.get("scale", 1.0)), gemm)
-    return path, steps, plan.flops()
+    path, run = _gemm_run(plan, in_shapes, out_shape, dtype, float(params.get("scale", 1.0)), gemm)
+    return path, run, plan.flops()
 
 
 def _attn_scores(in_shapes, out_shape, dtype, params, gemm):
@@ -238,7 +156,12 @@ def _attn_scores(in_shapes, out_shape, dtype, params, gemm):
     grid, block = cg.elementwise_geometry(out_shape, tk - c0)
     mask = Compiled(cg.jit(cg.CAUSAL_MASK_SOURCE), [_arr(dtype, 3), *[scalar_type("i8")] * 2], grid, block)
     margs = (q_off, k_off)
-    return path, [*mm, _Kernel(mask, lambda out, ins: (out, *margs))], plan.flops()
+
+    def run(stream, out, ins):
+        mm(stream, out, ins)
+        mask.launch(stream, (out, *margs))
+
+    return path, run, plan.flops()
 
 
 # ---------------------------------------------------------------- rows, softmax pieces, norms
@@ -247,12 +170,11 @@ def _attn_scores(in_shapes, out_shape, dtype, params, gemm):
 def _row_reduce(kind):
     def build(in_shapes, out_shape, dtype, params, gemm):
         _need(len(in_shapes) == 1 and out_shape == in_shapes[0][:-1], "output must drop the last axis")
-        nd, u = len(in_shapes[0]), cg.unroll(dtype)
+        nd, blk = len(in_shapes[0]), cg.row_block()
         rows = int(np.prod(out_shape, dtype=np.int64))
-        grid, (tpr, rpb) = cg.row_geometry(rows, in_shapes[0][-1], u)
         types = [_arr(dtype, nd - 1), _arr(dtype, nd)]
-        k = Compiled(cg.jit(cg.row_source(kind, nd, tpr, rpb, u)), types, grid, (tpr, rpb))
-        return "kernel", [_Kernel(k, lambda out, ins: (out, ins[0]))] if rows else [], 0
+        k = Compiled(cg.jit(cg.row_source(kind, nd, blk)), types, (rows,), (blk,))
+        return "kernel", lambda stream, out, ins: k.launch(stream, (out, ins[0])), 0
 
     return build
 
@@ -260,13 +182,12 @@ def _row_reduce(kind):
 def _rmsnorm(in_shapes, out_shape, dtype, params, gemm):
     _need(len(in_shapes) == 2 and in_shapes[1] == in_shapes[0][-1:] and out_shape == in_shapes[0],
           "rmsnorm takes x (..., d) and w (d,)")
-    nd, u = len(out_shape), cg.unroll(dtype)
+    nd, blk = len(out_shape), cg.row_block()
     rows = int(np.prod(out_shape[:-1], dtype=np.int64))
-    grid, (tpr, rpb) = cg.row_geometry(rows, out_shape[-1], u)
     types = [_arr(dtype, nd), _arr(dtype, nd), _arr(dtype, 1), scalar_type("f4")]
-    k = Compiled(cg.jit(cg.row_source("rmsnorm", nd, tpr, rpb, u)), types, grid, (tpr, rpb))
+    k = Compiled(cg.jit(cg.row_source("rmsnorm", nd, blk)), types, (rows,), (blk,))
     eps = np.float32(params.get("eps", 1e-5))
-    return "kernel", [_Kernel(k, lambda out, ins: (out, ins[0], ins[1], eps))] if rows else [], 0
+    return "kernel", lambda stream, out, ins: k.launch(stream, (out, ins[0], ins[1], eps)), 0
 
 
 def _exp_sub(in_shapes, out_shape, dtype, params, gemm):
@@ -275,40 +196,40 @@ def _exp_sub(in_shapes, out_shape, dtype, params, gemm):
     names = cg.out_names(len(s))
     loads = [cg.load(0, ", ".join(names)), cg.load(1, ", ".join(names[:-1]))]
     src = cg.elementwise_source(2, len(s), loads, "math.exp(v0 - mm)",
-                                pre=("mm = v1 if (v1 > NEG_INF and v1 < POS_INF) else ZERO",),
-                                unrolled=cg.unroll(dtype))
-    return "kernel", _ew(src, out_shape, [_arr(dtype, s), _arr(dtype, s), _arr(dtype, m)], dtype=dtype), 0
+                                pre=("mm = v1 if (v1 > NEG_INF and v1 < POS_INF) else ZERO",))
+    return "kernel", _ew(src, out_shape, [_arr(dtype, s), _arr(dtype, s), _arr(dtype, m)]), 0
 
 
 def _div_rows(in_shapes, out_shape, dtype, params, gemm):
     o, l = in_shapes
     _need(len(o) == 3 and l == (o[1], o[0]) and out_shape == o, "div_rows takes o (t, h, dh) and l (h, t)")
-    src = cg.elementwise_source(2, 3, [cg.load(0, "a, b, c"), cg.load(1, "b, a")], "v0 / v1",
-                                unrolled=cg.unroll(dtype))
-    return "kernel", _ew(src, out_shape, [_arr(dtype, 3), _arr(dtype, 3), _arr(dtype, 2)], dtype=dtype), 0
+    src = cg.elementwise_source(2, 3, [cg.load(0, "a, b, c"), cg.load(1, "b, a")], "v0 / v1")
+    return "kernel", _ew(src, out_shape, [_arr(dtype, 3), _arr(dtype, 3), _arr(dtype, 2)]), 0
 
 
 def _rotary(in_shapes, out_shape, dtype, params, gemm):
     _need(len(in_shapes) == 1 and len(out_shape) == 3 and in_shapes[0] == out_shape and out_shape[2] % 2 == 0,
           "rotary takes x (t, h, dh) with even dh")
     t, h, dh = out_shape
-    (gx, gy), block = cg.elementwise_geometry((t, dh // 2), rows_in_block=True)
-    grid = (gx, gy, -(-h // cg.ROTARY_HEADS_PER_THREAD))
+    (gx,), block = cg.elementwise_geometry((dh // 2,))
+    grid = (gx, t, -(-h // cg.ROTARY_HEADS_PER_THREAD))
+    _need(t <= 65535, f"rotary tile of {t} tokens exceeds the grid limit 65535")
     types = [_arr(dtype, 3), _arr(dtype, 3), scalar_type("i8"), scalar_type("f8")]
     k = Compiled(cg.jit(cg.rotary_source()), types, grid, block)
     sc = (int(params["pos_off"]), float(params.get("theta", 10000.0)))
-    return "kernel", [_Kernel(k, lambda out, ins: (out, ins[0], *sc))] if t else [], 0
+    return "kernel", lambda stream, out, ins: k.launch(stream, (out, ins[0], *sc)), 0
 
 
 def _embed(in_shapes, out_shape, dtype, params, gemm):
     (t,), (_, d) = in_shapes
     _need(out_shape == (t, d), "embed takes ids (t,) and table (V, d) -> (t, d)")
-    src = cg.elementwise_source(2, 2, [], "x1[x0[b], c]", unrolled=cg.unroll(dtype))
+    src = cg.elementwise_source(2, 2, [], "x1[x0[b], c]")
     by_itemsize = {}
     for ids in ("int32", "int64"):
         types = [_arr(dtype, 2), _arr(ids, 1), _arr(dtype, 2)]
-        by_itemsize[np.dtype(ids).itemsize] = _ew(src, out_shape, types, dtype=dtype)
-    return "kernel", [_ByIdWidth(by_itemsize)] if t and d else [], 0
+        by_itemsize[np.dtype(ids).itemsize] = _ew(src, out_shape, types)
+    r4, r8 = by_itemsize[4], by_itemsize[8]
+    return "kernel", lambda stream, out, ins: (r4 if ins[0].dtype.itemsize == 4 else r8)(stream, out, ins), 0
 
 
 def _sum_into(in_shapes, out_shape, dtype, params, gemm):

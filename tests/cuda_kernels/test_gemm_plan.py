@@ -77,8 +77,7 @@ def test_generated_sources_are_python():
     for nd in (1, 2, 3):
         compile(cg.elementwise_source(2, nd, ["v", "w"], "v0 + v1", 1), "<ew>", "exec")
     for kind in ("max", "sum", "rmsnorm"):
-        for nd, tpr, rpb, u in ((3, 32, 8, 8), (2, 256, 1, 4), (2, 128, 2, 8)):
-            compile(cg.row_source(kind, nd, tpr, rpb, u), "<row>", "exec")
+        compile(cg.row_source(kind, 3, 32), "<row>", "exec")
     assert cg.broadcast_index((1, 4), (3, 2, 4)) == "0, c"
     with pytest.raises(ValueError):
         cg.broadcast_index((3,), (2, 4))

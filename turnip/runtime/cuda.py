@@ -8,10 +8,8 @@ compiles nothing:
   host        one pinned input region (portable, write-combined: the host only writes it) holding inputs
               and weights, one pinned offload region (portable) receiving offloads
   per vertex  typed device-array views of its output and operands (numba ``DeviceNDArray`` over the
-              arena), a prepared kernel launcher (``cuda_kernels.kernels.prepare``) bound to those views on
-              each compute stream of its GPU (``Launcher.bind_streams``: a zero-argument call that is one
-              ``cuLaunchKernel`` or one cuBLAS call per step), or the raw pointers of its copy, and two CUDA
-              events (device start/end)
+              arena), a prepared kernel launcher (``cuda_kernels.kernels.prepare``; GEMMs through cuBLAS on
+              the vertex's stream) or the raw pointers of its copy, and two CUDA events (device start/end)
 A run records the start event, enqueues the work, records the end event, and the driver loop polls end
 events (``cuEventQuery``, about 2 µs; no host callbacks: numba's ``add_callback`` is broken on the lent
 machines). Sum-into groups are serialised by the scheduler's lock: the next writer launches only after
@@ -148,19 +146,16 @@ class CudaBackend:
         return lau
 
     def _prepare(self, v: int) -> tuple:
-        """What ``submit`` needs for ``v``: ('k', launches) with one bound launch per compute stream,
-        ('h2d'|'d2h'|'p2p', args...), ('skip',)."""
+        """What ``submit`` needs for ``v``: ('k', launcher, out, ins), ('h2d'|'d2h'|'p2p', args...), ('skip',)."""
         lay = self.lay
         k, g = lay.kind[v], lay.gpu[v]
         if k == KIND_KERNEL:
             ins = [self.view(b) for b in lay.reads[v]]
             out = ins[0] if self.mg.op[v] == "sum_into" else self.view(v)
             lau = self._launcher(v)
-            self._set_ctx(g)
-            try:  # one zero-argument launch per compute stream, everything precomputed
-                return ("k", lau.bind_streams(self.streams[g], out, ins))
-            except Exception as e:
-                raise VertexFailed(v, self.mg.label(v), e) from e
+            if lau.path == "cublas" and self.mg.op[v] == "einsum":  # cuBLAS reads pointers only: cache them
+                out, ins = _Ptr(out), [_Ptr(x) for x in ins]
+            return ("k", lau, out, ins)
         nb = lay.nbytes[v]
         if k == KIND_INPUT and lay.resident[v]:
             return ("skip",)
@@ -239,7 +234,7 @@ class CudaBackend:
             h = self.hstreams[g][cmd.stream]
             r = drv.cuEventRecord(self.ev0[v], h)
             try:
-                w[1][cmd.stream]()
+                w[1](self.streams[g][cmd.stream], w[2], w[3])
             except Exception as e:
                 raise VertexFailed(v, self.mg.label(v), e) from e
             if r != SUCCESS:
@@ -340,6 +335,16 @@ class CudaBackend:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Ptr:
+    """A device array reduced to the one attribute a cuBLAS launcher reads, computed once."""
+
+    __slots__ = ("device_ctypes_pointer", "shape", "dtype")
+
+    def __init__(self, arr):
+        self.device_ctypes_pointer = arr.device_ctypes_pointer
+        self.shape, self.dtype = arr.shape, arr.dtype
 
 
 def _device_view(arena, off: int, nbytes: int, shape, dtype):
