@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.profile import MachineProfile
 from sim.timing import ENG_D2H, ENG_H2D, ENG_KERNEL, ENG_P2P, TimingModel
 from turnip.sched.priority import critical_path_ns
 
@@ -29,8 +28,8 @@ def lower_bound(tm: TimingModel) -> dict[str, int]:
     pair = mg.src_gpu.astype(np.int64) * gpus + g
     sel = e == ENG_P2P
     p2p = np.bincount(pair[sel], floor[sel].astype(np.float64), minlength=gpus * gpus)
-    host = int(_launch_ns(tm, p).sum())
-    per_vertex = floor + _launch_ns(tm, p) + p.completion_ns  # a chain waits for each hand-over
+    host = int(tm.launch_ns.sum())
+    per_vertex = floor + tm.launch_ns + p.completion_ns  # a chain waits for each hand-over
     parts = {
         "critical_path_ns": int(critical_path_ns(mg, per_vertex).max(initial=0)),
         "kernel_ns": int(kern.max(initial=0)),
@@ -40,6 +39,3 @@ def lower_bound(tm: TimingModel) -> dict[str, int]:
     parts["lower_bound_ns"] = max(parts.values())
     return parts
 
-
-def _launch_ns(tm: TimingModel, p: MachineProfile) -> np.ndarray:
-    return np.where(tm.preloaded, 0, np.where(tm.eng == ENG_KERNEL, p.kernel_launch_ns, p.copy_launch_ns))

@@ -86,7 +86,7 @@ class Simulation:
         self.src = mg.src_gpu.tolist()
         self.kernel_ns = tm.kernel_ns.tolist()
         self.nbytes = tm.nbytes.tolist()
-        self.launch_ns = np.where(tm.eng == ENG_KERNEL, prof.kernel_launch_ns, prof.copy_launch_ns).tolist()
+        self.launch_ns = tm.launch_ns.tolist()
         n, g = mg.n, mg.n_gpus
         self.issue, self.start, self.end, self.done = [0] * n, [0] * n, [0] * n, [0] * n
         self.stream = [-1] * n

@@ -34,6 +34,7 @@ class MachineProfile:
     p2p_latency_ns: int = 10_000  # assumed
     # host driver: one thread issues every command, serially
     kernel_launch_ns: int = 20_000  # numba-cuda launch from Python, 19-26 us
+    gemm_launch_ns: int | None = None  # einsum (cuBLAS) kernels; None: same as kernel_launch_ns
     copy_launch_ns: int = 10_000  # assumed: an async memcpy call from Python
     completion_ns: int = 5_000  # assumed: event polling on the scheduler thread (query 2.3 us)
     # contention (FACTS: copies slow concurrent GEMMs by ~11%)
@@ -96,5 +97,7 @@ def load_profile(name_or_path: str | Path) -> MachineProfile:
 def dump_toml(profile: MachineProfile) -> str:
     lines = ["[machine]"]
     for k, v in profile.to_dict().items():
+        if v is None:  # TOML has no null: an absent key loads as the default, None
+            continue
         lines.append(f"{k} = {json.dumps(v)}" if isinstance(v, str) else f"{k} = {v!r}")
     return "\n".join(lines) + "\n"
