@@ -23,6 +23,9 @@ class MachineProfile:
     fp32_flops_per_s: float = 52e12
     hbm_bytes_per_s: float = 2.9e12  # device copy, bytes read + written
     kernel_efficiency: float = 0.8  # assumed: tiles reach 80% of the 8192^3 roofline
+    # optional per-op efficiencies measured on the device (CSV op,match,dtype,efficiency in sim/profiles/);
+    # ops it does not list keep kernel_efficiency
+    kernel_calibration: str | None = None
     kernel_min_ns: int = 3_000  # assumed: smallest kernel
     # host link (PCIe), one per GPU; not fully duplex
     h2d_bytes_per_s: float = 54e9

@@ -11,6 +11,7 @@ same seed see the same draws (common random numbers), which makes their comparis
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -33,8 +34,32 @@ def engine_class(mg: MemGraph) -> np.ndarray:
 def kernel_floor_ns(mg: MemGraph, prof: MachineProfile) -> np.ndarray:
     """Roofline: max(flops / peak, bytes touched / HBM bandwidth) / efficiency, at least kernel_min_ns."""
     peak = np.array([prof.fp32_flops_per_s if d == "fp32" else prof.fp16_flops_per_s for d in mg.dtype])
-    t = np.maximum(mg.flops / peak, mg.io_nbytes() / prof.hbm_bytes_per_s) / prof.kernel_efficiency
+    t = np.maximum(mg.flops / peak, mg.io_nbytes() / prof.hbm_bytes_per_s) / kernel_efficiency(mg, prof)
     return np.maximum(np.rint(t * 1e9), prof.kernel_min_ns).astype(np.int64)
+
+
+def load_calibration(name: str) -> dict[tuple[str, str, str], float]:
+    """(op, match, dtype) -> efficiency from a CSV in ``sim/profiles/`` (or a path). ``match`` is an einsum's
+    subscripts, or ``*`` for any vertex of that op."""
+    import csv
+
+    p = Path(name)
+    if not p.exists():
+        p = Path(__file__).parent / "profiles" / name
+    with open(p, newline="") as f:
+        return {(r["op"], r["match"], r["dtype"]): float(r["efficiency"]) for r in csv.DictReader(f)}
+
+
+def kernel_efficiency(mg: MemGraph, prof: MachineProfile) -> np.ndarray:
+    """Per-vertex efficiency: the calibration's entry for (op, subscripts) or (op, *), else the profile's."""
+    if not prof.kernel_calibration:
+        return np.full(mg.n, prof.kernel_efficiency)
+    cal = load_calibration(prof.kernel_calibration)
+    out = np.empty(mg.n)
+    for v, (op, dt, par) in enumerate(zip(mg.op, mg.dtype, mg.params, strict=True)):
+        e = cal.get((op, par.get("subscripts", "*"), dt)) or cal.get((op, "*", dt))
+        out[v] = e if e else prof.kernel_efficiency
+    return out
 
 
 @dataclass(slots=True)

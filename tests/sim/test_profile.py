@@ -26,3 +26,20 @@ def test_unknown_profile_and_fields(tmp_path):
     p.write_text("warp_speed = 9\n")
     with pytest.raises(ValueError, match="warp_speed"):
         load_profile(p)
+
+
+def test_kernel_calibration_sets_per_op_efficiency(tmp_path):
+    from sim.profile import load_profile
+    from sim.timing import kernel_efficiency
+    from turnip.sched.testing import make_memgraph
+
+    cal = tmp_path / "cal.csv"
+    cal.write_text("op,match,dtype,efficiency\neinsum,*,fp16,0.5\neinsum,hqk,khd->qhd,fp16,0.25\n".replace(
+        "hqk,khd->qhd", '"hqk,khd->qhd"'))
+    mg = make_memgraph(["kernel", "kernel", "kernel"], [[], [], []], flops=[1e9, 1e9, 1e9])
+    mg.op[:] = ["einsum", "einsum", "rowmax"]
+    mg.params[:] = [{"subscripts": "td,df->tf"}, {"subscripts": "hqk,khd->qhd"}, {}]
+    mg.dtype[:] = ["fp16"] * 3
+    prof = load_profile("h100").replace(kernel_calibration=str(cal))
+    assert kernel_efficiency(mg, prof).tolist() == [0.5, 0.25, prof.kernel_efficiency]
+    assert load_profile("h100-measured").kernel_calibration == "h100-kernels.csv"
