@@ -185,23 +185,14 @@ class _Lowering:
             for idx in self.grid(t)
         }
 
-    def _emit(self, node, idx, op, args_of, params=None, flops_per_elem=1.0):
+    def _emit(self, node, idx, op, args_of, params=None):
         t = node.out
         coords = dict(zip(t.dims, idx, strict=True))
         gpu = self.T.place(coords)
         shape = self.bshape(t, idx)
         args = [self.block(x, coords, gpu) for x in args_of]
-        n = math.prod(shape)
-        return self.b.kernel(
-            op,
-            args,
-            shape,
-            t.dtype,
-            gpu,
-            params if params is not None else node.params,
-            flops=flops_per_elem * n,
-            name=f"{t.name}{list(idx)}",
-        )
+        p = params if params is not None else node.params
+        return self.b.kernel(op, args, shape, t.dtype, gpu, p, name=f"{t.name}{list(idx)}")
 
     def _map(self, node: Node):
         self.blocks[node.out.id] = {idx: self._emit(node, idx, node.op, node.inputs) for idx in self.grid(node.out)}
@@ -209,7 +200,7 @@ class _Lowering:
     def _rmsnorm(self, node: Node):
         self.whole(node.out, node.out.dims[-1], "rmsnorm")
         self.blocks[node.out.id] = {
-            idx: self._emit(node, idx, "rmsnorm", node.inputs, flops_per_elem=4) for idx in self.grid(node.out)
+            idx: self._emit(node, idx, "rmsnorm", node.inputs) for idx in self.grid(node.out)
         }
 
     def _rotary(self, node: Node):
@@ -218,14 +209,14 @@ class _Lowering:
         out = {}
         for idx in self.grid(t):
             p = dict(node.params, pos_off=self.T.span(t.dims[0], t.shape[0], idx[0])[0])
-            out[idx] = self._emit(node, idx, "rotary", node.inputs, p, flops_per_elem=6)
+            out[idx] = self._emit(node, idx, "rotary", node.inputs, p)
         self.blocks[t.id] = out
 
     def _embed(self, node: Node):
         self.whole(self.g.t(node.inputs[1]), self.g.t(node.inputs[1]).dims[0], "embed")
         self.whole(node.out, node.out.dims[1], "embed")
         self.blocks[node.out.id] = {
-            idx: self._emit(node, idx, "embed", node.inputs, flops_per_elem=0) for idx in self.grid(node.out)
+            idx: self._emit(node, idx, "embed", node.inputs) for idx in self.grid(node.out)
         }
 
     def _einsum(self, node: Node):

@@ -4,7 +4,6 @@ reduced dimension and therefore need partial results plus a combine step."""
 from __future__ import annotations
 
 import itertools
-import math
 
 from turnip.taskgraph import Builder
 
@@ -35,7 +34,6 @@ def lower_einsum(lw, node) -> None:
             sizes = {l: (lambda s: s[1] - s[0])(T.span(l, ext[l], coords[l])) for l in ext}
             shape = tuple(sizes[l] for l in out_l)
             args = [lw.block(x, coords, gpu) for x in node.inputs]
-            flops = 2.0 * math.prod(sizes.values())
             parts.append(
                 b.kernel(
                     "einsum",
@@ -44,7 +42,6 @@ def lower_einsum(lw, node) -> None:
                     t.dtype,
                     gpu,
                     node.params,
-                    flops=flops,
                     name=f"{t.name}{list(idx)}{list(cidx) if contracted else ''}",
                 )
             )
@@ -86,22 +83,21 @@ def lower_attention(lw, node) -> None:
                 t.dtype,
                 gpu,
                 p,
-                flops=2.0 * nh * tq * (k1 - k0) * dh,
                 name=f"{name}.S{kj}",
             )
             scores.append((s, kc, k1 - k0))
             maxes.append(
-                b.kernel("rowmax", [s], (nh, tq), t.dtype, gpu, flops=nh * tq * (k1 - k0), name=f"{name}.m{kj}")
+                b.kernel("rowmax", [s], (nh, tq), t.dtype, gpu, name=f"{name}.m{kj}")
             )
         m = (
             maxes[0]
             if len(maxes) == 1
-            else b.kernel("max_n", maxes, (nh, tq), t.dtype, gpu, flops=nh * tq * len(maxes), name=f"{name}.m")
+            else b.kernel("max_n", maxes, (nh, tq), t.dtype, gpu, name=f"{name}.m")
         )
         sums, parts = [], []
         for j, (s, kc, tk) in enumerate(scores):
-            e = b.kernel("exp_sub", [s, m], (nh, tq, tk), t.dtype, gpu, flops=2.0 * nh * tq * tk, name=f"{name}.E{j}")
-            sums.append(b.kernel("rowsum", [e], (nh, tq), t.dtype, gpu, flops=nh * tq * tk, name=f"{name}.l{j}"))
+            e = b.kernel("exp_sub", [s, m], (nh, tq, tk), t.dtype, gpu, name=f"{name}.E{j}")
+            sums.append(b.kernel("rowsum", [e], (nh, tq), t.dtype, gpu, name=f"{name}.l{j}"))
             parts.append(
                 b.kernel(
                     "einsum",
@@ -110,15 +106,14 @@ def lower_attention(lw, node) -> None:
                     t.dtype,
                     gpu,
                     {"subscripts": "hqk,khd->qhd", "scale": 1.0},
-                    flops=2.0 * nh * tq * tk * dh,
                     name=f"{name}.PV{j}",
                 )
             )
         l = (
             sums[0]
             if len(sums) == 1
-            else b.kernel("add_n", sums, (nh, tq), t.dtype, gpu, flops=nh * tq * len(sums), name=f"{name}.l")
+            else b.kernel("add_n", sums, (nh, tq), t.dtype, gpu, name=f"{name}.l")
         )
         o = _accumulate(b, parts, gpu, lw.moves, f"{name}.O")
-        blocks[idx] = b.kernel("div_rows", [o, l], (tq, nh, dh), t.dtype, gpu, flops=tq * nh * dh, name=name)
+        blocks[idx] = b.kernel("div_rows", [o, l], (tq, nh, dh), t.dtype, gpu, name=name)
     lw.blocks[t.id] = blocks

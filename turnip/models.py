@@ -103,7 +103,7 @@ def matmul_example(unit_nbytes: int = 256) -> TaskGraph:
     b = Builder(3)
 
     def mix(args, gpu, name):
-        return b.kernel("mix", args, (n,), "fp32", gpu, {"n_out": n}, flops=2 * n * len(args), name=name)
+        return b.kernel("mix", args, (n,), "fp32", gpu, {"n_out": n}, name=name)
 
     xs = [(b.input((n,), "fp32", g, f"X{g}"), b.input((n,), "fp32", g, f"Y{g}")) for g in range(3)]
     parts = [mix(list(xy), g, f"P{g}") for g, xy in enumerate(xs)]
@@ -142,11 +142,11 @@ def random_dag(
         used.update(args)
         args = [b.to_gpu(a, gpu, moves) for a in args]
         n = int(rng.integers(1, max_elems + 1))
-        v = b.kernel("mix", args, (n,), "fp32", gpu, {"n_out": n}, flops=2 * n * len(args), name=f"k{i}")
+        v = b.kernel("mix", args, (n,), "fp32", gpu, {"n_out": n}, name=f"k{i}")
         if rng.random() < p_sum_into:
             for j in range(int(rng.integers(1, 4))):
                 pa = [b.to_gpu(live[int(rng.integers(len(live)))], gpu, moves)]
-                part = b.kernel("mix", pa, (n,), "fp32", gpu, {"n_out": n}, flops=2 * n, name=f"k{i}.p{j}")
+                part = b.kernel("mix", pa, (n,), "fp32", gpu, {"n_out": n}, name=f"k{i}.p{j}")
                 b.sum_into(v, part, name=f"k{i}+={j}")
         live.append(v)
     sinks = [v for v in live[n_in:] if v not in used]

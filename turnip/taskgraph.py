@@ -22,29 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from turnip import ops
 from turnip.memgraph.plan import DTYPE_NBYTES, KIND_INPUT, KIND_KERNEL, KIND_TRANSFER, csr
 
-KNOWN_OPS = frozenset(
-    {
-        "einsum",
-        "attn_scores",
-        "rowmax",
-        "max_n",
-        "exp_sub",
-        "rowsum",
-        "add_n",
-        "div_rows",
-        "mul",
-        "scale",
-        "silu",
-        "silu_mul",
-        "rmsnorm",
-        "rotary",
-        "embed",
-        "sum_into",
-        "mix",
-    }
-)
+KNOWN_OPS = frozenset(ops.OPS)
 
 
 class TaskGraphError(ValueError):
@@ -160,6 +141,9 @@ class TaskGraph:
                         f"transfer {v}: source tensor {a} is on gpu {self.gpu[a]}, not {self.src_gpu[v]}"
                     )
             elif k == KIND_KERNEL:
+                bad = ops.check_shapes(op, [self.shape[int(a)] for a in args], self.shape[v], self.params[v])
+                if bad:
+                    raise ShapeError(f"vertex {v} ({self.name[v]}): {bad}")
                 for a in args:
                     if self.gpu[a] != self.gpu[v]:
                         raise GpuRangeError(
@@ -231,14 +215,16 @@ class Builder:
     def input(self, shape, dtype: str, gpu: int, name: str = "") -> int:
         return self._add(KIND_INPUT, gpu, gpu, "input", {}, shape, dtype, 0.0, [], -1, name)
 
-    def kernel(self, op, args, shape, dtype, gpu, params=None, flops=0.0, name="") -> int:
-        return self._add(KIND_KERNEL, gpu, gpu, op, params or {}, shape, dtype, float(flops), args, -1, name)
+    def kernel(self, op, args, shape, dtype, gpu, params=None, name="") -> int:
+        """A kernel vertex; its flops come from the op registry (``turnip.ops``)."""
+        params = params or {}
+        work = ops.flops(op, [self.rows[a][5] for a in args], shape, params) if op in ops.OPS else 0.0
+        return self._add(KIND_KERNEL, gpu, gpu, op, params, shape, dtype, work, args, -1, name)
 
     def sum_into(self, acc: int, partial: int, name: str = "") -> int:
         r = self.rows[acc]
-        return self._add(
-            KIND_KERNEL, r[1], r[1], "sum_into", {}, r[5], r[6], float(np.prod(r[5])), [acc, partial], acc, name
-        )
+        work = ops.flops("sum_into", [r[5], self.rows[partial][5]], r[5], {})
+        return self._add(KIND_KERNEL, r[1], r[1], "sum_into", {}, r[5], r[6], work, [acc, partial], acc, name)
 
     def transfer(self, t: int, dst_gpu: int, name: str = "") -> int:
         r = self.rows[t]

@@ -1,0 +1,71 @@
+"""The op registry agrees with the numpy references and catches shape mismatches."""
+
+import numpy as np
+import pytest
+
+from cuda_kernels.reference import REFERENCE
+from turnip import ops
+from turnip.taskgraph import Builder, ShapeError, UnknownOpError
+
+pytestmark = pytest.mark.unit
+
+CASES = [  # op, input shapes, params
+    ("einsum", [(4, 6), (6, 5)], {"subscripts": "td,df->tf"}),
+    ("einsum", [(2, 4, 3), (3, 2, 5)], {"subscripts": "hqk,khd->qhd"}),
+    ("attn_scores", [(4, 2, 8), (3, 2, 8)], {"scale": 0.5, "q_off": 3, "k_off": 0}),
+    ("rowmax", [(2, 4, 3)], {}),
+    ("rowsum", [(2, 4, 3)], {}),
+    ("max_n", [(2, 4), (2, 4), (2, 4)], {}),
+    ("add_n", [(4, 6), (4, 6)], {}),
+    ("exp_sub", [(2, 4, 3), (2, 4)], {}),
+    ("div_rows", [(4, 2, 8), (2, 4)], {}),
+    ("mul", [(4, 6), (4, 6)], {}),
+    ("scale", [(4, 6)], {"alpha": 2.0}),
+    ("silu", [(4, 6)], {}),
+    ("silu_mul", [(4, 6), (4, 6)], {}),
+    ("rmsnorm", [(4, 6), (6,)], {}),
+    ("rotary", [(4, 2, 8)], {"pos_off": 2}),
+    ("sum_into", [(4, 6), (4, 6)], {}),
+    ("mix", [(5,), (3,)], {"n_out": 7}),
+]
+
+
+def test_registry_covers_every_reference():
+    assert set(ops.OPS) == set(REFERENCE)
+
+
+@pytest.mark.parametrize("op,shapes,params", CASES, ids=[c[0] + str(i) for i, c in enumerate(CASES)])
+def test_out_shape_matches_reference(op, shapes, params, rng):
+    xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    got = REFERENCE[op](xs, params)
+    assert ops.check_shapes(op, shapes, got.shape, params) is None
+    assert ops.flops(op, shapes, got.shape, params) >= 0
+
+
+def test_embed_shape_and_einsum_flops():
+    assert ops.check_shapes("embed", [(5,), (64, 16)], (5, 16), {}) is None
+    assert ops.flops("einsum", [(4, 6), (6, 5)], (4, 5), {"subscripts": "td,df->tf"}) == 2 * 4 * 6 * 5
+
+
+def test_mismatches_are_named():
+    assert "gives (4, 5)" in ops.check_shapes("einsum", [(4, 6), (6, 5)], (5, 4), {"subscripts": "td,df->tf"})
+    assert "dim 'd' is 6 and 7" in ops.check_shapes("einsum", [(4, 6), (7, 5)], (4, 5), {"subscripts": "td,df->tf"})
+    assert "takes 2 inputs" in ops.check_shapes("mul", [(4,)], (4,), {})
+    with pytest.raises(KeyError, match="unknown op"):
+        ops.spec("conv9d")
+
+
+def test_taskgraph_validation_uses_the_registry():
+    b = Builder(1)
+    x = b.input((4, 6), "fp32", 0, "x")
+    w = b.input((6, 5), "fp32", 0, "w")
+    y = b.kernel("einsum", [x, w], (4, 5), "fp32", 0, {"subscripts": "td,df->tf"}, name="y")
+    tg = b.build(outputs=[y])
+    tg.validate()
+    assert tg.flops[y] == 2 * 4 * 6 * 5
+    tg.shape[y], tg.nbytes[y] = (5, 4), 80
+    with pytest.raises(ShapeError, match="vertex 2 .*gives \\(4, 5\\)"):
+        tg.validate()
+    tg.shape[y], tg.op[y] = (4, 5), "conv9d"
+    with pytest.raises(UnknownOpError):
+        tg.validate()

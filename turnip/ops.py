@@ -1,0 +1,124 @@
+"""The op registry: for every kernel op its output shape, arithmetic work and numpy implementation.
+
+The tiling pass takes flops from here, taskgraph validation checks output shapes against it, the simulator
+reads the resulting per-vertex flops and bytes, and the CPU backend and reference interpreters run the
+numpy implementation (``cuda_kernels.reference``, which is also what the GPU kernels are tested against).
+Shapes are tuples of tile extents; layouts as in ``cuda_kernels/reference.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OpSpec:
+    name: str
+    arity: int | None  # number of inputs; None: one or more
+    out_shape: Callable[[list[Shape], dict], Shape]
+    flops: Callable[[list[Shape], Shape, dict], float]
+    in_place: bool = False  # writes its first input (the accumulator) instead of a new tensor
+
+
+def _einsum_shape(ins: list[Shape], p: dict) -> Shape:
+    ext = _einsum_extents(ins, p)
+    return tuple(ext[l] for l in p["subscripts"].split("->")[1])
+
+
+def _einsum_extents(ins: list[Shape], p: dict) -> dict[str, int]:
+    ext: dict[str, int] = {}
+    for letters, shape in zip(p["subscripts"].split("->")[0].split(","), ins, strict=True):
+        if len(letters) != len(shape):
+            raise ValueError(f"einsum {p['subscripts']}: operand {letters!r} has shape {shape}")
+        for l, s in zip(letters, shape, strict=True):
+            if ext.setdefault(l, s) != s:
+                raise ValueError(f"einsum {p['subscripts']}: dim {l!r} is {ext[l]} and {s}")
+    return ext
+
+
+def _same(ins: list[Shape], p: dict) -> Shape:
+    return ins[0]
+
+
+def _broadcast(ins: list[Shape], p: dict) -> Shape:
+    out = max(ins, key=len)
+    for s in ins:
+        if tuple(out[len(out) - len(s) :]) != tuple(s):
+            raise ValueError(f"shapes {ins} do not broadcast")
+    return out
+
+
+def _rows(ins: list[Shape], p: dict) -> Shape:
+    return ins[0][:-1]
+
+
+def _n(shape: Shape) -> int:
+    return math.prod(shape)
+
+
+def _per_elem(k: float) -> Callable[[list[Shape], Shape, dict], float]:
+    return lambda ins, out, p: k * _n(out)
+
+
+OPS: dict[str, OpSpec] = {
+    s.name: s
+    for s in (
+        OpSpec("einsum", 2, _einsum_shape, lambda ins, out, p: 2.0 * _n(tuple(_einsum_extents(ins, p).values()))),
+        OpSpec("attn_scores", 2, lambda ins, p: (ins[0][1], ins[0][0], ins[1][0]),
+               lambda ins, out, p: 2.0 * _n(out) * ins[0][2]),
+        OpSpec("rowmax", 1, _rows, lambda ins, out, p: float(_n(ins[0]))),
+        OpSpec("rowsum", 1, _rows, lambda ins, out, p: float(_n(ins[0]))),
+        OpSpec("max_n", None, _same, lambda ins, out, p: float(_n(out) * len(ins))),
+        OpSpec("add_n", None, _broadcast, lambda ins, out, p: float(_n(out) * len(ins))),
+        OpSpec("exp_sub", 2, _same, _per_elem(2)),
+        OpSpec("div_rows", 2, _same, _per_elem(1)),
+        OpSpec("mul", 2, _broadcast, _per_elem(1)),
+        OpSpec("scale", 1, _same, _per_elem(1)),
+        OpSpec("silu", 1, _same, _per_elem(4)),
+        OpSpec("silu_mul", 2, _same, _per_elem(5)),
+        OpSpec("rmsnorm", 2, _same, _per_elem(4)),
+        OpSpec("rotary", 1, _same, _per_elem(6)),
+        OpSpec("embed", 2, lambda ins, p: (ins[0][0], ins[1][1]), _per_elem(0)),
+        OpSpec("sum_into", 2, _same, _per_elem(1), in_place=True),
+        OpSpec("mix", None, lambda ins, p: (p["n_out"],), lambda ins, out, p: 2.0 * _n(out) * len(ins)),
+    )
+}  # fmt: skip
+
+
+def spec(op: str) -> OpSpec:
+    try:
+        return OPS[op]
+    except KeyError:
+        raise KeyError(f"unknown op {op!r}; known: {sorted(OPS)}") from None
+
+
+def flops(op: str, in_shapes: list[Shape], out_shape: Shape, params: dict) -> float:
+    return float(spec(op).flops([tuple(s) for s in in_shapes], tuple(out_shape), params))
+
+
+def check_shapes(op: str, in_shapes: list[Shape], out_shape: Shape, params: dict) -> str | None:
+    """None if ``out_shape`` is what ``op`` produces from ``in_shapes``; else what is wrong."""
+    s = spec(op)
+    if s.arity is not None and len(in_shapes) != s.arity:
+        return f"{op} takes {s.arity} inputs, got {len(in_shapes)}"
+    if not in_shapes:
+        return f"{op} needs at least one input"
+    try:
+        want = tuple(s.out_shape([tuple(x) for x in in_shapes], params))
+    except (ValueError, KeyError, IndexError) as e:
+        return f"{op} inputs {list(map(tuple, in_shapes))}: {e}"
+    if want != tuple(out_shape):
+        return f"{op} of inputs {list(map(tuple, in_shapes))} gives {want}, vertex says {tuple(out_shape)}"
+    return None
+
+
+def reference(op: str):
+    """The numpy implementation (``cuda_kernels.reference``)."""
+    from cuda_kernels.reference import REFERENCE
+
+    spec(op)
+    return REFERENCE[op]
