@@ -4,7 +4,10 @@ Each configuration runs in a fresh process so peak RSS is its own. Ratios are pr
 (20k vertices/s, 65B under 10 s) and against the original C++ compiler's published figure
 (7B/4K/4 GPUs: ~22.5k vertices in 0.8 s).
 
-    python benchmarks/compile_speed.py [--out benchmarks/results/compile_speed.csv] [--quick]
+    python benchmarks/compile_speed.py [--out benchmarks/results/compile_speed.csv] [--quick] [--fixed-tiles]
+
+Plans use the tiles `turnip compile` picks for the budget; ``--fixed-tiles`` uses 2048-token tiles (about
+2-6x more vertices), a harder throughput test.
 """
 
 from __future__ import annotations
@@ -26,16 +29,17 @@ TARGET_VPS = 20_000
 CPP_VPS = 22_500 / 0.8
 
 
-def one(cfg, q):
+def one(cfg, q, budget_tiles=True):
     from turnip.compile import make_taskgraph, parse_nbytes
     from turnip.memgraph.build import build_memgraph
     from turnip.memgraph.verify import verify
 
     model, seq, gpus, budget = cfg
     t0 = time.perf_counter()
-    tg = make_taskgraph(model, seq, gpus)
+    nbytes = parse_nbytes(budget)
+    tg = make_taskgraph(model, seq, gpus, budget_nbytes=nbytes if budget_tiles else None)
     t1 = time.perf_counter()
-    mg = build_memgraph(tg, parse_nbytes(budget))
+    mg = build_memgraph(tg, nbytes)
     t2 = time.perf_counter()
     bad = len(verify(mg, tg))
     t3 = time.perf_counter()
@@ -64,12 +68,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="CSV path")
     ap.add_argument("--quick", action="store_true", help="only the 7B/4K configs")
+    ap.add_argument("--fixed-tiles", action="store_true",
+                    help="2048-token tiles whatever the budget (larger plans) instead of the budget's defaults")
     a = ap.parse_args()
     ctx = mp.get_context("spawn")
     rows = []
     for cfg in CONFIGS[:2] if a.quick else CONFIGS:
         q = ctx.Queue()
-        p = ctx.Process(target=one, args=(cfg, q))
+        p = ctx.Process(target=one, args=(cfg, q, not a.fixed_tiles))
         p.start()
         r = q.get()
         p.join()

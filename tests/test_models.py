@@ -99,3 +99,16 @@ def test_paper_example_and_random_dags_validate(rng):
     assert ((tg.gpu == 0) & (tg.kind != 2) | (tg.kind == 2) & (tg.gpu == 0)).sum() == 7
     for _ in range(20):
         random_dag(rng, n_gpus=int(rng.integers(1, 4))).validate()
+
+
+def test_default_token_tile_grows_with_the_budget():
+    from turnip.models import default_tiles
+
+    s = LLAMA["7b"]
+    assert default_tiles(s, 4096, 1)["t"] == 2048  # no budget given
+    assert default_tiles(s, 16384, 1, "fp16", 16 << 30)["t"] == 4096  # causal waste caps it
+    assert default_tiles(s, 16384, 8, "fp16", 16 << 30)["t"] == 8192  # 8 GPUs: launch-bound
+    assert default_tiles(s, 4096, 1, "fp16", 6 << 30)["t"] == 4096  # capped by the sequence
+    assert default_tiles(s, 16384, 1, "fp16", 1 << 30)["t"] == 2048
+    assert default_tiles(s, 16384, 1, "fp32", 1 << 28)["t"] == 512
+    assert default_tiles(s, 4096, 8)["h"] == 4 and default_tiles(s, 4096, 8)["f"] == 1376

@@ -46,9 +46,12 @@ def make_taskgraph(
     tiles: dict | None = None,
     seed: int = 0,
     n_layers: int | None = None,
+    budget_nbytes: int | None = None,
 ) -> TaskGraph:
+    """The taskgraph of a named model; LLaMA tiles default from the budget when it is given."""
     if model.startswith("llama-"):
-        return llama_prefill(model[6:], seq=seq, n_gpus=gpus, dtype=dtype, tiles=tiles, n_layers=n_layers)
+        return llama_prefill(model[6:], seq=seq, n_gpus=gpus, dtype=dtype, tiles=tiles, n_layers=n_layers,
+                             budget_nbytes=budget_nbytes)
     if model == "paper-matmul":
         return matmul_example()
     if model == "random":
@@ -84,6 +87,6 @@ def compile_model(
     n_layers: int | None = None,
     resident="0",
 ) -> tuple[TaskGraph, MemGraph]:
-    tg = make_taskgraph(model, seq, gpus, dtype, tiles, n_layers=n_layers)
     b = parse_nbytes(budget) if isinstance(budget, str) else budget
+    tg = make_taskgraph(model, seq, gpus, dtype, tiles, n_layers=n_layers, budget_nbytes=b)
     return tg, build_with_resident(tg, b, config, resident, progress)

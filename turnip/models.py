@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from turnip.graph import Graph, Tiling, lower
+from turnip.memgraph.plan import DTYPE_NBYTES
 from turnip.taskgraph import Builder, TaskGraph
 
 
@@ -27,13 +28,24 @@ LLAMA = {
 }
 
 
-def default_tiles(shape: LlamaShape, seq: int, n_gpus: int) -> dict:
-    """Token tile 2048, heads and FFN in max(2, GPUs) blocks. Fewer, larger tiles keep the host's per-vertex
-    launch cost below the transfer and compute time (see the README's tiling note)."""
+def default_tiles(
+    shape: LlamaShape, seq: int, n_gpus: int, dtype: str = "fp16", budget_nbytes: int | None = None
+) -> dict:
+    """Heads and FFN in max(2, GPUs) blocks; token tiles of 2048, or, given the GPU budget, the largest of
+    8192/4096/2048/1024/512 tokens whose two attention-score tiles take at most a quarter of it and that is
+    at most max(4096, seq * GPUs / 16). Fewer, larger vertices cost less host launch time; larger token
+    tiles also compute more of the causally masked attention (see the README's tiling note)."""
     if shape.d_model <= 256:
         return {"t": max(8, seq // 4), "h": max(1, shape.n_heads // 2), "f": -(-shape.d_ffn // 2)}
     blocks = max(2, n_gpus)
-    return {"t": min(seq, 2048), "h": max(1, shape.n_heads // blocks), "f": -(-shape.d_ffn // blocks)}
+    h = max(1, shape.n_heads // blocks)
+    t = 2048
+    if budget_nbytes is not None:
+        cap = max(4096, seq * n_gpus // 16)
+        score_nbytes = 2 * h * DTYPE_NBYTES[dtype]  # two (h, c, c) score tiles per c^2
+        fits = [c for c in (8192, 4096, 2048, 1024) if c <= cap and score_nbytes * c * c <= budget_nbytes // 4]
+        t = fits[0] if fits else 512
+    return {"t": min(seq, t), "h": h, "f": -(-shape.d_ffn // blocks)}
 
 
 def llama_graph(size: str = "7b", seq: int = 4096, dtype: str = "fp16", n_layers: int | None = None) -> Graph:
@@ -77,8 +89,10 @@ def llama_prefill(
     dtype: str = "fp16",
     tiles: dict | None = None,
     n_layers: int | None = None,
+    budget_nbytes: int | None = None,
 ) -> TaskGraph:
-    """LLaMA prefill tiled over ``n_gpus`` (heads and FFN split across GPUs, tokens tiled)."""
+    """LLaMA prefill tiled over ``n_gpus`` (heads and FFN split across GPUs, tokens tiled); the default
+    token tile grows with ``budget_nbytes`` when it is given (``default_tiles``)."""
     if not 1 <= n_gpus <= 8:
         raise ValueError(f"n_gpus must be in 1..8, got {n_gpus}")
     if dtype not in ("fp16", "fp32"):
@@ -88,7 +102,7 @@ def llama_prefill(
     shape = LLAMA.get(size)
     if shape is None:
         raise ValueError(f"unknown LLaMA size {size!r}; choose from {sorted(LLAMA)}")
-    t = default_tiles(shape, seq, n_gpus) | dict(tiles or {})
+    t = default_tiles(shape, seq, n_gpus, dtype, budget_nbytes) | dict(tiles or {})
     tg = lower(llama_graph(size, seq, dtype, n_layers), Tiling(t, n_gpus=n_gpus, parallel="hft"))
     tg.meta.update(model=f"llama-{size}", seq=seq, n_gpus=n_gpus, dtype=dtype)
     return tg

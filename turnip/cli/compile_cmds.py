@@ -128,7 +128,7 @@ def cmd_compile(a) -> int:
     try:
         cfg = BuildConfig(a.policy, a.lookahead, parse_nbytes(a.lookahead_bytes) if a.lookahead_bytes else None)
         budget = parse_nbytes(a.budget)
-        tg = make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles or None, n_layers=a.layers)
+        tg = make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles or None, n_layers=a.layers, budget_nbytes=budget)
         bar = Progress(tg.n, "compile")
         mg = build_with_resident(tg, budget, cfg, a.resident, progress=bar.update)
         bar.close()

@@ -57,8 +57,8 @@ def _plan(a):
             raise SystemExit(f"turnip run: {a.plan} holds no taskgraph (compile it again with this version)")
         return tg, mg, {"plan": a.plan, "model": tg.meta.get("model", "?")}
     tiles = {d: int(s) for d, _, s in (t.partition("=") for t in a.tile)}
-    tg = make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles or None, seed=a.seed)
     budget = parse_nbytes(a.budget)
+    tg = make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles or None, seed=a.seed, budget_nbytes=budget)
     mg = build_with_resident(tg, budget, None, a.resident)
     return tg, mg, {"model": a.model, "seq": a.seq, "gpus": a.gpus, "budget": a.budget, "budget_nbytes": budget}
 
