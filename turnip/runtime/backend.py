@@ -25,6 +25,8 @@ from typing import Protocol
 
 import numpy as np
 
+from turnip.runtime.errors import BackendError
+
 
 class Backend(Protocol):
     name: str
@@ -48,3 +50,12 @@ class Backend(Protocol):
     def in_flight(self) -> list[int]: ...
 
     def close(self) -> None: ...
+
+
+def check_ready(be) -> None:
+    """``begin_run``'s precondition, shared by the backends: open, and every input tensor written."""
+    if be._closed:
+        raise BackendError("backend is closed")
+    missing = set(be._inputs) - be._written
+    if missing:
+        raise BackendError(f"no data for input tensors {sorted(missing)[:10]} (call write_inputs first)")

@@ -26,7 +26,8 @@ import numpy as np
 
 from cuda_kernels.reference import run_reference
 from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL, KIND_OFFLOAD, KIND_RELOAD, KIND_TRANSFER, MemGraph
-from turnip.runtime.errors import BackendError, VertexFailed
+from turnip.runtime.backend import check_ready
+from turnip.runtime.errors import VertexFailed
 from turnip.runtime.layout import HOST_INPUT, buffer_view, input_vertices, output_sources, plan_layout
 
 
@@ -133,11 +134,7 @@ class CpuBackend:
 
     # ------------------------------------------------------------------ runs
     def begin_run(self, seed: int | None = None) -> None:
-        if self._closed:
-            raise BackendError("backend is closed")
-        missing = set(self._inputs) - self._written
-        if missing:
-            raise BackendError(f"no data for input tensors {sorted(missing)[:10]} (call write_inputs first)")
+        check_ready(self)
         n = self.mg.n
         if self.chaos > 0:
             rng = np.random.default_rng(seed)

@@ -30,6 +30,7 @@ import numpy as np
 
 from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL, KIND_OFFLOAD, KIND_RELOAD, KIND_TRANSFER, MemGraph
 from turnip.runtime._cudadrv import NOT_READY, PEER_ACCESS_ALREADY_ENABLED, SUCCESS, CudaError, Driver
+from turnip.runtime.backend import check_ready
 from turnip.runtime.errors import BackendError, VertexFailed
 from turnip.runtime.layout import HOST_INPUT, NP_DTYPE, input_vertices, output_sources, plan_layout
 
@@ -206,11 +207,7 @@ class CudaBackend:
 
     # ------------------------------------------------------------------ runs
     def begin_run(self, seed: int | None = None) -> None:
-        if self._closed:
-            raise BackendError("backend is closed")
-        missing = set(self._inputs) - self._written
-        if missing:
-            raise BackendError(f"no data for input tensors {sorted(missing)[:10]} (call write_inputs first)")
+        check_ready(self)
         drv = self.drv
         for g in range(self.mg.n_gpus):
             self._set_ctx(g)
