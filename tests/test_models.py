@@ -101,14 +101,13 @@ def test_paper_example_and_random_dags_validate(rng):
         random_dag(rng, n_gpus=int(rng.integers(1, 4))).validate()
 
 
-def test_default_token_tile_grows_with_the_budget():
+def test_default_tiles_follow_the_budget():
     from turnip.models import default_tiles
 
     s = LLAMA["7b"]
-    assert default_tiles(s, 4096, 1)["t"] == 2048  # no budget given
-    assert default_tiles(s, 16384, 1, "fp16", 16 << 30)["t"] == 4096  # causal waste caps it
-    assert default_tiles(s, 16384, 8, "fp16", 16 << 30)["t"] == 8192  # 8 GPUs: launch-bound
+    assert default_tiles(s, 4096, 1) == {"t": 2048, "h": 16, "f": 5504}  # no budget given
     assert default_tiles(s, 4096, 1, "fp16", 6 << 30)["t"] == 4096  # capped by the sequence
-    assert default_tiles(s, 16384, 1, "fp16", 1 << 30)["t"] == 2048
-    assert default_tiles(s, 16384, 1, "fp32", 1 << 28)["t"] == 512
+    assert default_tiles(s, 16384, 1, "fp16", 16 << 30) == {"t": 4096, "h": 16, "f": 5504}  # causal cap
+    assert default_tiles(s, 16384, 8, "fp16", 16 << 30)["t"] == 8192  # 8 GPUs: launch-bound, larger tiles
+    assert default_tiles(s, 16384, 1, "fp16", 1 << 30)["t"] == 1024  # a tile row's scores within 512 MiB
     assert default_tiles(s, 4096, 8)["h"] == 4 and default_tiles(s, 4096, 8)["f"] == 1376

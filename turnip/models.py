@@ -31,19 +31,23 @@ LLAMA = {
 def default_tiles(
     shape: LlamaShape, seq: int, n_gpus: int, dtype: str = "fp16", budget_nbytes: int | None = None
 ) -> dict:
-    """Heads and FFN in max(2, GPUs) blocks; token tiles of 2048, or, given the GPU budget, the largest of
-    8192/4096/2048/1024/512 tokens whose two attention-score tiles take at most a quarter of it and that is
-    at most max(4096, seq * GPUs / 16). Fewer, larger vertices cost less host launch time; larger token
-    tiles also compute more of the causally masked attention (see the README's tiling note)."""
+    """Heads and FFN in max(2, GPUs) blocks; 2048-token tiles, or, given the GPU budget, the largest token
+    tile ``t`` of 8192..1024 (else 512) with ``t`` at most max(4096, seq * GPUs / 16), two score tiles
+    (2 * h * t * t values) within a quarter of the budget and the live scores of one tile row (h * t * seq
+    values: every key block's, until their row maximum is combined) within half of it. Fewer, larger
+    vertices cost less host launch time; larger token tiles also compute more causally masked attention
+    (see the README's tiling note)."""
     if shape.d_model <= 256:
         return {"t": max(8, seq // 4), "h": max(1, shape.n_heads // 2), "f": -(-shape.d_ffn // 2)}
     blocks = max(2, n_gpus)
     h = max(1, shape.n_heads // blocks)
     t = 2048
     if budget_nbytes is not None:
-        cap = max(4096, seq * n_gpus // 16)
-        score_nbytes = 2 * h * DTYPE_NBYTES[dtype]  # two (h, c, c) score tiles per c^2
-        fits = [c for c in (8192, 4096, 2048, 1024) if c <= cap and score_nbytes * c * c <= budget_nbytes // 4]
+        cap, nb = max(4096, seq * n_gpus // 16), DTYPE_NBYTES[dtype]
+        fits = [
+            c for c in (8192, 4096, 2048, 1024)
+            if c <= cap and 2 * h * c * c * nb <= budget_nbytes // 4 and h * c * seq * nb <= budget_nbytes // 2
+        ]  # fmt: skip
         t = fits[0] if fits else 512
     return {"t": min(seq, t), "h": h, "f": -(-shape.d_ffn // blocks)}
 
