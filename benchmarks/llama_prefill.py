@@ -113,7 +113,7 @@ def run_turnip(model, ids, size, seq, budget, resident, policy, warmup, repeat, 
 
     m = run_metrics(tr.spans, mg.n_gpus)
     kinds = mg.kind
-    resident = np.array([bool(p.get("resident")) for p in mg.params], dtype=bool)
+    resident = mg.preloaded()
     paths = np.array([getattr(w[1], "path", w[0]) if w[0] == "k" else w[0] for w in work], dtype=object)
     hc = (res.host_cost_ns() / 1e3)[~resident]
     issue = (res.issue_ns - res.host_start_ns) / 1e3

@@ -101,7 +101,7 @@ def test_host_and_resident_accounting():
 def test_resident_inputs_stay_loaded(rng):
     tg = llama_prefill("tiny", seq=32, dtype="fp32")
     mg = build_memgraph(tg, 90_000, BuildConfig(resident_nbytes=20_000))
-    res = [v for v in range(mg.n) if mg.params[v].get("resident")]
+    res = np.flatnonzero(mg.preloaded()).tolist()
     assert res and mg.stats["resident_input_nbytes"] == sum(int(mg.out_nbytes[v]) for v in res) <= 20_000
     resident_tensors = {int(mg.tensor[v]) for v in res}
     assert not any(int(mg.tensor[v]) in resident_tensors for v in np.flatnonzero(mg.kind == KIND_RELOAD))

@@ -1,5 +1,6 @@
 """Compiled LLaMA plans (tiny shapes) under budgets that force offloads: the simulator respects them."""
 
+import numpy as np
 import pytest
 
 from sim import h100, simulate
@@ -36,7 +37,7 @@ def test_every_dependency_respected_in_time(plan):
 def test_resident_inputs_are_loaded_before_the_run():
     tg = models.llama_prefill("tiny", 64, 1)
     mg = build.build_memgraph(tg, 1 << 16, build.BuildConfig(resident_nbytes=1 << 14))
-    res = [v for v in range(mg.n) if mg.params[v].get("resident")]
+    res = np.flatnonzero(mg.preloaded()).tolist()
     assert res
     for policy in POLICIES:
         r = simulate(mg, h100(), policy, seed=0, mean_only=True)
