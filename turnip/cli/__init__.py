@@ -9,6 +9,14 @@ import sys
 COMMAND_MODULES = ("turnip.cli.compile_cmds", "turnip.cli.sim_cmds", "turnip.cli.run_cmds")
 
 
+def format_nbytes(n) -> str:
+    """Bytes in the largest binary unit that fits: '1.50 GiB', '768 B'."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="turnip",

@@ -7,6 +7,8 @@ import json
 import sys
 import time
 
+from turnip.cli import format_nbytes as _sz
+
 
 def register(sub) -> None:
     from turnip.compile import MODELS
@@ -81,32 +83,25 @@ def summary(tg, mg) -> dict:
     }
 
 
-def _gib(n) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
-
-
 def print_summary(d: dict) -> None:
     k = d["vertices_by_kind"]
     print(f"{d['model']}: {d['taskgraph_vertices']} taskgraph vertices -> {d['memgraph_vertices']} memgraph vertices")
     print("  vertices  " + ", ".join(f"{n} {name}" for name, n in k.items()))
     print(f"  edges     {d['edges']['data']} data, {d['edges']['memory']} memory")
     print(
-        f"  offload   {d['offloads']['count']} ({_gib(d['offloads']['nbytes'])}), reload {d['reloads']['count']} "
-        f"({_gib(d['reloads']['nbytes'])}), clean evictions {d['clean_evictions']['count']} "
-        f"({_gib(d['clean_evictions']['nbytes'])}, no copy)"
+        f"  offload   {d['offloads']['count']} ({_sz(d['offloads']['nbytes'])}), reload {d['reloads']['count']} "
+        f"({_sz(d['reloads']['nbytes'])}), clean evictions {d['clean_evictions']['count']} "
+        f"({_sz(d['clean_evictions']['nbytes'])}, no copy)"
     )
     print(
         "  peak/GPU  "
         + ", ".join(
-            f"{_gib(p)} of {_gib(b)}" for p, b in zip(d["peak_nbytes_per_gpu"], d["budget_nbytes_per_gpu"], strict=True)
+            f"{_sz(p)} of {_sz(b)}" for p, b in zip(d["peak_nbytes_per_gpu"], d["budget_nbytes_per_gpu"], strict=True)
         )
     )
     print(
-        f"  host      {_gib(d['host_peak_nbytes'])} offload area, {_gib(d['host_input_nbytes'])} inputs; "
-        f"{_gib(d['resident_input_nbytes'])} of inputs resident on the GPUs (loaded once)"
+        f"  host      {_sz(d['host_peak_nbytes'])} offload area, {_sz(d['host_input_nbytes'])} inputs; "
+        f"{_sz(d['resident_input_nbytes'])} of inputs resident on the GPUs (loaded once)"
     )
     print(f"  build     {d['build_s']} s ({d['vertices_per_s']} vertices/s)")
 

@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from turnip.cli import format_nbytes as _sz
+
 
 def register(sub) -> None:
     from turnip.compile import MODELS
@@ -81,10 +83,6 @@ def _inputs(a, tg):
     return tile_inputs(tg, logical)
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
 def cmd_run(a) -> int:
     from turnip.runtime import BackendError, RuntimeStall, VertexFailed, execute, open_backend
 
@@ -156,10 +154,10 @@ def _report(rows: list[dict], bound: dict, res, resident_nbytes: int = 0) -> Non
     lb = bound["lower_bound_ns"] / 1e6
     print(f"time to first token  median {np.median(ms):.3f} ms  min {ms.min():.3f}  max {ms.max():.3f} "
           f"({len(ms)} runs)")  # fmt: skip
-    print(f"bytes moved          {_gib(moved)} (inputs {_gib(inputs)}, resident {_gib(resident_nbytes)} loaded "
+    print(f"bytes moved          {_sz(moved)} (inputs {_sz(inputs)}, resident {_sz(resident_nbytes)} loaded "
           f"with the plan, reloads "
-          f"{_gib(r['reload_nbytes'])}, offloads {_gib(r['offload_nbytes'])}, GPU->GPU "
-          f"{_gib(r['transfer_nbytes'])})")  # fmt: skip
+          f"{_sz(r['reload_nbytes'])}, offloads {_sz(r['offload_nbytes'])}, GPU->GPU "
+          f"{_sz(r['transfer_nbytes'])})")  # fmt: skip
     print(f"GPU busy fraction    {np.median([x['gpu_busy_frac'] for x in rows]):.3f}")
     hc = res.host_cost_ns()[res.issue_ns > 0] / 1e3  # issued vertices (not resident inputs)
     print(f"host cost / vertex   median {np.median(hc):.1f} us, p90 {np.percentile(hc, 90):.1f} us "
