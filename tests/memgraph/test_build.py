@@ -116,3 +116,14 @@ def test_resident_auto_with_reload_pressure(rng):
     mg = build_with_resident(tg, 48 * 1024, resident="auto")
     assert mg.stats["resident_input_nbytes"] > 0 and mg.stats["n_reload"] > 0
     check(mg, tg, rng, orders=2, rtol=2e-2)
+
+
+def test_byte_lookahead_cap_with_resident_inputs(rng):
+    """Resident inputs hold no reservation, so they must not shift the reserved-bytes count of the cap."""
+    from turnip.memgraph.build import _Build
+
+    tg = llama_prefill("tiny", seq=32, dtype="fp32")
+    b = _Build(tg, [1 << 20], BuildConfig(lookahead_nbytes=4096, resident_nbytes=20_000))
+    mg = b.run()
+    assert b.reserved_nbytes == 0 and mg.stats["resident_input_nbytes"] > 0
+    check(mg, tg, rng, orders=1)

@@ -124,9 +124,13 @@ class _Build:
     def needs_space(self, v: int) -> bool:
         return self.tg.op[v] != "sum_into"
 
+    def reserves(self, v: int) -> bool:
+        """Whether v takes a reservation ahead of execution (resident inputs got their place up front)."""
+        return self.needs_space(v) and v not in self.resident
+
     def reserve(self, v: int, evict: bool) -> bool:
         """simMalloc (evict=False) / simMallocOffld (evict=True) for v's output."""
-        if not self.needs_space(v) or v in self.resident:
+        if not self.reserves(v):
             return True
         g = int(self.tg.gpu[v])
         off = self.arenas[g].malloc(self.tg.nbytes[v], v)
@@ -187,14 +191,13 @@ class _Build:
             if self.loc[t] < 0:
                 self.reload(t, v)
         edges = self.reserved_edges.pop(v, [])
-        self.reserved_nbytes -= int(tg.nbytes[v]) if self.needs_space(v) else 0
-        mv = self.em.kernel(v, [int(self.loc[t]) for t in args], int(self.off[v]), edges)
+        self.reserved_nbytes -= int(tg.nbytes[v]) if self.reserves(v) else 0
+        params = {"resident": True} if v in self.resident else None
+        mv = self.em.kernel(v, [int(self.loc[t]) for t in args], int(self.off[v]), edges, params)
         if tg.kind[v] == KIND_INPUT:
             if self.host_off[v] < 0:
                 self.host_off[v] = self.em.input_host(v)
             self.em.host_offset[mv] = self.host_off[v]
-            if v in self.resident:
-                self.em.rows[mv] = self.em.rows[mv][:4] + ({"resident": True},) + self.em.rows[mv][5:]
         if tg.op[v] == "sum_into":
             acc = int(tg.acc[v])
             self.host_ok[acc] = False
@@ -245,7 +248,7 @@ class _Build:
     def cancel(self, w: int) -> None:
         """Give back the newest reservation (allocHzn steps back); its range keeps its memory deps."""
         self.alloc -= 1
-        if self.needs_space(w) and w not in self.resident:
+        if self.reserves(w):
             g = int(self.tg.gpu[w])
             off = int(self.off[w])
             self.arenas[g].release(off)

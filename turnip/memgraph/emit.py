@@ -55,8 +55,9 @@ class Emitter:
         self.lock.append(lock)
         return v
 
-    def kernel(self, v: int, arg_bufs: list[int], off: int, memory: list[int]) -> int:
-        """Emit taskgraph vertex v (input, kernel, transfer or sum_into) reading ``arg_bufs``."""
+    def kernel(self, v: int, arg_bufs: list[int], off: int, memory: list[int], params: dict | None = None) -> int:
+        """Emit taskgraph vertex v (input, kernel, transfer or sum_into) reading ``arg_bufs``; ``params``
+        replaces the taskgraph's parameters when given."""
         tg = self.tg
         into = tg.op[v] == "sum_into"
         data = [self.writers[arg_bufs[0]][0]] if into else []
@@ -70,7 +71,7 @@ class Emitter:
             int(tg.gpu[v]),
             int(tg.src_gpu[v]),
             tg.op[v],
-            tg.params[v],
+            tg.params[v] if params is None else params,
             t,
             v,
             float(tg.flops[v]),
