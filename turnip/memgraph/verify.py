@@ -36,7 +36,7 @@ class _Reach:
     """Reachability queries on a DAG given by predecessor CSR and a topological index."""
 
     def __init__(self, mg: MemGraph, topo: np.ndarray):
-        self.ptr, self.src, self.topo = mg.dep_ptr, mg.dep_src, topo
+        self.topo = topo
         self.preds = [set(mg.deps(v).tolist()) for v in range(mg.n)]
 
     def __call__(self, a: int, b: int) -> bool:
