@@ -22,8 +22,8 @@ import time
 import numpy as np
 
 from cuda_kernels._numba import cuda
-from cuda_kernels.cases import NP_DTYPE, Case, llama_cases, make_inputs
 from cuda_kernels.kernels import prepare
+from tests.cuda_kernels.cases import NP_DTYPE, Case, llama_cases, make_inputs
 
 FACTS = {"gemm_fp16_tflops": 740.0, "gemm_fp32_tflops": 52.0, "hbm_copy_gbps": 2900.0}
 L2_BYTES = 200 << 20  # rotate input sets until one pass touches more than this

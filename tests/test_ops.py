@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from cuda_kernels.reference import REFERENCE
 from turnip import ops
+from turnip.reference import REFERENCE
 from turnip.taskgraph import Builder, ShapeError, UnknownOpError
 
 pytestmark = pytest.mark.unit
@@ -69,3 +69,9 @@ def test_taskgraph_validation_uses_the_registry():
     tg.shape[y], tg.op[y] = (4, 5), "conv9d"
     with pytest.raises(UnknownOpError):
         tg.validate()
+
+
+def test_gpu_kernels_cover_exactly_the_specification():
+    from cuda_kernels.kernels import OPS as GPU_OPS
+
+    assert set(GPU_OPS) == set(REFERENCE) == set(ops.OPS)

@@ -2,8 +2,8 @@
 
 The tiling pass takes flops from here, taskgraph validation checks output shapes against it, the simulator
 reads the resulting per-vertex flops and bytes, and the CPU backend and reference interpreters run the
-numpy implementation (``cuda_kernels.reference``, which is also what the GPU kernels are tested against).
-Shapes are tuples of tile extents; layouts as in ``cuda_kernels/reference.py``.
+numpy implementation (``turnip.reference``, which is also what the GPU kernels are tested against).
+Shapes are tuples of tile extents; layouts as in ``turnip/reference.py``.
 """
 
 from __future__ import annotations
@@ -117,8 +117,8 @@ def check_shapes(op: str, in_shapes: list[Shape], out_shape: Shape, params: dict
 
 
 def reference(op: str):
-    """The numpy implementation (``cuda_kernels.reference``)."""
-    from cuda_kernels.reference import REFERENCE
+    """The numpy implementation (``turnip.reference``)."""
+    from turnip.reference import REFERENCE
 
     spec(op)
     return REFERENCE[op]

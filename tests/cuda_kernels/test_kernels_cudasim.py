@@ -2,7 +2,7 @@
 
 import pytest
 
-from cuda_kernels.cases import TOLERANCE, tiny_cases
+from tests.cuda_kernels.cases import TOLERANCE, tiny_cases
 
 pytestmark = pytest.mark.cudasim
 
@@ -12,7 +12,7 @@ CASES = tiny_cases()
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_kernel_matches_reference(case, dtype, rng):
-    from cuda_kernels.harness import check
+    from tests.cuda_kernels.harness import check
 
     if case.op == "mix" and dtype == "fp16":
         pytest.skip("mix is defined on float32 vectors")

@@ -4,7 +4,7 @@ outputs, relative error against the float64 reference; GEMMs through cuBLAS and 
 import numpy as np
 import pytest
 
-from cuda_kernels.cases import TOLERANCE, llama_cases
+from tests.cuda_kernels.cases import TOLERANCE, llama_cases
 
 pytestmark = pytest.mark.gpu
 
@@ -19,7 +19,7 @@ PARAMS = [
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("case,gemm", PARAMS)
 def test_kernel_matches_reference(case, gemm, dtype, rng):
-    from cuda_kernels.harness import check
+    from tests.cuda_kernels.harness import check
 
     if case.op == "mix" and dtype == "fp16":
         pytest.skip("mix is defined on float32 vectors")
@@ -33,7 +33,7 @@ def test_launch_compiles_nothing_and_streams_agree(rng):
     """After prepare, launching (on two streams, cuBLAS and numba kernels) adds no compiled overloads."""
     from cuda_kernels import codegen
     from cuda_kernels._numba import cuda
-    from cuda_kernels.harness import setup
+    from tests.cuda_kernels.harness import setup
 
     preps = [setup(c, "fp16", rng) for c in llama_cases(128) if c.op in ("einsum", "attn_scores", "rmsnorm")]
     n_overloads = sum(len(d.overloads) for d in codegen._SOURCES.values())

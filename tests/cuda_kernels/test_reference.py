@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from cuda_kernels import reference as R
-from cuda_kernels.cases import llama_cases, make_inputs, reference_f64, rel_error, tiny_cases
+from tests.cuda_kernels.cases import llama_cases, make_inputs, reference_f64, rel_error, tiny_cases
+from turnip import reference as R
 
 pytestmark = pytest.mark.unit
 

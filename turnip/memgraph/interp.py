@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuda_kernels.reference import run_reference
 from turnip.memgraph.plan import (
     KIND_INPUT,
     KIND_KERNEL,
@@ -19,6 +18,7 @@ from turnip.memgraph.plan import (
     KIND_TRANSFER,
     MemGraph,
 )
+from turnip.reference import run_reference
 
 NP_DTYPE = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32}
 

@@ -24,8 +24,8 @@ import time
 
 import numpy as np
 
-from cuda_kernels.reference import run_reference
 from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL, KIND_OFFLOAD, KIND_RELOAD, KIND_TRANSFER, MemGraph
+from turnip.reference import run_reference
 from turnip.runtime.backend import check_ready
 from turnip.runtime.errors import VertexFailed
 from turnip.runtime.layout import HOST_INPUT, buffer_view, input_vertices, output_sources, plan_layout

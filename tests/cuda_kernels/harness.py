@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cuda_kernels._numba import cuda
-from cuda_kernels.cases import NP_DTYPE, Case, make_inputs, reference_f64, rel_error
 from cuda_kernels.kernels import Launcher, prepare
+from tests.cuda_kernels.cases import NP_DTYPE, Case, make_inputs, reference_f64, rel_error
 
 
 @dataclass

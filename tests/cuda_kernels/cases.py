@@ -13,7 +13,7 @@ from unittest import mock
 
 import numpy as np
 
-from cuda_kernels import reference
+from turnip import reference
 
 NP_DTYPE = {"fp16": np.float16, "fp32": np.float32}
 
