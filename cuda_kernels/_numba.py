@@ -103,15 +103,43 @@ class Compiled:
     Under the simulator (or with ``argtypes=None``) the dispatcher is called directly.
     """
 
-    __slots__ = ("dispatcher", "kernel", "grid", "block")
+    __slots__ = ("dispatcher", "kernel", "grid", "block", "argtypes")
 
     def __init__(self, dispatcher, argtypes: tuple | None, grid, block):
         self.dispatcher = dispatcher
         self.grid = _dim3(grid)
         self.block = _dim3(block)
         self.kernel = None
+        self.argtypes = tuple(argtypes) if argtypes is not None else None
         if argtypes is not None and not simulating():
             self.kernel = dispatcher.compile(tuple(argtypes))
+
+    def bind(self, args: tuple):
+        """A ``RawLaunch`` of this kernel with ``args`` fixed: parameters packed the way numba-cuda's
+        ``_Kernel`` packs them (an array is meminfo, parent, size, itemsize, data, shape..., strides...;
+        scalars at their own width), launched by one ``cuLaunchKernel`` on the kernel's handle."""
+        import ctypes
+
+        from cuda_kernels.launch import raw_launch
+
+        if self.kernel is None or self.argtypes is None:
+            raise RuntimeError("bind needs a kernel compiled for a device (not the simulator)")
+        t = _nbtypes()
+        vals: list = []
+        for ty, a in zip(self.argtypes, args, strict=True):
+            if isinstance(ty, t.Array):
+                ptr = a.device_ctypes_pointer.value or 0
+                vals += [0, 0, int(a.size), int(a.dtype.itemsize), ptr, *map(int, a.shape), *map(int, a.strides)]
+            elif ty == t.float32:
+                vals.append(ctypes.c_float(float(a)))
+            elif ty == t.float64:
+                vals.append(ctypes.c_double(float(a)))
+            elif ty == t.int64:
+                vals.append(ctypes.c_int64(int(a)))
+            else:
+                raise TypeError(f"cannot bind an argument of type {ty}")
+        h = self.kernel._codelibrary.get_cufunc().handle
+        return raw_launch(int(getattr(h, "value", h)) if not isinstance(h, int) else h, self.grid, self.block, vals)
 
     def launch(self, stream, args: tuple) -> None:
         k = self.kernel

@@ -1,4 +1,4 @@
-"""Kernel source generation: elementwise, row-reduction and rotary kernels for arrays of rank 1 to 3.
+"""Kernel source generation: elementwise, RMSNorm, rotary, attention and combine kernels for arrays of rank 1 to 3.
 
 Numba kernels are typed per array rank, and the runtime passes already-shaped views (no reshaping at
 launch), so each op's kernel is generated for its operand ranks and index expressions. Generated
@@ -7,7 +7,7 @@ sources are compiled once per distinct text (``jit`` caches them). Inside kernel
 
 Thread layout of elementwise kernels (ranks 1-3 of the output, indices named ``a, b, c``): the last
 axis ``c`` runs over ``blockIdx.x * blockDim.x + threadIdx.x`` with a grid-stride loop, ``b`` is
-``blockIdx.y`` and ``a`` is ``blockIdx.z``. Row kernels run one block per row of the last axis.
+``blockIdx.y`` and ``a`` is ``blockIdx.z``. RMSNorm runs one block per row of the last axis.
 """
 
 from __future__ import annotations
@@ -148,50 +148,27 @@ def row_block() -> int:
     return 32 if simulating() else 256
 
 
-def row_source(kind: str, ndim: int, block: int) -> str:
-    """One block per row of the last axis. kind: 'max' | 'sum' (-> out[row]) | 'rmsnorm' (-> out[row, :]).
-
-    rmsnorm: ``kern(out, x, w, eps)``; the others ``kern(out, x)``.
-    """
+def rmsnorm_source(ndim: int, block: int) -> str:
+    """One block per row of the last axis: ``kern(out, x, w, eps)``, a shared-memory tree reduction of
+    the sum of squares (no warp shuffles, so the simulator runs it), then the scaled row."""
     if ndim not in (2, 3):
         raise ValueError(f"row kernels need rank 2 or 3, got rank {ndim}")
-    comb = {"max": "max({0}, {1})", "sum": "{0} + {1}", "rmsnorm": "{0} + {1}"}[kind]
-    init = "NEG_INF" if kind == "max" else "ZERO"
-    val = "v * v" if kind == "rmsnorm" else "v"
     xi = "a, b, j" if ndim == 3 else "b, j"
-    oi = "a, b" if ndim == 3 else "b"
-    args = "out, x, w, eps" if kind == "rmsnorm" else "out, x"
-    L = [f"def kern({args}):", _CONSTS.rstrip("\n"), f"    sh = cuda.shared.array({block}, np.float32)",
+    L = ["def kern(out, x, w, eps):", _CONSTS.rstrip("\n"), f"    sh = cuda.shared.array({block}, np.float32)",
          "    row = cuda.blockIdx.x"]
     L += ["    a = row // x.shape[1]", "    b = row % x.shape[1]"] if ndim == 3 else ["    b = row"]
     U = unroll()
-    L += ["    t = cuda.threadIdx.x", f"    n = x.shape[{ndim - 1}]", f"    acc = {init}", "    j0 = t",
+    L += ["    t = cuda.threadIdx.x", f"    n = x.shape[{ndim - 1}]", "    acc = ZERO", "    j0 = t",
           "    while j0 < n:"]
     for u in range(U):
-        L += [f"        w{u} = {init}", f"        j = j0 + {u * block}", "        if j < n:",
-              f"            v = np.float32(x[{xi}])", f"            w{u} = {val}"]
-    for u in range(U):
-        L += [f"        acc = {comb.format('acc', f'w{u}')}"]
-    L += [f"        j0 += {block * U}",
-        "    sh[t] = acc",
-        "    cuda.syncthreads()",
-        f"    s = {block // 2}",
-        "    while s > 0:",
-        "        if t < s:",
-        f"            sh[t] = {comb.format('sh[t]', 'sh[t + s]')}",
-        "        cuda.syncthreads()",
-        "        s //= 2",
-    ]
-    if kind == "rmsnorm":
-        L += [
-            "    r = ONE / math.sqrt(sh[0] / np.float32(n) + eps)",
-            "    j = t",
-            "    while j < n:",
-            f"        out[{xi}] = np.float32(x[{xi}]) * r * np.float32(w[j])",
-            f"        j += {block}",
-        ]
-    else:
-        L += ["    if t == 0:", f"        out[{oi}] = sh[0]"]
+        L += [f"        w{u} = ZERO", f"        j = j0 + {u * block}", "        if j < n:",
+              f"            v = np.float32(x[{xi}])", f"            w{u} = v * v"]
+    L += [f"        acc = acc + w{u}" for u in range(U)]
+    L += [f"        j0 += {block * U}", "    sh[t] = acc", "    cuda.syncthreads()", f"    s = {block // 2}",
+          "    while s > 0:", "        if t < s:", "            sh[t] = sh[t] + sh[t + s]",
+          "        cuda.syncthreads()",
+          "        s //= 2", "    r = ONE / math.sqrt(sh[0] / np.float32(n) + eps)", "    j = t", "    while j < n:",
+          f"        out[{xi}] = np.float32(x[{xi}]) * r * np.float32(w[j])", f"        j += {block}"]
     return "\n".join(L) + "\n"
 
 
@@ -218,15 +195,46 @@ def rotary_source(heads_per_thread: int = ROTARY_HEADS_PER_THREAD) -> str:
               f"            out[a, b0 + {u}, c + half] = q{u} * cs + p{u} * sn"]
     return "\n".join(L) + "\n"
 
-# Row b's masked columns start at q_off - k_off + 1 + b; the grid covers the widest row (row 0).
-CAUSAL_MASK_SOURCE = """
-def kern(s, q_off, k_off):
-    b = cuda.blockIdx.y
-    a = cuda.blockIdx.z
-    c = q_off - k_off + 1 + b
-    if c < 0:
-        c = 0
-    c += cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    if c < s.shape[2] and q_off + b < k_off + c:
-        s[a, b, c] = -math.inf
-"""
+
+
+def sdpa_source(dh: int, partial: bool) -> str:
+    """Fused causal attention, the portable (and simulator) path: one thread per (query row, head),
+    online softmax over the visible keys, the row's output accumulated in ``dh`` float32 registers.
+    ``kern(o, lse, q, k, v, scale, diag, tk)``: query i sees keys j < min(tk, diag + 1 + i) (``diag`` =
+    q_off - k_off when causal, else tk); grid (ceil(tq / block), h). Correct, not fast: the GPU's fast
+    path is cuDNN (``cuda_kernels.cudnn_sdpa``)."""
+    L = ["def kern(o, lse, q, k, v, scale, diag, tk):", _CONSTS.rstrip("\n"),
+         "    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x", "    hh = cuda.blockIdx.y",
+         "    if i < q.shape[0]:", f"        acc = cuda.local.array({dh}, np.float32)",
+         f"        for d in range({dh}):", "            acc[d] = ZERO",
+         "        m = NEG_INF", "        l = ZERO", "        nvis = diag + 1 + i", "        if nvis > tk:",
+         "            nvis = tk", "        for j in range(nvis):", "            s = ZERO",
+         f"            for d in range({dh}):", "                s += np.float32(q[i, hh, d]) * np.float32(k[j, hh, d])",
+         "            s = s * scale", "            if s > m:", "                c = math.exp(m - s)",
+         "                l = l * c", f"                for d in range({dh}):",
+         "                    acc[d] = acc[d] * c",
+         "                m = s", "            p = math.exp(s - m)", "            l += p",
+         f"            for d in range({dh}):", "                acc[d] += p * np.float32(v[j, hh, d])",
+         "        inv = ZERO", "        if l > ZERO:", "            inv = ONE / l",
+         f"        for d in range({dh}):", "            o[i, hh, d] = acc[d] * inv"]
+    if partial:
+        L += ["        if l > ZERO:", "            lse[hh, i] = m + math.log(l)", "        else:",
+              "            lse[hh, i] = NEG_INF"]
+    return "\n".join(L) + "\n"
+
+
+def combine_source(n: int) -> str:
+    """Merge ``n`` attention partials: ``kern(out, o0, l0, o1, l1, ...)``, out (tq, h, dh) and each
+    o_j (tq, h, dh), l_j (h, tq) float32; thread layout of the elementwise kernels (c = head dim)."""
+    args = ", ".join(f"o{j}, l{j}" for j in range(n))
+    L = [f"def kern(out, {args}):", _CONSTS.rstrip("\n"), "    b = cuda.blockIdx.y", "    a = cuda.blockIdx.z",
+         "    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x", "    if c < out.shape[2]:",
+         "        m = NEG_INF"]
+    for j in range(n):
+        L += [f"        x{j} = l{j}[b, a]", f"        if x{j} > m:", f"            m = x{j}"]
+    L += ["        if not (m > NEG_INF and m < POS_INF):", "            m = ZERO", "        tot = ZERO",
+          "        acc = ZERO"]
+    for j in range(n):
+        L += [f"        w = math.exp(x{j} - m)", "        tot += w", f"        acc += w * np.float32(o{j}[a, b, c])"]
+    L += ["        if tot > ZERO:", "            acc = acc / tot", "        out[a, b, c] = acc"]
+    return "\n".join(L) + "\n"

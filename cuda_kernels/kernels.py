@@ -1,18 +1,24 @@
 """Launchers for every op of the specification (``turnip.reference``): ``prepare`` once, then launch many times.
 
-``prepare(op, in_shapes, out_shape, dtype, params)`` validates shapes, generates and compiles the kernel
-for the operand ranks and dtype (JIT warm-up happens here), computes the launch geometry and returns a
-``Launcher``. ``launcher(stream, out, ins)`` then only packs arguments and enqueues work on the numba
-stream: no allocation, no view creation, no compilation. ``out`` and ``ins`` are C-contiguous device
-arrays already shaped as declared; for ``sum_into`` ``ins[0]`` is the accumulator and is ``out``.
+``prepare(op, in_shapes, out_shape, dtype, params)`` validates shapes, picks the implementation, compiles
+it (JIT warm-up happens here), computes the launch geometry and returns a ``Launcher``. Two ways to run it:
 
-Einsums that are GEMMs go to cuBLAS (through CuPy's bindings, on the caller's stream) when CuPy is
-importable and ``gemm`` is 'auto' or 'cublas'; otherwise to a generated numba tiled kernel.
-Importing this module needs numpy only; numba is imported by ``prepare``.
+- ``launcher(stream, out, ins)`` enqueues work on a numba stream (the portable path, and the only one
+  under the CUDA simulator): no allocation, no compilation; ``out``/``ins`` are C-contiguous device
+  arrays already shaped as declared; for ``sum_into`` ``ins[0]`` is the accumulator and is ``out``.
+- ``launcher.bind(out, ins)`` fixes the arrays once (at plan load) and returns a ``RawLaunch`` (one
+  ``cuLaunchKernel``) or a ``LibCall`` (cuBLASLt, cuDNN, copies) for the runtime (``cuda_kernels.launch``).
+
+Implementations (``launcher.path``): ``cublas`` / ``cublaslt`` GEMMs, ``cudnn`` fused attention (fp16),
+``nvrtc`` hand-written CUDA C++ memory-bound kernels (``cuda_kernels.fast``; opt-in with ``fast=True``),
+``memcpy`` concatenation, and generated numba kernels (``kernel``, ``numba-gemm``) for everything else and
+as the fallback of every other path. Importing this module needs numpy only; numba is imported by
+``prepare``.
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -20,9 +26,11 @@ import numpy as np
 from cuda_kernels import codegen as cg
 from cuda_kernels import gemm as gm
 from cuda_kernels._numba import Compiled, array_type, scalar_type
+from cuda_kernels.launch import LibCall, launch_raw
 
 DTYPES = {"fp16": np.float16, "fp32": np.float32}
-GEMM_MODES = ("auto", "cublas", "numba")
+GEMM_MODES = ("auto", "cublas", "cublaslt", "numba")
+DEFAULT_WS_NBYTES = 4 << 20  # workspace a GEMM may use (cuBLASLt algorithm choice)
 
 
 class KernelPrepareError(ValueError):
@@ -30,24 +38,34 @@ class KernelPrepareError(ValueError):
 
 
 class Launcher:
-    """A prepared op. ``path`` is 'cublas', 'numba-gemm' or 'kernel'; ``flops`` counts GEMM work."""
+    """A prepared op. ``path`` names the implementation; ``flops`` counts GEMM work."""
 
-    __slots__ = ("op", "in_shapes", "out_shape", "dtype", "params", "path", "flops", "_run")
+    __slots__ = ("op", "in_shapes", "out_shape", "dtype", "params", "path", "flops", "_run", "_bind")
 
-    def __init__(self, op, in_shapes, out_shape, dtype, params, path, run, flops=0):
+    def __init__(self, op, in_shapes, out_shape, dtype, params, path, run, flops=0, bind=None):
         self.op, self.in_shapes, self.out_shape = op, in_shapes, out_shape
         self.dtype, self.params, self.path, self._run, self.flops = dtype, params, path, run, flops
+        self._bind = bind
 
     def __call__(self, stream, out, ins: Sequence) -> None:
         self._run(stream, out, ins)
+
+    def bind(self, out, ins: Sequence):
+        """``RawLaunch`` or ``LibCall`` over these arrays (device only; built once per vertex)."""
+        if self._bind is None:
+            raise RuntimeError(f"{self!r} cannot be bound")
+        return self._bind(out, list(ins))
 
     def __repr__(self) -> str:
         return f"Launcher({self.op}, {self.in_shapes} -> {self.out_shape}, {self.dtype}, {self.path})"
 
 
 def prepare(op: str, in_shapes: Sequence[tuple], out_shape: tuple, dtype: str, params: dict | None = None,
-            gemm: str = "auto") -> Launcher:
-    """Build (and compile) the launcher of one op instance. Raises ``KernelPrepareError``."""
+            gemm: str = "auto", fast: bool = False, ws_nbytes: int = DEFAULT_WS_NBYTES) -> Launcher:
+    """Build (and compile) the launcher of one op instance. Raises ``KernelPrepareError``.
+
+    ``fast`` uses the CUDA C++ memory-bound kernels where they cover the op (needs CuPy and a device);
+    ``ws_nbytes`` is the workspace a GEMM may ask of its stream slot."""
     params = dict(params or {})
     in_shapes = [tuple(int(e) for e in s) for s in in_shapes]
     out_shape = tuple(int(e) for e in out_shape)
@@ -58,10 +76,13 @@ def prepare(op: str, in_shapes: Sequence[tuple], out_shape: tuple, dtype: str, p
     if gemm not in GEMM_MODES:
         raise KernelPrepareError(f"{op}: gemm={gemm!r} not in {GEMM_MODES}")
     try:
-        path, run, flops = _BUILDERS[op](in_shapes, out_shape, dtype, params, gemm)
+        built = _fast(op, in_shapes, out_shape, dtype, params) if fast else None
+        if built is None:
+            built = _BUILDERS[op](in_shapes, out_shape, dtype, params, {"gemm": gemm, "ws_nbytes": ws_nbytes})
     except (ValueError, KeyError, IndexError) as e:
         raise KernelPrepareError(f"{op} {in_shapes} -> {out_shape} {dtype} {params}: {e}") from e
-    return Launcher(op, in_shapes, out_shape, dtype, params, path, run, flops)
+    path, run, flops, bind = built
+    return Launcher(op, in_shapes, out_shape, dtype, params, path, run, flops, bind)
 
 
 # ---------------------------------------------------------------- helpers
@@ -77,23 +98,36 @@ def _need(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def _ew(src: str, out_shape, argtypes, scalars=()) -> Callable:
+def _ptr(a) -> int:
+    return a.device_ctypes_pointer.value or 0
+
+
+def _noop(*_args) -> None:
+    return None
+
+
+def _noop_bind(out, ins) -> LibCall:
+    return LibCall(_noop, 0, "empty")
+
+
+def _kern(k: Compiled, args_of: Callable) -> tuple[Callable, Callable]:
+    """(run, bind) of one numba kernel whose arguments are ``args_of(out, ins)``."""
+    return (lambda stream, out, ins: k.launch(stream, args_of(out, ins))), (lambda out, ins: k.bind(args_of(out, ins)))
+
+
+def _ew(src: str, out_shape, argtypes, scalars=()) -> tuple[Callable, Callable]:
+    if any(e == 0 for e in out_shape):
+        return _noop, _noop_bind
     grid, block = cg.elementwise_geometry(out_shape, per_thread=cg.unroll())
     k = Compiled(cg.jit(src), argtypes, grid, block)
     sc = tuple(scalars)
-    if any(e == 0 for e in out_shape):
-        return _noop
-    return lambda stream, out, ins: k.launch(stream, (out, *ins, *sc))
-
-
-def _noop(stream, out, ins) -> None:
-    return None
+    return _kern(k, lambda out, ins: (out, *ins, *sc))
 
 
 def _simple(n_in: int, expr: str, n_scalars: int = 0, pre: tuple = ()):
     """Elementwise op on same-shaped (or broadcastable) inputs."""
 
-    def build(in_shapes, out_shape, dtype, params, gemm):
+    def build(in_shapes, out_shape, dtype, params, opts):
         _need(len(in_shapes) == n_in if n_in else len(in_shapes) >= 1, f"expects {n_in or '>=1'} inputs")
         nd = len(out_shape)
         loads = [cg.load(k, cg.broadcast_index(s, out_shape)) for k, s in enumerate(in_shapes)]
@@ -101,30 +135,58 @@ def _simple(n_in: int, expr: str, n_scalars: int = 0, pre: tuple = ()):
         src = cg.elementwise_source(len(in_shapes), nd, loads, ex, n_scalars, pre)
         scal = [np.float32(params["alpha"])] if n_scalars else []
         types = [_arr(dtype, nd), *(_arr(dtype, s) for s in in_shapes), *[scalar_type("f4")] * n_scalars]
-        return "kernel", _ew(src, out_shape, types, scal), 0
+        run, bind = _ew(src, out_shape, types, scal)
+        return "kernel", run, 0, bind
 
     return build
 
 
-def _max_expr(n: int) -> str:
-    e = "v0"
-    for k in range(1, n):
-        e = f"max({e}, v{k})"
-    return e
+def _fast(op, in_shapes, out_shape, dtype, params):
+    """The CUDA C++ kernel of ``cuda_kernels.fast`` for this op, or None (not covered, no CuPy)."""
+    try:
+        from cuda_kernels.fast import fast_kernel
+    except ImportError:
+        return None
+    fk = fast_kernel(op, in_shapes, out_shape, dtype, params)
+    if fk is None:
+        return None
+
+    def bind(out, ins):
+        return fk.bind(_ptr(out), [_ptr(x) for x in ins])
+
+    def run(stream, out, ins):
+        r = launch_raw(bind(out, ins), int(stream.handle))
+        if r:
+            raise RuntimeError(f"cuLaunchKernel of {op}: CUDA error {r}")
+
+    return "nvrtc", run, 0, bind
 
 
 # ---------------------------------------------------------------- contractions
 
 
-def _gemm_run(plan: gm.EinsumPlan, in_shapes, out_shape, dtype, alpha: float, gemm: str):
+def _gemm(plan: gm.EinsumPlan, in_shapes, out_shape, dtype, alpha: float, opts: dict):
+    """(path, run, bind) of one einsum as a GEMM."""
+    gemm = opts["gemm"]
     if gemm != "numba" and gm.cupy_usable():
         layout = gm.cublas_layout(plan)
         if layout is not None:
             g = gm.CublasGemm(layout, dtype, alpha)
-            return "cublas", lambda stream, out, ins: g(stream, out, ins[0], ins[1])
-        if gemm == "cublas":
+            lt = _lt(layout, dtype, alpha, opts) if gemm in ("auto", "cublaslt") else None
+
+            def run(stream, out, ins):
+                g(stream, out, ins[0], ins[1])
+
+            def bind(out, ins):
+                if lt is not None:
+                    return lt.bind(_ptr(out), _ptr(ins[0]), _ptr(ins[1]))
+                a, b = ins
+                return LibCall(lambda ctx: g(ctx.numba_stream, out, a, b), 0, "cublas")
+
+            return ("cublaslt" if lt is not None else "cublas"), run, bind
+        if gemm in ("cublas", "cublaslt"):
             raise ValueError(f"einsum {plan.subscripts!r} is not a single strided cuBLAS GEMM")
-    elif gemm == "cublas":
+    elif gemm in ("cublas", "cublaslt"):
         raise ValueError("gemm='cublas' but CuPy/cuBLAS is not usable here")
     grid, block = gm.numba_gemm_geometry(plan)
     sizes = tuple(plan.size[c] for c in gm.gemm_letters(plan))
@@ -132,81 +194,168 @@ def _gemm_run(plan: gm.EinsumPlan, in_shapes, out_shape, dtype, alpha: float, ge
              scalar_type("f4"), *[scalar_type("i8")] * len(sizes)]
     k = Compiled(cg.jit(gm.numba_gemm_source(plan)), types, grid, block)
     a32 = np.float32(alpha)
-    return "numba-gemm", lambda stream, out, ins: k.launch(stream, (ins[0], ins[1], out, a32, *sizes))
+    return ("numba-gemm", *_kern(k, lambda out, ins: (ins[0], ins[1], out, a32, *sizes)))
 
 
-def _einsum(in_shapes, out_shape, dtype, params, gemm):
+def _lt(layout, dtype: str, alpha: float, opts: dict):
+    """A cuBLASLt GEMM with its algorithm chosen now, or None where cuBLASLt cannot be loaded."""
+    try:
+        from cuda_kernels.cublaslt import LtGemm
+    except ImportError:
+        return None
+    try:
+        return LtGemm(layout, dtype, alpha, opts["ws_nbytes"])
+    except (OSError, RuntimeError):
+        if opts["gemm"] == "cublaslt":
+            raise
+        return None
+
+
+def _einsum(in_shapes, out_shape, dtype, params, opts):
     _need(len(in_shapes) == 2, "einsum takes two inputs")
     plan = gm.plan_einsum(params["subscripts"], in_shapes[0], in_shapes[1], out_shape)
-    path, run = _gemm_run(plan, in_shapes, out_shape, dtype, float(params.get("scale", 1.0)), gemm)
-    return path, run, plan.flops()
+    path, run, bind = _gemm(plan, in_shapes, out_shape, dtype, float(params.get("scale", 1.0)), opts)
+    return path, run, plan.flops(), bind
 
 
-def _attn_scores(in_shapes, out_shape, dtype, params, gemm):
-    _need(len(in_shapes) == 2 and len(in_shapes[0]) == 3, "attn_scores takes q (tq, h, dh), k (tk, h, dh)")
-    (tq, h, _), (tk, _, _) = in_shapes
-    _need(out_shape == (h, tq, tk), f"output must be (h, tq, tk) = {(h, tq, tk)}")
-    plan = gm.plan_einsum("ihd,jhd->hij", in_shapes[0], in_shapes[1], out_shape)
-    path, mm = _gemm_run(plan, in_shapes, out_shape, dtype, float(params["scale"]), gemm)
-    q_off, k_off = int(params.get("q_off", 0)), int(params.get("k_off", 0))
-    c0 = max(0, q_off - k_off + 1)  # columns below c0 are unmasked in every row
-    if not params.get("causal", True) or c0 >= tk:
-        return path, mm, plan.flops()
-    grid, block = cg.elementwise_geometry(out_shape, tk - c0)
-    mask = Compiled(cg.jit(cg.CAUSAL_MASK_SOURCE), [_arr(dtype, 3), *[scalar_type("i8")] * 2], grid, block)
-    margs = (q_off, k_off)
+# ---------------------------------------------------------------- attention
+
+
+def _sdpa(in_shapes, out_shape, dtype, params, opts):
+    from cuda_kernels import cudnn_sdpa
+
+    _need(len(in_shapes) == 3 and all(len(s) == 3 for s in in_shapes), "sdpa takes q, k, v of rank 3")
+    (tq, h, dh), (tk_all, _, _) = in_shapes[0], in_shapes[1]
+    tk = int(params.get("tk", tk_all))
+    partial = bool(params.get("partial", False))
+    n_o = tq * h * dh
+    _need(out_shape == ((n_o + h * tq * 4 // np.dtype(DTYPES[dtype]).itemsize,) if partial else (tq, h, dh)),
+          f"output {out_shape} does not match q {in_shapes[0]} (partial={partial})")
+    lse_off = n_o * np.dtype(DTYPES[dtype]).itemsize
+    scale = float(params["scale"])
+    if cudnn_sdpa.supports(tq, tk, h, dh, dtype, params):
+        mode = cudnn_sdpa.mask_mode(tq, tk, params)
+        g = cudnn_sdpa.CudnnSdpa(tq, tk, tk_all, h, dh, dtype, scale, mode, partial)
+
+        def bind(out, ins):
+            o = _ptr(out)
+            return g.bind(o, o + lse_off, _ptr(ins[0]), _ptr(ins[1]), _ptr(ins[2]))
+
+        def run(stream, out, ins):
+            bind(out, ins)(_cudnn_ctx(stream, g.ws_nbytes))
+
+        return "cudnn", run, 0, bind
+    diag = int(params["q_off"]) - int(params["k_off"]) if params.get("causal", True) else tk
+    block = cg.block_for(tq, 128)
+    types = [_arr(dtype, 3), _arr("fp32", 2), _arr(dtype, 3), _arr(dtype, 3), _arr(dtype, 3),
+             scalar_type("f4"), scalar_type("i8"), scalar_type("i8")]
+    k = Compiled(cg.jit(cg.sdpa_source(dh, partial)), types, (-(-tq // block), h), (block,))
+    s32 = np.float32(scale)
+
+    def args_of(out, ins):
+        o, lse = _split_partial(out, tq, h, dh) if partial else (out, _dummy_lse(out))
+        return (o, lse, ins[0], ins[1], ins[2], s32, diag, tk)
+
+    run, bind = _kern(k, args_of)
+    return "kernel", run, 0, bind
+
+
+def _split_partial(x, tq: int, h: int, dh: int):
+    """Device views (O (tq, h, dh), L (h, tq) float32) of a flat partial buffer."""
+    n = tq * h * dh
+    return x[:n].reshape(tq, h, dh), x[n:].view(np.float32).reshape(h, tq)
+
+
+def _dummy_lse(out):
+    """A (1, 1) float32 view, never written (the non-partial kernel stores no log-sum-exp)."""
+    return out.reshape(-1)[: 4 // out.dtype.itemsize].view(np.float32).reshape(1, 1)
+
+
+_CUDNN_CTX: dict = {}
+
+
+def _cudnn_ctx(stream, ws_nbytes: int):
+    """A ``StreamContext`` for launching a cuDNN call on a numba stream outside the runtime (tests and
+    benchmarks): a handle bound to the stream and a small workspace, cached per stream."""
+    from cuda_kernels import cudnn_sdpa
+    from cuda_kernels._numba import cuda
+    from cuda_kernels.launch import StreamContext
+
+    hit = _CUDNN_CTX.get(id(stream))
+    if hit is None or hit[0] is not stream or hit[1].ws_nbytes < ws_nbytes:
+        ws = cuda().device_array(max(256, ws_nbytes), dtype=np.uint8)
+        ctx = StreamContext(int(stream.handle), _ptr(ws), ws.size,
+                            {"cudnn": cudnn_sdpa.create_handle(int(stream.handle))}, stream)
+        hit = _CUDNN_CTX[id(stream)] = (stream, ctx, ws)
+    return hit[1]
+
+
+def _attn_combine(in_shapes, out_shape, dtype, params, opts):
+    tq, h, dh = int(params["tq"]), int(params["h"]), int(params["dh"])
+    _need(out_shape == (tq, h, dh) and len(in_shapes) >= 1, "attn_combine: output (tq, h, dh) of >= 1 partials")
+    n = len(in_shapes)
+    grid, block = cg.elementwise_geometry(out_shape)
+    types = [_arr(dtype, 3)] + [_arr(dtype, 3), _arr("fp32", 2)] * n
+    k = Compiled(cg.jit(cg.combine_source(n)), types, grid, block)
+
+    def args_of(out, ins):
+        return (out, *(v for x in ins for v in _split_partial(x, tq, h, dh)))
+
+    run, bind = _kern(k, args_of)
+    return "kernel", run, 0, bind
+
+
+def _concat(in_shapes, out_shape, dtype, params, opts):
+    rest = in_shapes[0][1:]
+    _need(all(s[1:] == rest for s in in_shapes) and out_shape == (sum(s[0] for s in in_shapes), *rest),
+          "concat: inputs (t_i, ...) of equal trailing dims -> (sum t_i, ...)")
+    rows = np.cumsum([0] + [s[0] for s in in_shapes]).tolist()
+    itemsize = np.dtype(DTYPES[dtype]).itemsize
+    row_nbytes = int(np.prod(rest, dtype=np.int64)) * itemsize
 
     def run(stream, out, ins):
-        mm(stream, out, ins)
-        mask.launch(stream, (out, *margs))
+        for x, r0, r1 in zip(ins, rows, rows[1:], strict=False):
+            if r1 > r0:
+                out[r0:r1].copy_to_device(x, stream=stream)
 
-    return path, run, plan.flops()
+    def bind(out, ins):
+        from cuda_kernels.launch import driver
+
+        lib = driver()
+        f = lib.cuMemcpyDtoDAsync_v2
+        f.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+        f.restype = ctypes.c_int
+        base = _ptr(out)
+        chunks = [(base + r0 * row_nbytes, _ptr(x), (r1 - r0) * row_nbytes)
+                  for x, r0, r1 in zip(ins, rows, rows[1:], strict=False) if r1 > r0]  # fmt: skip
+
+        def copy(ctx) -> None:
+            for d, s, nb in chunks:
+                r = f(d, s, nb, ctx.stream)
+                if r:
+                    raise RuntimeError(f"cuMemcpyDtoDAsync: CUDA error {r}")
+
+        return LibCall(copy, 0, "memcpy")
+
+    return "memcpy", run, 0, bind
 
 
-# ---------------------------------------------------------------- rows, softmax pieces, norms
+# ---------------------------------------------------------------- rows, norms, rotary, gather
 
 
-def _row_reduce(kind):
-    def build(in_shapes, out_shape, dtype, params, gemm):
-        _need(len(in_shapes) == 1 and out_shape == in_shapes[0][:-1], "output must drop the last axis")
-        nd, blk = len(in_shapes[0]), cg.row_block()
-        rows = int(np.prod(out_shape, dtype=np.int64))
-        types = [_arr(dtype, nd - 1), _arr(dtype, nd)]
-        k = Compiled(cg.jit(cg.row_source(kind, nd, blk)), types, (rows,), (blk,))
-        return "kernel", lambda stream, out, ins: k.launch(stream, (out, ins[0])), 0
-
-    return build
-
-
-def _rmsnorm(in_shapes, out_shape, dtype, params, gemm):
+def _rmsnorm(in_shapes, out_shape, dtype, params, opts):
     _need(len(in_shapes) == 2 and in_shapes[1] == in_shapes[0][-1:] and out_shape == in_shapes[0],
           "rmsnorm takes x (..., d) and w (d,)")
     nd, blk = len(out_shape), cg.row_block()
     rows = int(np.prod(out_shape[:-1], dtype=np.int64))
     types = [_arr(dtype, nd), _arr(dtype, nd), _arr(dtype, 1), scalar_type("f4")]
-    k = Compiled(cg.jit(cg.row_source("rmsnorm", nd, blk)), types, (rows,), (blk,))
+    k = Compiled(cg.jit(cg.rmsnorm_source(nd, blk)), types, (rows,), (blk,))
     eps = np.float32(params.get("eps", 1e-5))
-    return "kernel", lambda stream, out, ins: k.launch(stream, (out, ins[0], ins[1], eps)), 0
+    run, bind = _kern(k, lambda out, ins: (out, ins[0], ins[1], eps))
+    return "kernel", run, 0, bind
 
 
-def _exp_sub(in_shapes, out_shape, dtype, params, gemm):
-    s, m = in_shapes
-    _need(len(s) >= 2 and m == s[:-1] and out_shape == s, "exp_sub takes S (..., tk) and m (...)")
-    names = cg.out_names(len(s))
-    loads = [cg.load(0, ", ".join(names)), cg.load(1, ", ".join(names[:-1]))]
-    src = cg.elementwise_source(2, len(s), loads, "math.exp(v0 - mm)",
-                                pre=("mm = v1 if (v1 > NEG_INF and v1 < POS_INF) else ZERO",))
-    return "kernel", _ew(src, out_shape, [_arr(dtype, s), _arr(dtype, s), _arr(dtype, m)]), 0
-
-
-def _div_rows(in_shapes, out_shape, dtype, params, gemm):
-    o, l = in_shapes
-    _need(len(o) == 3 and l == (o[1], o[0]) and out_shape == o, "div_rows takes o (t, h, dh) and l (h, t)")
-    src = cg.elementwise_source(2, 3, [cg.load(0, "a, b, c"), cg.load(1, "b, a")], "v0 / v1")
-    return "kernel", _ew(src, out_shape, [_arr(dtype, 3), _arr(dtype, 3), _arr(dtype, 2)]), 0
-
-
-def _rotary(in_shapes, out_shape, dtype, params, gemm):
+def _rotary(in_shapes, out_shape, dtype, params, opts):
     _need(len(in_shapes) == 1 and len(out_shape) == 3 and in_shapes[0] == out_shape and out_shape[2] % 2 == 0,
           "rotary takes x (t, h, dh) with even dh")
     t, h, dh = out_shape
@@ -216,10 +365,11 @@ def _rotary(in_shapes, out_shape, dtype, params, gemm):
     types = [_arr(dtype, 3), _arr(dtype, 3), scalar_type("i8"), scalar_type("f8")]
     k = Compiled(cg.jit(cg.rotary_source()), types, grid, block)
     sc = (int(params["pos_off"]), float(params.get("theta", 10000.0)))
-    return "kernel", lambda stream, out, ins: k.launch(stream, (out, ins[0], *sc)), 0
+    run, bind = _kern(k, lambda out, ins: (out, ins[0], *sc))
+    return "kernel", run, 0, bind
 
 
-def _embed(in_shapes, out_shape, dtype, params, gemm):
+def _embed(in_shapes, out_shape, dtype, params, opts):
     (t,), (_, d) = in_shapes
     _need(out_shape == (t, d), "embed takes ids (t,) and table (V, d) -> (t, d)")
     src = cg.elementwise_source(2, 2, [], "x1[x0[b], c]")
@@ -227,16 +377,23 @@ def _embed(in_shapes, out_shape, dtype, params, gemm):
     for ids in ("int32", "int64"):
         types = [_arr(dtype, 2), _arr(ids, 1), _arr(dtype, 2)]
         by_itemsize[np.dtype(ids).itemsize] = _ew(src, out_shape, types)
-    r4, r8 = by_itemsize[4], by_itemsize[8]
-    return "kernel", lambda stream, out, ins: (r4 if ins[0].dtype.itemsize == 4 else r8)(stream, out, ins), 0
+    (r4, b4), (r8, b8) = by_itemsize[4], by_itemsize[8]
+
+    def run(stream, out, ins):
+        (r4 if ins[0].dtype.itemsize == 4 else r8)(stream, out, ins)
+
+    def bind(out, ins):
+        return (b4 if ins[0].dtype.itemsize == 4 else b8)(out, ins)
+
+    return "kernel", run, 0, bind
 
 
-def _sum_into(in_shapes, out_shape, dtype, params, gemm):
+def _sum_into(in_shapes, out_shape, dtype, params, opts):
     _need(len(in_shapes) == 2 and in_shapes[0] == out_shape, "sum_into takes (acc, x) with acc shaped as out")
-    return _simple(2, "v0 + v1")(in_shapes, out_shape, dtype, params, gemm)
+    return _simple(2, "v0 + v1")(in_shapes, out_shape, dtype, params, opts)
 
 
-def _mix(in_shapes, out_shape, dtype, params, gemm):
+def _mix(in_shapes, out_shape, dtype, params, opts):
     n = int(params["n_out"])
     _need(out_shape == (n,), f"mix output must be ({n},)")
     loads, terms = [], ["ONE"]
@@ -248,18 +405,16 @@ def _mix(in_shapes, out_shape, dtype, params, gemm):
         terms.append(f"np.float32({k + 1}.0) * v{k}")
     src = cg.elementwise_source(len(in_shapes), 1, loads, f"HALF * math.tanh({' + '.join(terms)})")
     types = [_arr("fp32", 1), *(_arr(dtype, s) for s in in_shapes)]
-    return "kernel", _ew(src, out_shape, types), 0
+    run, bind = _ew(src, out_shape, types)
+    return "kernel", run, 0, bind
 
 
 _BUILDERS: dict[str, Callable] = {
     "einsum": _einsum,
-    "attn_scores": _attn_scores,
-    "rowmax": _row_reduce("max"),
-    "rowsum": _row_reduce("sum"),
-    "max_n": _simple(0, _max_expr),
+    "sdpa": _sdpa,
+    "attn_combine": _attn_combine,
+    "concat": _concat,
     "add_n": _simple(0, lambda n: " + ".join(f"v{k}" for k in range(n))),
-    "exp_sub": _exp_sub,
-    "div_rows": _div_rows,
     "mul": _simple(2, "v0 * v1"),
     "scale": _simple(1, "v0 * s0", n_scalars=1),
     "silu": _simple(1, "v0 / (ONE + math.exp(-v0))"),

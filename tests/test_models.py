@@ -50,7 +50,10 @@ def block_inputs(tg, full: dict) -> dict:
     return out
 
 
-@pytest.mark.parametrize("n_gpus,tiles", [(1, None), (2, None), (3, {"t": 5, "h": 1, "f": 48})])
+@pytest.mark.parametrize(
+    "n_gpus,tiles",
+    [(1, None), (2, None), (3, {"t": 5, "h": 1, "f": 48}), (1, {"t": 5, "kv": 10}), (2, {"t": 4, "kv": 4})],
+)
 def test_tiled_llama_matches_numpy(n_gpus, tiles):
     rng = np.random.default_rng(0)
     s, seq = LLAMA["tiny"], 24
@@ -76,11 +79,18 @@ def test_contraction_split_gives_sum_into_groups():
         assert all(tg.op[m] == "sum_into" and tg.args(m)[0] == acc for m in members)
 
 
-def test_attention_skips_masked_key_blocks():
-    tg = llama_prefill("tiny", seq=32, dtype="fp32", tiles={"t": 8}, n_layers=1)
-    n_scores = sum(op == "attn_scores" for op in tg.op)
+@pytest.mark.parametrize("kv,per_query_block", [(None, [1, 1, 1, 1]), (16, [1, 1, 2, 2]), (8, [1, 2, 3, 4])])
+def test_attention_is_one_fused_vertex_per_key_range(kv, per_query_block):
+    tiles = {"t": 8} | ({"kv": kv} if kv else {})
+    tg = llama_prefill("tiny", seq=32, dtype="fp32", tiles=tiles, n_layers=1)
     n_head_blocks = -(-LLAMA["tiny"].n_heads // 2)
-    assert n_scores == n_head_blocks * (1 + 2 + 3 + 4)
+    ops = [tg.op[v] for v in range(tg.n)]
+    assert ops.count("sdpa") == n_head_blocks * sum(per_query_block)
+    assert ops.count("attn_combine") == n_head_blocks * sum(n > 1 for n in per_query_block)
+    assert not {"attn_scores", "exp_sub", "rowmax"} & set(ops), "no score tile is materialised"
+    for v in np.flatnonzero(np.array(ops) == "sdpa"):
+        p, tq = tg.params[v], tg.shape[int(tg.args(v)[0])][0]
+        assert p["tk"] <= p["q_off"] + tq - p["k_off"], "no key after the query block's end is read"
 
 
 def test_big_shapes_and_options():
@@ -105,9 +115,10 @@ def test_default_tiles_follow_the_budget():
     from turnip.models import default_tiles
 
     s = LLAMA["7b"]
-    assert default_tiles(s, 4096, 1) == {"t": 2048, "h": 16, "f": 5504}  # no budget given
+    assert default_tiles(s, 32768, 1) == {"t": 8192, "h": 16, "f": 5504}  # no budget given
     assert default_tiles(s, 4096, 1, "fp16", 6 << 30)["t"] == 4096  # capped by the sequence
-    assert default_tiles(s, 16384, 1, "fp16", 16 << 30) == {"t": 4096, "h": 16, "f": 5504}  # causal cap
-    assert default_tiles(s, 16384, 8, "fp16", 16 << 30)["t"] == 8192  # 8 GPUs: launch-bound, larger tiles
-    assert default_tiles(s, 16384, 1, "fp16", 1 << 30)["t"] == 1024  # a tile row's scores within 512 MiB
+    assert default_tiles(s, 16384, 1, "fp16", 6 << 30) == {"t": 8192, "h": 16, "f": 5504}  # whole key range
+    assert default_tiles(s, 16384, 1, "fp16", 1 << 30)["t"] == 4096  # FFN activations within 256 MiB
+    assert default_tiles(s, 16384, 1, "fp16", 256 << 20)["t"] == 1024
+    assert default_tiles(s, 65536, 1, "fp16", 1 << 30)["kv"] == 32768  # K and V ranges within 512 MiB
     assert default_tiles(s, 4096, 8)["h"] == 4 and default_tiles(s, 4096, 8)["f"] == 1376

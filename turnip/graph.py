@@ -6,9 +6,10 @@ letter splits each tensor into a grid of blocks, and einsum subscripts use the s
                partials combined by ``sum_into`` vertices (one lock group per output block)
   elementwise  one kernel per output block; inputs are projected onto their own letters (broadcasting)
   row ops      (rmsnorm, rotary, embed) need their reduced letter in one block
-  attention    causal, flash-style at graph level: per (query block, head block) the key blocks give
-               partial scores → rowmax → max_n → exp_sub → rowsum → add_n, exp·V partials summed into
-               the output, then div_rows; fully masked key blocks are skipped
+  attention    causal, one fused ``sdpa`` vertex per (query block, head block, key range): key blocks
+               concatenated into ranges of ``tiles["kv"]`` tokens (default all), only keys up to the
+               query block's end; several ranges give partials (output + log-sum-exp) merged by
+               ``attn_combine``. No score matrix is materialised.
 Placement: a block goes to GPU ``coord[l] % n_gpus`` for the first letter ``l`` of ``parallel`` present in
 its iteration space. A consumer on another GPU reads through a (shared) transfer vertex.
 """

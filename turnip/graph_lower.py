@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+from turnip.memgraph.plan import DTYPE_NBYTES
 from turnip.taskgraph import Builder
 
 
@@ -52,13 +53,36 @@ def lower_einsum(lw, node) -> None:
 
 
 def lower_attention(lw, node) -> None:
+    """Per (query block, head block) one fused ``sdpa`` vertex per key range: key blocks are concatenated
+    into ranges of ``tiles["kv"]`` tokens (default: the whole sequence; one block needs no concat); the
+    range holding the diagonal is read up to the query block's end (causal, no masked work). Several
+    ranges give partial outputs with their log-sum-exp, merged by one ``attn_combine``."""
     T, b = lw.T, lw.b
     q, k, v = node.inputs
     t = node.out
     tl, hl, el = t.dims
     lw.whole(t, el, "attention")
     n_tok, n_head, dh = t.shape
-    scale = node.params["scale"]
+    nb = T.nblocks(tl, n_tok)
+    tile = T.tiles.get(tl, n_tok)
+    per_range = max(1, int(T.tiles.get("kv", n_tok)) // tile)  # key blocks per range
+    itemsize = DTYPE_NBYTES[t.dtype]
+    ranges: dict = {}
+
+    def key_range(x: int, hb: int, r: int, gpu: int) -> int:
+        key = (x, hb, r)
+        if key not in ranges:
+            j0, j1 = r * per_range, min((r + 1) * per_range, nb)
+            parts = [lw.block(x, {tl: j, hl: hb}, gpu) for j in range(j0, j1)]
+            if len(parts) == 1:
+                ranges[key] = parts[0]
+            else:
+                shape = b.shape_of(parts[0])
+                rows = sum(b.shape_of(p)[0] for p in parts)
+                name = f"{lw.g.t(x).name}[{j0}:{j1},{hb}]"
+                ranges[key] = b.kernel("concat", parts, (rows, *shape[1:]), t.dtype, gpu, {}, name=name)
+        return ranges[key]
+
     blocks = {}
     for idx in lw.grid(t):
         qi, hb = idx[0], idx[1]
@@ -69,51 +93,20 @@ def lower_attention(lw, node) -> None:
         nh, tq = h1 - h0, q1 - q0
         qv = lw.block(q, coords, gpu)
         name = f"{t.name}{list(idx)}"
-        scores, maxes = [], []
-        for kj in range(T.nblocks(tl, n_tok)):
-            k0, k1 = T.span(tl, n_tok, kj)
-            if k0 > q1 - 1:
-                break  # fully masked
-            kc = {tl: kj, hl: hb}
-            p = {"scale": scale, "q_off": q0, "k_off": k0, "causal": True}
-            s = b.kernel(
-                "attn_scores",
-                [qv, lw.block(k, kc, gpu)],
-                (nh, tq, k1 - k0),
-                t.dtype,
-                gpu,
-                p,
-                name=f"{name}.S{kj}",
-            )
-            scores.append((s, kc, k1 - k0))
-            maxes.append(
-                b.kernel("rowmax", [s], (nh, tq), t.dtype, gpu, name=f"{name}.m{kj}")
-            )
-        m = (
-            maxes[0]
-            if len(maxes) == 1
-            else b.kernel("max_n", maxes, (nh, tq), t.dtype, gpu, name=f"{name}.m")
-        )
-        sums, parts = [], []
-        for j, (s, kc, tk) in enumerate(scores):
-            e = b.kernel("exp_sub", [s, m], (nh, tq, tk), t.dtype, gpu, name=f"{name}.E{j}")
-            sums.append(b.kernel("rowsum", [e], (nh, tq), t.dtype, gpu, name=f"{name}.l{j}"))
-            parts.append(
-                b.kernel(
-                    "einsum",
-                    [e, lw.block(v, kc, gpu)],
-                    (tq, nh, dh),
-                    t.dtype,
-                    gpu,
-                    {"subscripts": "hqk,khd->qhd", "scale": 1.0},
-                    name=f"{name}.PV{j}",
-                )
-            )
-        l = (
-            sums[0]
-            if len(sums) == 1
-            else b.kernel("add_n", sums, (nh, tq), t.dtype, gpu, name=f"{name}.l")
-        )
-        o = _accumulate(b, parts, gpu, lw.moves, f"{name}.O")
-        blocks[idx] = b.kernel("div_rows", [o, l], (tq, nh, dh), t.dtype, gpu, name=name)
+        n_ranges = qi // per_range + 1
+        parts = []
+        for r in range(n_ranges):
+            k0 = r * per_range * tile
+            kv = key_range(k, hb, r, gpu), key_range(v, hb, r, gpu)
+            rows = b.shape_of(kv[0])[0]
+            p = {"scale": node.params["scale"], "causal": True, "q_off": q0, "k_off": k0,
+                 "tk": min(rows, q1 - k0), "partial": n_ranges > 1, "itemsize": itemsize}  # fmt: skip
+            shape = (tq * nh * dh + nh * tq * 4 // itemsize,) if n_ranges > 1 else (tq, nh, dh)
+            vname = f"{name}.A{r}" if n_ranges > 1 else name
+            parts.append(b.kernel("sdpa", [qv, *kv], shape, t.dtype, gpu, p, name=vname))
+        if n_ranges == 1:
+            blocks[idx] = parts[0]
+        else:
+            p = {"tq": tq, "h": nh, "dh": dh, "itemsize": itemsize}
+            blocks[idx] = b.kernel("attn_combine", parts, (tq, nh, dh), t.dtype, gpu, p, name=name)
     lw.blocks[t.id] = blocks

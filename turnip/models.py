@@ -31,25 +31,29 @@ LLAMA = {
 def default_tiles(
     shape: LlamaShape, seq: int, n_gpus: int, dtype: str = "fp16", budget_nbytes: int | None = None
 ) -> dict:
-    """Heads and FFN in max(2, GPUs) blocks; 2048-token tiles, or, given the GPU budget, the largest token
-    tile ``t`` of 8192..1024 (else 512) with ``t`` at most max(4096, seq * GPUs / 16), two score tiles
-    (2 * h * t * t values) within a quarter of the budget and the live scores of one tile row (h * t * seq
-    values: every key block's, until their row maximum is combined) within half of it. Fewer, larger
-    vertices cost less host launch time; larger token tiles also compute more causally masked attention
-    (see the README's tiling note)."""
+    """Heads and FFN in max(2, GPUs) blocks; the largest token tile ``t`` of 8192..1024 (else 512) whose
+    FFN activations (gate, up, product and a partial of the down projection: 4 * t * f_block values)
+    take at most a quarter of the budget (8192 without a budget). Attention is fused (no score tiles), so
+    larger tiles cost no masked work; fewer, larger vertices cost less host launch time and make larger
+    GEMMs. Key ranges (``kv``) stay whole unless a head block's keys and values for the whole sequence,
+    twice over (the blocks and their concatenation), exceed half of the budget."""
     if shape.d_model <= 256:
         return {"t": max(8, seq // 4), "h": max(1, shape.n_heads // 2), "f": -(-shape.d_ffn // 2)}
     blocks = max(2, n_gpus)
-    h = max(1, shape.n_heads // blocks)
-    t = 2048
+    h, f = max(1, shape.n_heads // blocks), -(-shape.d_ffn // blocks)
+    nb = DTYPE_NBYTES[dtype]
+    t = 8192
     if budget_nbytes is not None:
-        cap, nb = max(4096, seq * n_gpus // 16), DTYPE_NBYTES[dtype]
-        fits = [
-            c for c in (8192, 4096, 2048, 1024)
-            if c <= cap and 2 * h * c * c * nb <= budget_nbytes // 4 and h * c * seq * nb <= budget_nbytes // 2
-        ]  # fmt: skip
+        fits = [c for c in (8192, 4096, 2048, 1024) if 4 * c * f * nb <= budget_nbytes // 4]
         t = fits[0] if fits else 512
-    return {"t": min(seq, t), "h": h, "f": -(-shape.d_ffn // blocks)}
+    t = min(seq, t)
+    tiles = {"t": t, "h": h, "f": f}
+    if budget_nbytes is not None:
+        per_token = 4 * h * (shape.d_model // shape.n_heads) * nb  # K and V, blocks and concatenation
+        kv = max(t, (budget_nbytes // 2 // per_token) // t * t)
+        if kv < seq:
+            tiles["kv"] = kv
+    return tiles
 
 
 def llama_graph(size: str = "7b", seq: int = 4096, dtype: str = "fp16", n_layers: int | None = None) -> Graph:

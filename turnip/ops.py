@@ -52,8 +52,38 @@ def _broadcast(ins: list[Shape], p: dict) -> Shape:
     return out
 
 
-def _rows(ins: list[Shape], p: dict) -> Shape:
-    return ins[0][:-1]
+def _sdpa_shape(ins: list[Shape], p: dict) -> Shape:
+    (tq, h, dh), (tk_all, hk, dk), vs = ins
+    tk = int(p.get("tk", tk_all))
+    if (hk, dk) != (h, dh) or tuple(vs) != (tk_all, h, dh) or not 0 < tk <= tk_all:
+        raise ValueError(f"q {ins[0]}, k {ins[1]}, v {ins[2]} (tk {tk}) do not match")
+    if p.get("partial", False):
+        return (tq * h * dh + h * tq * 4 // int(p["itemsize"]),)
+    return (tq, h, dh)
+
+
+def _sdpa_flops(ins: list[Shape], out: Shape, p: dict) -> float:
+    """4 flops per (query, key, head dim) pair a row sees (q k^T and p v), plus the softmax."""
+    from turnip.reference import visible_keys
+
+    (tq, h, dh), (tk_all, _, _) = ins[0], ins[1]
+    pairs = float(visible_keys(tq, int(p.get("tk", tk_all)), p).sum())
+    return pairs * h * (4.0 * dh + 5.0)
+
+
+def _combine_shape(ins: list[Shape], p: dict) -> Shape:
+    tq, h, dh = p["tq"], p["h"], p["dh"]
+    n = tq * h * dh + h * tq * 4 // int(p["itemsize"])
+    if any(tuple(s) != (n,) for s in ins):
+        raise ValueError(f"partials {ins} are not ({n},) for (tq, h, dh) = {(tq, h, dh)}")
+    return (tq, h, dh)
+
+
+def _concat_shape(ins: list[Shape], p: dict) -> Shape:
+    rest = ins[0][1:]
+    if any(tuple(s[1:]) != tuple(rest) for s in ins):
+        raise ValueError(f"concat of {ins}: trailing dims differ")
+    return (sum(s[0] for s in ins), *rest)
 
 
 def _n(shape: Shape) -> int:
@@ -68,14 +98,7 @@ OPS: dict[str, OpSpec] = {
     s.name: s
     for s in (
         OpSpec("einsum", 2, _einsum_shape, lambda ins, out, p: 2.0 * _n(tuple(_einsum_extents(ins, p).values()))),
-        OpSpec("attn_scores", 2, lambda ins, p: (ins[0][1], ins[0][0], ins[1][0]),
-               lambda ins, out, p: 2.0 * _n(out) * ins[0][2]),
-        OpSpec("rowmax", 1, _rows, lambda ins, out, p: float(_n(ins[0]))),
-        OpSpec("rowsum", 1, _rows, lambda ins, out, p: float(_n(ins[0]))),
-        OpSpec("max_n", None, _same, lambda ins, out, p: float(_n(out) * len(ins))),
         OpSpec("add_n", None, _broadcast, lambda ins, out, p: float(_n(out) * len(ins))),
-        OpSpec("exp_sub", 2, _same, _per_elem(2)),
-        OpSpec("div_rows", 2, _same, _per_elem(1)),
         OpSpec("mul", 2, _broadcast, _per_elem(1)),
         OpSpec("scale", 1, _same, _per_elem(1)),
         OpSpec("silu", 1, _same, _per_elem(4)),
@@ -84,6 +107,9 @@ OPS: dict[str, OpSpec] = {
         OpSpec("rotary", 1, _same, _per_elem(6)),
         OpSpec("embed", 2, lambda ins, p: (ins[0][0], ins[1][1]), _per_elem(0)),
         OpSpec("sum_into", 2, _same, _per_elem(1), in_place=True),
+        OpSpec("sdpa", 3, _sdpa_shape, _sdpa_flops),
+        OpSpec("attn_combine", None, _combine_shape, lambda ins, out, p: 4.0 * _n(out) * len(ins)),
+        OpSpec("concat", None, _concat_shape, _per_elem(0)),
         OpSpec("mix", None, lambda ins, p: (p["n_out"],), lambda ins, out, p: 2.0 * _n(out) * len(ins)),
     )
 }  # fmt: skip

@@ -6,7 +6,11 @@ returns the output array. ``sum_into`` is the one in-place op: it adds its secon
 back, the way the GPU kernels accumulate.
 
 Layouts (t = tokens of a tile, h = heads of a tile, dh = head dim):
-  q, k, v, attention output: (t, h, dh)     scores / exp tiles: (h, tq, tk)     row stats: (h, tq)
+  q, k, v, attention output: (t, h, dh)
+  attention partial (``sdpa`` with ``partial``): one flat array of the tile dtype holding the
+  normalised partial output O (tq, h, dh) followed by its natural log-sum-exp L (h, tq) as float32 bytes
+  (``partial_len`` elements of the tile dtype in all); ``attn_combine`` merges partials over disjoint key
+  ranges: L = logsumexp_j L_j, O = sum_j exp(L_j - L) O_j.
 """
 
 from __future__ import annotations
@@ -34,35 +38,72 @@ def einsum(xs, p):
     return _out(r * np.float32(p.get("scale", 1.0)), a)
 
 
-def attn_scores(xs, p):
-    """S[h, i, j] = scale * q[i, h, :] . k[j, h, :], -inf where (q_off + i) < (k_off + j) if causal."""
-    q, k = xs
-    s = np.einsum("ihd,jhd->hij", _f32(q), _f32(k)) * np.float32(p["scale"])
+def visible_keys(tq: int, tk: int, p) -> np.ndarray:
+    """Number of keys each query row of ``sdpa`` sees: keys ``j < tk`` with ``k_off + j <= q_off + i``
+    when causal."""
+    n = np.full(tq, tk, dtype=np.int64)
     if p.get("causal", True):
-        qi = p["q_off"] + np.arange(q.shape[0])[:, None]
-        kj = p["k_off"] + np.arange(k.shape[0])[None, :]
-        s = np.where(qi >= kj, s, -np.inf)
-    return _out(s, q)
+        n = np.clip(p["q_off"] - p["k_off"] + 1 + np.arange(tq), 0, tk)
+    return n
 
 
-def rowmax(xs, p):
-    return xs[0].max(axis=-1)
+def partial_len(tq: int, h: int, dh: int, dtype) -> int:
+    """Elements (of ``dtype``) of an ``sdpa`` partial: O (tq, h, dh) then L (h, tq) as float32 bytes."""
+    return tq * h * dh + -(-h * tq * 4 // np.dtype(dtype).itemsize)
 
 
-def max_n(xs, p):
-    return _out(np.maximum.reduce([_f32(x) for x in xs]), xs[0])
+def split_partial(x: np.ndarray, tq: int, h: int, dh: int) -> tuple[np.ndarray, np.ndarray]:
+    """Views (O (tq, h, dh), L (h, tq) float32) of a flat partial buffer."""
+    n = tq * h * dh
+    return x[:n].reshape(tq, h, dh), x[n:].view(np.float32)[: h * tq].reshape(h, tq)
 
 
-def exp_sub(xs, p):
-    """E = exp(S - m[..., None]); rows that are all -inf give 0."""
-    s, m = _f32(xs[0]), _f32(xs[1])
+def sdpa(xs, p):
+    """Fused causal attention of one query block against keys ``k[:tk]`` (``tk`` param, default all):
+    S = scale * q k^T, masked where ``k_off + j > q_off + i`` (if causal), softmax over keys, times v.
+    Output (tq, h, dh); with ``partial`` the flat partial (O, log-sum-exp) instead (see module doc).
+    Rows that see no key give O = 0 and L = -inf. Computed in float32."""
+    q, k, v = (_f32(x) for x in xs)
+    tk = int(p.get("tk", k.shape[0]))
+    k, v = k[:tk], v[:tk]
+    tq, h, dh = q.shape
+    s = np.einsum("ihd,jhd->hij", q, k) * np.float32(p["scale"])
+    vis = visible_keys(tq, tk, p)
+    s = np.where(np.arange(tk)[None, None, :] < vis[None, :, None], s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(invalid="ignore", over="ignore"):
-        return _out(np.exp(s - m[..., None]), xs[0])
+    e = np.exp(s - m)
+    den = e.sum(axis=-1)  # (h, tq)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        o = np.einsum("hij,jhd->ihd", e, v) / np.where(den > 0, den, 1.0).T[:, :, None]
+        lse = np.where(den > 0, np.log(den) + m[..., 0], -np.inf).astype(np.float32)
+    if not p.get("partial", False):
+        return _out(o, xs[0])
+    out = np.empty(partial_len(tq, h, dh, xs[0].dtype), dtype=xs[0].dtype)
+    po, pl = split_partial(out, tq, h, dh)
+    po[...] = o
+    pl[...] = lse
+    return out
 
 
-def rowsum(xs, p):
-    return _out(_f32(xs[0]).sum(axis=-1), xs[0])
+def attn_combine(xs, p):
+    """Merge ``sdpa`` partials over disjoint key ranges into the output (tq, h, dh) (params tq, h, dh)."""
+    tq, h, dh = p["tq"], p["h"], p["dh"]
+    parts = [split_partial(x, tq, h, dh) for x in xs]
+    lse = np.stack([pl for _, pl in parts])  # (n, h, tq)
+    m = lse.max(axis=0)
+    m = np.where(np.isfinite(m), m, 0.0)
+    w = np.exp(lse - m)  # (n, h, tq)
+    tot = w.sum(axis=0)
+    o = sum(wj.T[:, :, None] * _f32(po) for wj, (po, _) in zip(w, parts, strict=True))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        o = o / np.where(tot > 0, tot, 1.0).T[:, :, None]
+    return _out(o, xs[0])
+
+
+def concat(xs, p):
+    """Concatenation along the first axis (key blocks into one key range)."""
+    return np.concatenate(xs, axis=0)
 
 
 def add_n(xs, p):
@@ -70,12 +111,6 @@ def add_n(xs, p):
     for x in xs[1:]:
         acc += _f32(x)
     return _out(acc, xs[0])
-
-
-def div_rows(xs, p):
-    """out[i, h, :] = o[i, h, :] / l[h, i]."""
-    o, l = _f32(xs[0]), _f32(xs[1])
-    return _out(o / l.T[:, :, None], xs[0])
 
 
 def mul(xs, p):
@@ -146,8 +181,8 @@ def mix(xs, p):
 REFERENCE: dict[str, Ref] = {
     f.__name__: f
     for f in (
-        einsum, attn_scores, rowmax, max_n, exp_sub, rowsum, add_n, div_rows, mul, scale, silu,
-        silu_mul, rmsnorm, rotary, embed, sum_into, mix,
+        einsum, add_n, mul, scale, silu,
+        silu_mul, rmsnorm, rotary, embed, sum_into, mix, sdpa, attn_combine, concat,
     )
 }
 IN_PLACE = frozenset({"sum_into"})

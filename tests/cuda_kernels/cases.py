@@ -14,6 +14,7 @@ from unittest import mock
 import numpy as np
 
 from turnip import reference
+from turnip.reference import partial_len
 
 NP_DTYPE = {"fp16": np.float16, "fp32": np.float32}
 
@@ -29,7 +30,7 @@ class Case:
 
     @property
     def contraction(self) -> bool:
-        return self.op in ("einsum", "attn_scores")
+        return self.op == "einsum"
 
 
 def llama_cases(t: int, hidden: int = 4096, ffn: int = 11008, heads: int = 32, dh: int = 128,
@@ -37,20 +38,21 @@ def llama_cases(t: int, hidden: int = 4096, ffn: int = 11008, heads: int = 32, d
     """One instance per op at a token tile of ``t`` (LLaMA-7B widths by default)."""
     h, d, f = heads, hidden, ffn
     sc = 1.0 / math.sqrt(dh)
-    attn = dict(scale=sc, causal=True, q_off=0, k_off=0)
+    n_part = partial_len(t, h, dh, np.float16)
     return [
         Case("gemm_up", "einsum", ((t, d), (d, f)), (t, f), {"subscripts": "td,df->tf"}),
         Case("gemm_down", "einsum", ((t, f), (f, d)), (t, d), {"subscripts": "tf,fd->td"}),
         Case("gemm_qkv", "einsum", ((t, d), (d, d)), (t, d), {"subscripts": "td,df->tf"}),
-        Case("attn_pv", "einsum", ((h, t, t), (t, h, dh)), (t, h, dh), {"subscripts": "hqk,khd->qhd"},
-             ("uniform", "normal")),
-        Case("attn_scores", "attn_scores", ((t, h, dh), (t, h, dh)), (h, t, t), attn),
-        Case("rowmax", "rowmax", ((h, t, t),), (h, t), {}, ("scores",)),
-        Case("exp_sub", "exp_sub", ((h, t, t), (h, t)), (h, t, t), {}, ("scores", "rowmax:0")),
-        Case("rowsum", "rowsum", ((h, t, t),), (h, t), {}, ("uniform",)),
-        Case("max_n", "max_n", ((h, t), (h, t), (h, t)), (h, t)),
+        Case("gemm_q_heads", "einsum", ((t, d), (d, h, dh)), (t, h, dh), {"subscripts": "td,dhe->the"}),
+        Case("gemm_o_heads", "einsum", ((t, h, dh), (h, dh, d)), (t, d), {"subscripts": "the,hed->td"}),
+        Case("sdpa_diag", "sdpa", ((t, h, dh), (t, h, dh), (t, h, dh)), (t, h, dh), _sdpa(sc, t, 0, t)),
+        Case("sdpa_range", "sdpa", ((t, h, dh), (2 * t, h, dh), (2 * t, h, dh)), (t, h, dh), _sdpa(sc, t, t, 2 * t)),
+        Case("sdpa_partial", "sdpa", ((t, h, dh), (t, h, dh), (t, h, dh)), (n_part,),
+             _sdpa(sc, t, 0, t, partial=True)),
+        Case("attn_combine", "attn_combine", ((n_part,), (n_part,)), (t, h, dh),
+             {"tq": t, "h": h, "dh": dh, "itemsize": 2}, ("partial", "partial")),
+        Case("concat", "concat", ((t, h, dh), (t // 2, h, dh)), (t + t // 2, h, dh)),
         Case("add_n", "add_n", ((t, h, dh), (t, h, dh)), (t, h, dh)),
-        Case("div_rows", "div_rows", ((t, h, dh), (h, t)), (t, h, dh), {}, ("normal", "pos")),
         Case("mul", "mul", ((t, f), (t, f)), (t, f)),
         Case("scale", "scale", ((t, d),), (t, d), {"alpha": 0.125}),
         Case("silu", "silu", ((t, f),), (t, f)),
@@ -66,7 +68,7 @@ def llama_cases(t: int, hidden: int = 4096, ffn: int = 11008, heads: int = 32, d
 def tiny_cases() -> list[Case]:
     """Simulator-sized instances (a few hundred threads each), covering odd extents and offsets."""
     t, h, dh, d, f = 5, 2, 8, 12, 20
-    attn = dict(scale=0.35, causal=True, q_off=6, k_off=4)
+    n_part = partial_len(t, h, dh, np.float16)
     return [
         Case("gemm_nn", "einsum", ((t, d), (d, f)), (t, f), {"subscripts": "td,df->tf"}),
         Case("gemm_scaled_nt", "einsum", ((t, d), (f, d)), (t, f), {"subscripts": "td,fd->tf", "scale": 0.5}),
@@ -74,16 +76,18 @@ def tiny_cases() -> list[Case]:
         Case("attn_pv", "einsum", ((h, t, 7), (7, h, dh)), (t, h, dh), {"subscripts": "hqk,khd->qhd"},
              ("uniform", "normal")),
         Case("gemm_split_m", "einsum", ((2, 3, 4), (3, 5)), (2, 4, 5), {"subscripts": "ikj,kl->ijl"}),
-        Case("attn_scores", "attn_scores", ((t, h, dh), (7, h, dh)), (h, t, 7), attn),
-        Case("attn_scores_nocausal", "attn_scores", ((t, h, dh), (3, h, dh)), (h, t, 3),
-             dict(scale=0.2, causal=False, q_off=0, k_off=0)),
-        Case("rowmax", "rowmax", ((h, t, 9),), (h, t), {}, ("scores",)),
-        Case("rowmax_2d", "rowmax", ((t, 9),), (t,)),
-        Case("exp_sub", "exp_sub", ((h, t, 9), (h, t)), (h, t, 9), {}, ("scores", "rowmax:0")),
-        Case("rowsum", "rowsum", ((h, t, 9),), (h, t), {}, ("uniform",)),
-        Case("max_n", "max_n", ((h, t), (h, t), (h, t)), (h, t)),
+        Case("sdpa_diag", "sdpa", ((t, h, dh),) * 3, (t, h, dh), _sdpa(0.35, t, 3, t, k_off=3)),
+        Case("sdpa_prefix", "sdpa", ((t, h, dh), (9, h, dh), (9, h, dh)), (t, h, dh), _sdpa(0.35, t, 2, 7)),
+        Case("sdpa_before", "sdpa", ((t, h, dh), (4, h, dh), (4, h, dh)), (n_part,),
+             _sdpa(0.35, t, 9, 4, k_off=2, partial=True)),
+        Case("sdpa_empty_rows", "sdpa", ((t, h, dh), (4, h, dh), (4, h, dh)), (n_part,),
+             _sdpa(0.35, t, 0, 4, k_off=2, partial=True)),
+        Case("sdpa_nocausal", "sdpa", ((t, h, dh), (3, h, dh), (3, h, dh)), (t, h, dh),
+             {"scale": 0.2, "causal": False, "q_off": 0, "k_off": 0, "tk": 3}),
+        Case("attn_combine", "attn_combine", ((n_part,),) * 3, (t, h, dh), {"tq": t, "h": h, "dh": dh, "itemsize": 2},
+             ("partial", "partial", "partial")),
+        Case("concat", "concat", ((t, h, dh), (2, h, dh), (1, h, dh)), (t + 3, h, dh)),
         Case("add_n", "add_n", ((t, h, dh), (t, h, dh)), (t, h, dh)),
-        Case("div_rows", "div_rows", ((t, h, dh), (h, t)), (t, h, dh), {}, ("normal", "pos")),
         Case("mul", "mul", ((t, f), (t, f)), (t, f)),
         Case("mul_bcast", "mul", ((t, f), (f,)), (t, f)),
         Case("scale", "scale", ((t, d),), (t, d), {"alpha": -0.75}),
@@ -97,23 +101,45 @@ def tiny_cases() -> list[Case]:
     ]
 
 
+def _sdpa(scale: float, tq: int, q_off: int, tk: int, k_off: int = 0, partial: bool = False) -> dict:
+    p = {"scale": scale, "causal": True, "q_off": q_off, "k_off": k_off, "tk": tk, "partial": partial}
+    return p | ({"itemsize": 2} if partial else {})
+
+
+def for_dtype(case: Case, dtype: str) -> Case:
+    """The case with attention partials sized for ``dtype`` (their length counts elements of the tile
+    dtype; the cases are written for fp16)."""
+    if "itemsize" not in case.params:
+        return case
+    p = case.params
+    tq, h, dh = (p["tq"], p["h"], p["dh"]) if case.op == "attn_combine" else case.in_shapes[0]
+    old, new = partial_len(tq, h, dh, np.float16), partial_len(tq, h, dh, NP_DTYPE[dtype])
+
+    def fix(s):
+        return (new,) if tuple(s) == (old,) else s
+
+    return Case(case.name, case.op, tuple(fix(s) for s in case.in_shapes), fix(case.out_shape),
+                p | {"itemsize": np.dtype(NP_DTYPE[dtype]).itemsize}, case.kinds)
+
+
 def make_inputs(case: Case, dtype: str, rng: np.random.Generator) -> list[np.ndarray]:
-    """Fresh random inputs in ``dtype`` (ids int32). Score inputs are causally masked with -inf,
-    including one fully masked row; ``rowmax:k`` is the reference row max of input k."""
+    """Fresh random inputs in ``dtype`` (ids int32). ``partial`` inputs are attention partials (random
+    outputs, log-sum-exps spread over a few units, one row with no visible key: -inf)."""
     dt = NP_DTYPE[dtype] if case.op != "mix" else np.float32
     kinds = case.kinds or ("normal",) * len(case.in_shapes)
     xs: list[np.ndarray] = []
     for kind, shape in zip(kinds, case.in_shapes, strict=True):
         if kind.startswith("ids:"):
             xs.append(rng.integers(0, int(kind[4:]), size=shape, dtype=np.int32))
-        elif kind.startswith("rowmax:"):
-            xs.append(reference.rowmax([xs[int(kind[7:])]], {}))
-        elif kind == "scores":
-            s = rng.standard_normal(shape, dtype=np.float32) * 3
-            i = np.arange(shape[-2])[:, None] if len(shape) > 1 else 0
-            s = np.where(np.arange(shape[-1])[None, :] > i, -np.inf, s)
-            s[..., 0, :] = -np.inf
-            xs.append(s.astype(dt))
+        elif kind == "partial":
+            p = case.params
+            x = np.empty(reference.partial_len(p["tq"], p["h"], p["dh"], dt), dtype=dt)
+            o, lse = reference.split_partial(x, p["tq"], p["h"], p["dh"])
+            o[...] = rng.standard_normal(o.shape, dtype=np.float32)
+            lse[...] = rng.standard_normal(lse.shape, dtype=np.float32) * 3
+            if len(xs) == 0:
+                lse[0, 0] = -np.inf
+            xs.append(x)
         elif kind == "uniform":
             xs.append(rng.random(shape, dtype=np.float32).astype(dt))
         elif kind == "pos":
@@ -125,9 +151,30 @@ def make_inputs(case: Case, dtype: str, rng: np.random.Generator) -> list[np.nda
 
 def reference_f64(case: Case, xs: list[np.ndarray]) -> np.ndarray:
     """The reference evaluated in float64 on the same (already rounded) inputs."""
-    up = [x.astype(np.float64) if x.dtype.kind == "f" else x for x in xs]
+    up = [_repack_f64(case, x) if k == "partial" else x.astype(np.float64) if x.dtype.kind == "f" else x
+          for k, x in zip(case.kinds or ("normal",) * len(xs), xs, strict=True)]
     with mock.patch.object(reference, "_f32", lambda x: x.astype(np.float64, copy=False)):
         return np.asarray(reference.run_reference(case.op, up, case.params), dtype=np.float64)
+
+
+def decoded(case: Case, x: np.ndarray) -> np.ndarray:
+    """An output as float64 values: an attention partial's output and log-sum-exp (whose packing depends
+    on the buffer's dtype), anything else as it is."""
+    if case.op != "sdpa" or not case.params.get("partial"):
+        return x
+    tq, h, dh = case.in_shapes[0]
+    o, lse = reference.split_partial(x, tq, h, dh)
+    return np.concatenate([o.astype(np.float64).ravel(), lse.astype(np.float64).ravel()])
+
+
+def _repack_f64(case: Case, x: np.ndarray) -> np.ndarray:
+    """An attention partial re-packed as float64 (its log-sum-exp bytes keep their float32 meaning)."""
+    tq, h, dh = case.params["tq"], case.params["h"], case.params["dh"]
+    o, lse = reference.split_partial(x, tq, h, dh)
+    y = np.empty(reference.partial_len(tq, h, dh, np.float64), dtype=np.float64)
+    yo, yl = reference.split_partial(y, tq, h, dh)
+    yo[...], yl[...] = o, lse
+    return y
 
 
 def rel_error(out: np.ndarray, ref: np.ndarray) -> float:

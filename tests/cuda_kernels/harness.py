@@ -12,7 +12,7 @@ import numpy as np
 
 from cuda_kernels._numba import cuda
 from cuda_kernels.kernels import Launcher, prepare
-from tests.cuda_kernels.cases import NP_DTYPE, Case, make_inputs, reference_f64, rel_error
+from tests.cuda_kernels.cases import NP_DTYPE, Case, decoded, for_dtype, make_inputs, reference_f64, rel_error
 
 
 @dataclass
@@ -31,6 +31,7 @@ def out_dtype(case: Case, dtype: str):
 
 def setup(case: Case, dtype: str, rng: np.random.Generator, gemm: str = "auto") -> Prepared:
     c = cuda()
+    case = for_dtype(case, dtype)
     xs = make_inputs(case, dtype, rng)
     ins = [c.to_device(x) for x in xs]
     if case.op == "sum_into":
@@ -45,8 +46,8 @@ def setup(case: Case, dtype: str, rng: np.random.Generator, gemm: str = "auto") 
 def check(case: Case, dtype: str, rng: np.random.Generator, gemm: str = "auto") -> tuple[float, str]:
     """(relative error vs float64 reference, launcher path) of one fresh run."""
     p = setup(case, dtype, rng, gemm)
-    ref = reference_f64(case, p.host_ins)
+    ref = reference_f64(p.case, p.host_ins)
     stream = cuda().stream()
     p.launcher(stream, p.out, p.ins)
     stream.synchronize()
-    return rel_error(p.out.copy_to_host(), ref), p.launcher.path
+    return rel_error(decoded(p.case, p.out.copy_to_host()), decoded(p.case, ref)), p.launcher.path

@@ -76,8 +76,10 @@ def test_numba_gemm_source_is_python(subs):
 def test_generated_sources_are_python():
     for nd in (1, 2, 3):
         compile(cg.elementwise_source(2, nd, ["v", "w"], "v0 + v1", 1), "<ew>", "exec")
-    for kind in ("max", "sum", "rmsnorm"):
-        compile(cg.row_source(kind, 3, 32), "<row>", "exec")
+    for nd in (2, 3):
+        compile(cg.rmsnorm_source(nd, 32), "<row>", "exec")
+    compile(cg.sdpa_source(8, True), "<sdpa>", "exec")
+    compile(cg.combine_source(3), "<combine>", "exec")
     assert cg.broadcast_index((1, 4), (3, 2, 4)) == "0, c"
     with pytest.raises(ValueError):
         cg.broadcast_index((3,), (2, 4))

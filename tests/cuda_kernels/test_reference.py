@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.cuda_kernels.cases import llama_cases, make_inputs, reference_f64, rel_error, tiny_cases
+from tests.cuda_kernels.cases import decoded, for_dtype, llama_cases, make_inputs, reference_f64, rel_error, tiny_cases
 from turnip import reference as R
 
 pytestmark = pytest.mark.unit
@@ -22,21 +22,44 @@ def _causal_attention(q, k, v, q_off, scale):
     return np.einsum("hij,jhd->ihd", p, v)
 
 
-@pytest.mark.parametrize("q0,tq,tk", [(0, 8, 4), (8, 8, 4), (4, 6, 5)])
-def test_split_softmax_over_key_tiles_equals_causal_attention(q0, tq, tk):
+@pytest.mark.parametrize("q0,tq,kv", [(0, 8, 16), (8, 8, 4), (4, 6, 5), (10, 6, 16)])
+def test_key_ranges_combine_into_causal_attention(q0, tq, kv):
+    """sdpa over key ranges [a, a + kv) up to the query block's end, merged by attn_combine, is causal
+    attention of the query block over the whole prefix; one range alone needs no combine."""
     rng = np.random.default_rng(1)
     T, h, dh = 16, 3, 8
     q, k, v = (rng.standard_normal((T, h, dh), dtype=np.float32) for _ in range(3))
     qt, scale = q[q0 : q0 + tq], 1 / math.sqrt(dh)
-    tiles = [(j, min(j + tk, q0 + tq)) for j in range(0, q0 + tq, tk)]
-    S = [R.attn_scores([qt, k[a:b]], dict(scale=scale, causal=True, q_off=q0, k_off=a)) for a, b in tiles]
-    m = R.max_n([R.rowmax([s], {}) for s in S], {})
-    E = [R.exp_sub([s, m], {}) for s in S]
-    l = R.add_n([R.rowsum([e], {}) for e in E], {})
-    pv = {"subscripts": "hqk,khd->qhd"}
-    o = R.add_n([R.einsum([e, v[a:b]], pv) for e, (a, b) in zip(E, tiles, strict=True)], {})
-    out = R.div_rows([o, l], {})
-    np.testing.assert_allclose(out, _causal_attention(qt, k, v, q0, scale), rtol=1e-5, atol=1e-5)
+    want = _causal_attention(qt, k, v, q0, scale)
+    ranges = [(a, min(a + kv, q0 + tq)) for a in range(0, q0 + tq, kv)]
+    common = {"scale": scale, "causal": True, "q_off": q0, "itemsize": 4}
+    parts = [R.sdpa([qt, k[a:b], v[a:b]], common | {"k_off": a, "partial": len(ranges) > 1}) for a, b in ranges]
+    out = parts[0] if len(parts) == 1 else R.attn_combine(parts, {"tq": tq, "h": h, "dh": dh, "itemsize": 4})
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_sdpa_reads_only_tk_keys_and_reports_log_sum_exp():
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((6, 2, 4), dtype=np.float32) for _ in range(3))
+    p = {"scale": 0.5, "causal": True, "q_off": 2, "k_off": 0, "tk": 4, "partial": True, "itemsize": 4}
+    k2, v2 = k.copy(), v.copy()
+    k2[4:], v2[4:] = np.nan, np.nan  # rows past tk are never read
+    o, lse = R.split_partial(R.sdpa([q, k2, v2], p), 6, 2, 4)
+    s = np.einsum("ihd,jhd->hij", q, k[:4]) * 0.5
+    s = np.where(np.arange(4)[None, None, :] <= 2 + np.arange(6)[None, :, None], s, -np.inf)
+    np.testing.assert_allclose(lse, np.log(np.exp(s).sum(-1)), rtol=1e-5)
+    assert np.isfinite(o).all()
+
+
+def test_rows_without_visible_keys_give_zero_and_minus_infinity():
+    q, k, v = (np.ones((3, 1, 2), np.float32) for _ in range(3))
+    p = {"scale": 1.0, "causal": True, "q_off": 0, "k_off": 2, "partial": True, "itemsize": 4}
+    o, lse = R.split_partial(R.sdpa([q, k, v], p), 3, 1, 2)
+    assert np.isneginf(lse[0, :2]).all() and np.isfinite(lse[0, 2])
+    np.testing.assert_array_equal(o[:2], 0)
+    merged = R.attn_combine([R.sdpa([q, k, v], p)] * 2, {"tq": 3, "h": 1, "dh": 2, "itemsize": 4})
+    np.testing.assert_array_equal(merged[:2], 0)
+    np.testing.assert_allclose(merged[2], 1.0)
 
 
 def test_rotary_matches_pairwise_rotation():
@@ -53,13 +76,6 @@ def test_rotary_matches_pairwise_rotation():
             a, b = x[i, :, j].astype(np.float64), x[i, :, j + half].astype(np.float64)
             want[i, :, j], want[i, :, j + half] = a * c - b * s, b * c + a * s
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
-
-
-def test_exp_sub_all_masked_row_gives_zeros():
-    s = np.array([[-np.inf, -np.inf], [0.0, 1.0]], dtype=np.float32)
-    e = R.exp_sub([s, R.rowmax([s], {})], {})
-    np.testing.assert_array_equal(e[0], [0, 0])
-    np.testing.assert_allclose(e[1], [math.exp(-1), 1.0], rtol=1e-6)
 
 
 def test_sum_into_is_in_place():
@@ -81,9 +97,10 @@ def test_unknown_op_names_it():
 
 @pytest.mark.parametrize("case", tiny_cases(), ids=lambda c: c.name)
 def test_float64_reference_agrees_with_float32_reference(case):
+    case = for_dtype(case, "fp32")
     xs = make_inputs(case, "fp32", np.random.default_rng(3))
     ref32 = R.run_reference(case.op, [x.copy() for x in xs], case.params)
-    assert rel_error(ref32, reference_f64(case, xs)) < 1e-5
+    assert rel_error(decoded(case, ref32), decoded(case, reference_f64(case, xs))) < 1e-5
 
 
 def test_llama_cases_cover_every_op():
