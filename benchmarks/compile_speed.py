@@ -5,9 +5,11 @@ Each configuration runs in a fresh process so peak RSS is its own. Ratios are pr
 (7B/4K/4 GPUs: ~22.5k vertices in 0.8 s).
 
     python benchmarks/compile_speed.py [--out benchmarks/results/compile_speed.csv] [--quick] [--fixed-tiles]
+                                       [--no-reduce]
 
 Plans use the tiles `turnip compile` picks for the budget; ``--fixed-tiles`` uses 2048-token tiles (about
-2-6x more vertices), a harder throughput test.
+2-6x more vertices), a harder throughput test. ``--no-reduce`` keeps every memory edge (no reduction at
+emission): the cost of the reduction is the difference in build time.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ TARGET_VPS = 20_000
 CPP_VPS = 22_500 / 0.8
 
 
-def one(cfg, q, budget_tiles=True):
+def one(cfg, q, budget_tiles=True, reduce=True):
     from turnip.compile import make_taskgraph, parse_nbytes
-    from turnip.memgraph.build import build_memgraph
+    from turnip.memgraph.build import BuildConfig, build_memgraph
     from turnip.memgraph.verify import verify
 
     model, seq, gpus, budget = cfg
@@ -39,7 +41,7 @@ def one(cfg, q, budget_tiles=True):
     nbytes = parse_nbytes(budget)
     tg = make_taskgraph(model, seq, gpus, budget_nbytes=nbytes if budget_tiles else None)
     t1 = time.perf_counter()
-    mg = build_memgraph(tg, nbytes)
+    mg = build_memgraph(tg, nbytes, BuildConfig(reduce_memory_edges=reduce))
     t2 = time.perf_counter()
     bad = len(verify(mg, tg))
     t3 = time.perf_counter()
@@ -60,6 +62,7 @@ def one(cfg, q, budget_tiles=True):
             violations=bad,
             n_offload=mg.stats["n_offload"],
             n_memory_edges=mg.stats["n_memory_edges"],
+            n_memory_edges_dropped=mg.stats["n_memory_edges_dropped"],
         )
     )
 
@@ -68,14 +71,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="CSV path")
     ap.add_argument("--quick", action="store_true", help="only the 7B/4K configs")
-    ap.add_argument("--fixed-tiles", action="store_true",
-                    help="2048-token tiles whatever the budget (larger plans) instead of the budget's defaults")
+    ap.add_argument(
+        "--fixed-tiles",
+        action="store_true",
+        help="2048-token tiles whatever the budget (larger plans) instead of the budget's defaults",
+    )
+    ap.add_argument("--no-reduce", action="store_true", help="keep memory edges that other paths imply")
     a = ap.parse_args()
     ctx = mp.get_context("spawn")
     rows = []
     for cfg in CONFIGS[:2] if a.quick else CONFIGS:
         q = ctx.Queue()
-        p = ctx.Process(target=one, args=(cfg, q, not a.fixed_tiles))
+        p = ctx.Process(target=one, args=(cfg, q, not a.fixed_tiles, not a.no_reduce))
         p.start()
         r = q.get()
         p.join()
@@ -86,7 +93,8 @@ def main() -> int:
             f"{r['model']:>10} seq {r['seq']:>6} gpus {r['gpus']} budget {r['budget']:>6}: {r['tg_vertices']:>7} "
             f"vertices, lower {r['lower_s']:.2f} s, build {r['build_s']:.2f} s = {r['vertices_per_s']:,} v/s "
             f"(x{r['ratio_vs_target']} of target, x{r['ratio_vs_cpp']} of C++), verify {r['verify_s']:.2f} s, "
-            f"peak RSS {r['peak_rss_mib']} MiB, violations {r['violations']}",
+            f"peak RSS {r['peak_rss_mib']} MiB, memory edges {r['n_memory_edges']} (dropped "
+            f"{r['n_memory_edges_dropped']}), violations {r['violations']}",
             flush=True,
         )
     if a.out:

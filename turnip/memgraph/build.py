@@ -38,6 +38,9 @@ class BuildConfig:
     lookahead_nbytes: int | None = None  # cap on bytes reserved ahead
     order: tuple[int, ...] | None = None  # V; default index order
     resident_nbytes: int = 0  # per GPU: inputs kept on the GPU across runs (loaded once, never evicted)
+    reduce_memory_edges: bool = True  # drop memory edges that other paths imply (reachability unchanged)
+    workspace_nbytes: int = 0  # per stream slot, kept free at the top of each GPU's arena for kernels' scratch
+    workspace_slots: int = 5  # stream slots the workspace is reserved for (the runtime's streams per GPU)
 
 
 def _uses(tg: TaskGraph, order: np.ndarray):
@@ -67,10 +70,14 @@ class _Build:
         self.pos, self.use_ptr, self.use_pos = _uses(tg, self.V)
         self.next_use = self.use_ptr[:-1].copy()  # index into use_pos of the next use >= exec
         self.last_use = np.full(tg.n, -1, dtype=np.int64)
-        self.arenas = [Arena(b) for b in budget]
+        self.ws_nbytes = cfg.workspace_slots * aligned(cfg.workspace_nbytes) if cfg.workspace_nbytes else 0
+        if self.ws_nbytes >= min(budget):
+            raise BudgetError(f"workspace of {self.ws_nbytes} bytes ({cfg.workspace_slots} slots) leaves nothing of "
+                              f"a budget of {min(budget)} bytes")  # fmt: skip
+        self.arenas = [Arena(b - self.ws_nbytes) for b in budget]
         self.ghosts = [Ghosts() for _ in budget]
         self.host = Arena(1 << 62)
-        self.em = Emitter(tg, budget)
+        self.em = Emitter(tg, budget, reduce=cfg.reduce_memory_edges)
         n = tg.n
         self.loc = np.full(n, -1, dtype=np.int64)
         self.off = np.full(n, -1, dtype=np.int64)  # arena offset of t's current buffer / reservation
@@ -283,6 +290,8 @@ class _Build:
                 "resident_input_nbytes": resident,
                 "policy": self.cfg.policy,
                 "n_clean_evict": self.n_clean,
+                "workspace_slot_nbytes": aligned(self.cfg.workspace_nbytes) if self.ws_nbytes else 0,
+                "workspace_slots": self.cfg.workspace_slots if self.ws_nbytes else 0,
                 "clean_evict_nbytes": self.clean_nbytes,
             },
         )
