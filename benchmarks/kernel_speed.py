@@ -23,7 +23,8 @@ import numpy as np
 
 from cuda_kernels._numba import cuda
 from cuda_kernels.kernels import prepare
-from tests.cuda_kernels.cases import NP_DTYPE, Case, llama_cases, make_inputs
+from tests.cuda_kernels.cases import NP_DTYPE, Case, for_dtype, llama_cases, make_inputs
+from turnip import ops
 
 FACTS = {"gemm_fp16_tflops": 740.0, "gemm_fp32_tflops": 52.0, "hbm_copy_gbps": 2900.0}
 L2_BYTES = 200 << 20  # rotate input sets until one pass touches more than this
@@ -80,16 +81,22 @@ def torch_fn(case: Case, torch):
     p = case.params
     if case.op == "einsum":
         return lambda o, x: o.copy_(torch.einsum(p["subscripts"], x[0], x[1]))
+    if case.op == "sdpa" and not p.get("partial"):
+        tk = p.get("tk", case.in_shapes[1][0])
+        causal = p["q_off"] - p["k_off"] < tk - 1
+
+        def sdpa(o, x):
+            q, k, v = (y.permute(1, 0, 2)[None] for y in (x[0], x[1][:tk], x[2][:tk]))
+            mask = None
+            if causal:  # bottom-right: the key range ends where the query block ends
+                mask = torch.ones(q.shape[2], tk, dtype=torch.bool, device=o.device).tril_(tk - q.shape[2])
+            r = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=p["scale"])
+            o.copy_(r[0].permute(1, 0, 2))
+
+        return sdpa
     ops = {
-        "attn_scores": lambda o, x: o.copy_(torch.einsum("ihd,jhd->hij", x[0], x[1]).mul_(p["scale"])
-                                            .masked_fill_(torch.ones(o.shape[1:], dtype=torch.bool,
-                                                                     device=o.device).triu_(1), -math.inf)),
-        "rowmax": lambda o, x: torch.amax(x[0], -1, out=o),
-        "rowsum": lambda o, x: torch.sum(x[0], -1, out=o),
-        "exp_sub": lambda o, x: torch.exp(torch.sub(x[0], x[1][..., None], out=o), out=o),
-        "max_n": lambda o, x: torch.maximum(torch.maximum(x[0], x[1], out=o), x[2], out=o),
+        "concat": lambda o, x: torch.cat(x, 0, out=o),
         "add_n": lambda o, x: torch.add(x[0], x[1], out=o),
-        "div_rows": lambda o, x: torch.div(x[0], x[1].t()[:, :, None], out=o),
         "mul": lambda o, x: torch.mul(x[0], x[1], out=o),
         "scale": lambda o, x: torch.mul(x[0], p["alpha"], out=o),
         "silu": lambda o, x: o.copy_(F.silu(x[0])),
@@ -108,6 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--fast", action="store_true", help="the CUDA C++ memory-bound kernels where they cover an op")
     ap.add_argument("--smoke", action="store_true", help="tiny widths and ceilings (checks the script only)")
     ap.add_argument("--out", required=True, help="CSV path")
     a = ap.parse_args(argv)
@@ -148,7 +156,7 @@ def main(argv=None) -> int:
             if case.op == "mix" and dtype != "fp32":
                 continue
             try:
-                rows.append(bench_case(b, case, dtype, rng, ceil, torch, torch_stream))
+                rows.append(bench_case(b, for_dtype(case, dtype), dtype, rng, ceil, torch, torch_stream, a.fast))
                 print(fmt(rows[-1]), flush=True)
             except Exception as e:  # noqa: BLE001 - report and go on to the next op
                 print(f"{case.name} {dtype}: FAILED {e!r}", file=sys.stderr, flush=True)
@@ -162,7 +170,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def bench_case(b: Bench, case: Case, dtype: str, rng, ceil, torch, torch_stream) -> dict:
+def bench_case(b: Bench, case: Case, dtype: str, rng, ceil, torch, torch_stream, fast: bool = False) -> dict:
     c = b.c
     nbytes = nbytes_moved(case, dtype)
     n_sets = 1 if case.contraction else max(1, min(4, math.ceil(L2_BYTES / nbytes)))
@@ -173,19 +181,22 @@ def bench_case(b: Bench, case: Case, dtype: str, rng, ceil, torch, torch_stream)
         out = ins[0] if case.op == "sum_into" else c.device_array(case.out_shape, np.float32 if case.op == "mix"
                                                                    else NP_DTYPE[dtype])
         sets.append((out, ins))
-    lau = prepare(case.op, case.in_shapes, case.out_shape, "fp32" if case.op == "mix" else dtype, case.params)
+    lau = prepare(case.op, case.in_shapes, case.out_shape, "fp32" if case.op == "mix" else dtype, case.params,
+                  fast=fast)
     us, host_us = b.time(lambda s, i: lau(s, sets[i][0], sets[i][1]), n_sets)
+    flops = lau.flops or ops.flops(case.op, case.in_shapes, case.out_shape, case.params)
     row = dict(case=case.name, op=case.op, dtype=dtype, path=lau.path,
                shapes=" ".join("x".join(map(str, s)) for s in case.in_shapes) + " -> "
                + "x".join(map(str, case.out_shape)),
                median_us=round(us, 2), host_us_per_launch=round(host_us, 1), gbytes=round(nbytes / 1e9, 4),
-               gflop=round(lau.flops / 1e9, 2))
-    if case.contraction:
-        rate, ref, facts = lau.flops / us / 1e6, ceil[dtype], FACTS[f"gemm_{dtype}_tflops"]
-        row.update(achieved=round(rate, 1), unit="TFLOP/s")
-        nb = prepare(case.op, case.in_shapes, case.out_shape, dtype, case.params, gemm="numba")
-        nus, _ = b.time(lambda s, i: nb(s, sets[0][0], sets[0][1]))
-        row.update(numba_us=round(nus, 1), numba_over_cublas=round(nus / us, 1))
+               gflop=round(flops / 1e9, 2))
+    if case.contraction or case.op == "sdpa":
+        rate, ref, facts = flops / us / 1e6, ceil[dtype], FACTS[f"gemm_{dtype}_tflops"]
+        row.update(achieved=round(rate, 1), unit="TFLOP/s", numba_us="", numba_over_cublas="")
+        if case.contraction:
+            nb = prepare(case.op, case.in_shapes, case.out_shape, dtype, case.params, gemm="numba")
+            nus, _ = b.time(lambda s, i: nb(s, sets[0][0], sets[0][1]))
+            row.update(numba_us=round(nus, 1), numba_over_cublas=round(nus / us, 1))
     else:
         rate, ref, facts = nbytes / us / 1e3, ceil["copy"], FACTS["hbm_copy_gbps"]
         row.update(achieved=round(rate, 0), unit="GB/s", numba_us="", numba_over_cublas="")

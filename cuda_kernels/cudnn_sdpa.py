@@ -85,7 +85,7 @@ class CudnnSdpa:
         def run(ctx) -> None:
             g.execute(pack, ctx.ws_ptr, handle=ctx.handles["cudnn"])
 
-        return LibCall(run, self.ws_nbytes, "cudnn-sdpa")
+        return LibCall(run, self.ws_nbytes, "cudnn-sdpa", lib="cudnn")
 
 
 def _build(tq, tk, tk_alloc, h, dh, dtype, scale, mode, stats):

@@ -18,7 +18,6 @@ as the fallback of every other path. Importing this module needs numpy only; num
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -30,7 +29,7 @@ from cuda_kernels.launch import LibCall, launch_raw
 
 DTYPES = {"fp16": np.float16, "fp32": np.float32}
 GEMM_MODES = ("auto", "cublas", "cublaslt", "numba")
-DEFAULT_WS_NBYTES = 4 << 20  # workspace a GEMM may use (cuBLASLt algorithm choice)
+DEFAULT_WS_NBYTES = 1 << 20  # workspace per stream slot a launch may use (a plan's, at run time)
 
 
 class KernelPrepareError(ValueError):
@@ -65,7 +64,7 @@ def prepare(op: str, in_shapes: Sequence[tuple], out_shape: tuple, dtype: str, p
     """Build (and compile) the launcher of one op instance. Raises ``KernelPrepareError``.
 
     ``fast`` uses the CUDA C++ memory-bound kernels where they cover the op (needs CuPy and a device);
-    ``ws_nbytes`` is the workspace a GEMM may ask of its stream slot."""
+    ``ws_nbytes`` is the workspace a launch may ask of its stream slot (GEMMs use none)."""
     params = dict(params or {})
     in_shapes = [tuple(int(e) for e in s) for s in in_shapes]
     out_shape = tuple(int(e) for e in out_shape)
@@ -204,7 +203,7 @@ def _lt(layout, dtype: str, alpha: float, opts: dict):
     except ImportError:
         return None
     try:
-        return LtGemm(layout, dtype, alpha, opts["ws_nbytes"])
+        return LtGemm(layout, dtype, alpha, 0)  # no workspace: its launch can be captured once for any stream
     except (OSError, RuntimeError):
         if opts["gemm"] == "cublaslt":
             raise
@@ -233,16 +232,20 @@ def _sdpa(in_shapes, out_shape, dtype, params, opts):
           f"output {out_shape} does not match q {in_shapes[0]} (partial={partial})")
     lse_off = n_o * np.dtype(DTYPES[dtype]).itemsize
     scale = float(params["scale"])
+    g = None
     if cudnn_sdpa.supports(tq, tk, h, dh, dtype, params):
         mode = cudnn_sdpa.mask_mode(tq, tk, params)
         g = cudnn_sdpa.CudnnSdpa(tq, tk, tk_all, h, dh, dtype, scale, mode, partial)
+        if g.ws_nbytes > opts["ws_nbytes"]:  # the plan keeps too little scratch: the portable kernel
+            g = None
+    if g is not None:
 
         def bind(out, ins):
             o = _ptr(out)
             return g.bind(o, o + lse_off, _ptr(ins[0]), _ptr(ins[1]), _ptr(ins[2]))
 
         def run(stream, out, ins):
-            bind(out, ins)(_cudnn_ctx(stream, g.ws_nbytes))
+            bind(out, ins)(standalone_context(stream, g.ws_nbytes, "cudnn"))
 
         return "cudnn", run, 0, bind
     diag = int(params["q_off"]) - int(params["k_off"]) if params.get("causal", True) else tk
@@ -271,23 +274,31 @@ def _dummy_lse(out):
     return out.reshape(-1)[: 4 // out.dtype.itemsize].view(np.float32).reshape(1, 1)
 
 
-_CUDNN_CTX: dict = {}
+_STANDALONE_CTX: dict = {}
 
 
-def _cudnn_ctx(stream, ws_nbytes: int):
-    """A ``StreamContext`` for launching a cuDNN call on a numba stream outside the runtime (tests and
-    benchmarks): a handle bound to the stream and a small workspace, cached per stream."""
-    from cuda_kernels import cudnn_sdpa
+def standalone_context(stream, ws_nbytes: int, lib: str | None = None):
+    """A ``StreamContext`` for library calls on a numba stream outside the runtime (tests and benchmarks):
+    a workspace of its own and, when ``lib`` names one, that library's handle bound to the stream; cached
+    per stream."""
     from cuda_kernels._numba import cuda
     from cuda_kernels.launch import StreamContext
 
-    hit = _CUDNN_CTX.get(id(stream))
+    hit = _STANDALONE_CTX.get(id(stream))
     if hit is None or hit[0] is not stream or hit[1].ws_nbytes < ws_nbytes:
         ws = cuda().device_array(max(256, ws_nbytes), dtype=np.uint8)
-        ctx = StreamContext(int(stream.handle), _ptr(ws), ws.size,
-                            {"cudnn": cudnn_sdpa.create_handle(int(stream.handle))}, stream)
-        hit = _CUDNN_CTX[id(stream)] = (stream, ctx, ws)
-    return hit[1]
+        ctx = StreamContext(int(stream.handle), _ptr(ws), ws.size, {}, stream)
+        hit = _STANDALONE_CTX[id(stream)] = (stream, ctx, ws)
+    ctx = hit[1]
+    if lib == "cudnn" and "cudnn" not in ctx.handles:
+        from cuda_kernels import cudnn_sdpa
+
+        ctx.handles["cudnn"] = cudnn_sdpa.create_handle(int(stream.handle))
+    elif lib == "cublaslt" and "cublaslt" not in ctx.handles:
+        from cuda_kernels.cublaslt import lt_handle_create
+
+        ctx.handles["cublaslt"] = lt_handle_create()
+    return ctx
 
 
 def _attn_combine(in_shapes, out_shape, dtype, params, opts):
@@ -321,10 +332,7 @@ def _concat(in_shapes, out_shape, dtype, params, opts):
     def bind(out, ins):
         from cuda_kernels.launch import driver
 
-        lib = driver()
-        f = lib.cuMemcpyDtoDAsync_v2
-        f.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
-        f.restype = ctypes.c_int
+        f = driver().cuMemcpyDtoDAsync_v2
         base = _ptr(out)
         chunks = [(base + r0 * row_nbytes, _ptr(x), (r1 - r0) * row_nbytes)
                   for x, r0, r1 in zip(ins, rows, rows[1:], strict=False) if r1 > r0]  # fmt: skip
@@ -335,7 +343,7 @@ def _concat(in_shapes, out_shape, dtype, params, opts):
                 if r:
                     raise RuntimeError(f"cuMemcpyDtoDAsync: CUDA error {r}")
 
-        return LibCall(copy, 0, "memcpy")
+        return LibCall(copy, 0, "memcpy", capturable=True)
 
     return "memcpy", run, 0, bind
 

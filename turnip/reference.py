@@ -65,9 +65,9 @@ def sdpa(xs, p):
     Rows that see no key give O = 0 and L = -inf. Computed in float32."""
     q, k, v = (_f32(x) for x in xs)
     tk = int(p.get("tk", k.shape[0]))
-    k, v = k[:tk], v[:tk]
-    tq, h, dh = q.shape
-    s = np.einsum("ihd,jhd->hij", q, k) * np.float32(p["scale"])
+    qh, kh, vh = (np.ascontiguousarray(x.transpose(1, 0, 2)) for x in (q, k[:tk], v[:tk]))  # (h, t, dh)
+    h, tq, dh = qh.shape
+    s = np.matmul(qh, kh.transpose(0, 2, 1)) * np.asarray(p["scale"], dtype=qh.dtype)  # (h, tq, tk)
     vis = visible_keys(tq, tk, p)
     s = np.where(np.arange(tk)[None, None, :] < vis[None, :, None], s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
@@ -75,7 +75,7 @@ def sdpa(xs, p):
     e = np.exp(s - m)
     den = e.sum(axis=-1)  # (h, tq)
     with np.errstate(invalid="ignore", divide="ignore"):
-        o = np.einsum("hij,jhd->ihd", e, v) / np.where(den > 0, den, 1.0).T[:, :, None]
+        o = (np.matmul(e, vh) / np.where(den > 0, den, 1.0)[:, :, None]).transpose(1, 0, 2)
         lse = np.where(den > 0, np.log(den) + m[..., 0], -np.inf).astype(np.float32)
     if not p.get("partial", False):
         return _out(o, xs[0])

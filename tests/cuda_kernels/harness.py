@@ -51,3 +51,30 @@ def check(case: Case, dtype: str, rng: np.random.Generator, gemm: str = "auto") 
     p.launcher(stream, p.out, p.ins)
     stream.synchronize()
     return rel_error(decoded(p.case, p.out.copy_to_host()), decoded(p.case, ref)), p.launcher.path
+
+
+def check_bound(case: Case, dtype: str, rng: np.random.Generator, fast: bool = False,
+                graph: bool = False) -> tuple[float, str]:
+    """Like ``check``, through the runtime's path: ``Launcher.bind`` once, then one raw launch or library
+    call on a stream with a workspace of its own (``fast``: the CUDA C++ kernels where they cover the op;
+    ``graph``: captured into a CUDA graph and replayed, where the bound launch can be captured)."""
+    from cuda_kernels.kernels import prepare, standalone_context
+    from cuda_kernels.launch import LibCall, capture, capture_stream, destroy_graph, driver, launch_raw
+
+    p = setup(case, dtype, rng)
+    lau = prepare(p.case.op, p.case.in_shapes, p.case.out_shape, p.launcher.dtype, p.case.params, fast=fast)
+    ref = reference_f64(p.case, p.host_ins)
+    stream = cuda().stream()
+    b = lau.bind(p.out, p.ins)
+    ctx = standalone_context(stream, max(getattr(b, "ws_nbytes", 0), 1 << 20), getattr(b, "lib", None))
+    if graph and (not isinstance(b, LibCall) or b.capturable):
+        ex = capture(b, ctx, capture_stream())
+        assert driver().cuGraphLaunch(ex, ctx.stream) == 0
+        stream.synchronize()
+        destroy_graph(ex)
+    elif isinstance(b, LibCall):
+        b(ctx)
+    else:
+        assert launch_raw(b, int(stream.handle)) == 0
+    stream.synchronize()
+    return rel_error(decoded(p.case, p.out.copy_to_host()), decoded(p.case, ref)), lau.path
