@@ -59,12 +59,22 @@ def make_taskgraph(
     raise ValueError(f"unknown model {model!r}; choose from {MODELS}")
 
 
+def auto_workspace(budget: int) -> int:
+    """Workspace per stream slot for GPU runs (cuDNN attention asks for a few hundred bytes; GEMMs run
+    without one): 1/256 of the budget in 256-byte units, at most 1 MiB (none below a 64 KiB budget:
+    kernels that need scratch then take their workspace-free fallback)."""
+    return min(1 << 20, budget // 256) // 256 * 256
+
+
 def build_with_resident(
-    tg: TaskGraph, budget: int, config: BuildConfig | None = None, resident="0", progress=None
+    tg: TaskGraph, budget: int, config: BuildConfig | None = None, resident="0", progress=None, workspace="auto"
 ) -> MemGraph:
     """Build with a resident input set: a byte size, or ``"auto"`` = a quarter of the budget, falling back to
-    none when that leaves too little room for some vertex."""
+    none when that leaves too little room for some vertex. ``workspace``: bytes per stream slot kept for
+    kernels' scratch (``"auto"``: ``auto_workspace``)."""
     cfg = config or BuildConfig()
+    ws = auto_workspace(budget) if str(workspace) == "auto" else parse_nbytes(str(workspace))
+    cfg = dataclasses.replace(cfg, workspace_nbytes=ws)
     if str(resident) != "auto":
         return build_memgraph(
             tg, budget, dataclasses.replace(cfg, resident_nbytes=parse_nbytes(str(resident))), progress=progress
@@ -86,7 +96,8 @@ def compile_model(
     progress=None,
     n_layers: int | None = None,
     resident="0",
+    workspace="auto",
 ) -> tuple[TaskGraph, MemGraph]:
     b = parse_nbytes(budget) if isinstance(budget, str) else budget
     tg = make_taskgraph(model, seq, gpus, dtype, tiles, n_layers=n_layers, budget_nbytes=b)
-    return tg, build_with_resident(tg, b, config, resident, progress)
+    return tg, build_with_resident(tg, b, config, resident, progress, workspace)

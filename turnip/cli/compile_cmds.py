@@ -42,6 +42,12 @@ def register(sub) -> None:
         help="bytes per GPU of inputs/weights kept on the GPU for good (steady state: loaded once, "
         "never evicted); 'auto' = a quarter of the budget when it fits, 0 = stream every input",
     )
+    p.add_argument(
+        "--workspace",
+        default="auto",
+        help="bytes per stream slot kept free at the top of each GPU's arena for kernels' scratch (cuDNN "
+        "attention); 'auto' = 1/256 of the budget, between 256 B and 1 MiB",
+    )
     p.add_argument("--layers", type=int, default=None, help="compile only the first N layers")
     p.add_argument("--verify", action="store_true", help="run the verifier on the result")
     p.add_argument("-o", "--output", help="write the plan here (.tplan)")
@@ -125,7 +131,7 @@ def cmd_compile(a) -> int:
         budget = parse_nbytes(a.budget)
         tg = make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles or None, n_layers=a.layers, budget_nbytes=budget)
         bar = Progress(tg.n, "compile")
-        mg = build_with_resident(tg, budget, cfg, a.resident, progress=bar.update)
+        mg = build_with_resident(tg, budget, cfg, a.resident, progress=bar.update, workspace=a.workspace)
         bar.close()
     except (BudgetError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

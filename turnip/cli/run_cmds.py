@@ -35,6 +35,13 @@ def register(sub) -> None:
     p.add_argument("--backend", default="cpu", choices=BACKENDS)
     p.add_argument("--policy", default="nondet", choices=POLICIES)
     p.add_argument("--streams", type=int, default=5, help="stream slots per GPU")
+    p.add_argument("--numba-kernels", action="store_true",
+                   help="cuda: numba memory-bound kernels instead of the CUDA C++ ones (16-byte accesses, warp "
+                   "reductions; those need CuPy)")
+    p.add_argument("--graph-events", action="store_true",
+                   help="cuda: record each vertex's end event inside its graph (one driver call per launch)")
+    p.add_argument("--numba-launch", action="store_true",
+                   help="cuda: launch through numba launchers instead of bound driver calls (slower)")
     p.add_argument("--repeat", type=int, default=3, help="timed runs")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first (kernel modules, cuBLAS handles)")
     p.add_argument("--seed", type=int, default=0, help="weights / inputs seed (and chaos seeds)")
@@ -91,7 +98,8 @@ def cmd_run(a) -> int:
     values = _inputs(a, tg)
     t_plan = time.perf_counter() - t0
     bound = _bound(mg, a.profile)
-    opts = {"chaos": a.chaos} if a.backend == "cpu" else {}
+    opts = {"chaos": a.chaos} if a.backend == "cpu" else {"fast": not a.numba_kernels, "bound": not a.numba_launch,
+                                                           "graph_events": a.graph_events}
     rows, res = [], None
     try:
         t1 = time.perf_counter()

@@ -19,7 +19,8 @@ BACKENDS = ("cpu", "cuda")
 
 def open_backend(name: str, mg, streams_per_gpu: int = 5, **options):
     """Load plan ``mg`` on backend ``name`` ('cpu' or 'cuda'): allocate its memory, build every view and
-    closure. ``options`` go to the backend (cpu: ``chaos``, ``chaos_max_s``; cuda: ``devices``, ``gemm``)."""
+    closure. ``options`` go to the backend (cpu: ``chaos``, ``chaos_max_s``, ``poison``; cuda: ``devices``,
+    ``gemm``, ``fast``, ``bound``, ``device_start``)."""
     if name == "cpu":
         from turnip.runtime.cpu import CpuBackend
 

@@ -7,13 +7,22 @@ compiles nothing:
               host→device and one device→host copy stream, one copy stream per peer GPU it sends to
   host        one pinned input region (portable, write-combined: the host only writes it) holding inputs
               and weights, one pinned offload region (portable) receiving offloads
+  per slot    a ``StreamContext``: the stream, its workspace (the top of the arena holds one workspace
+              per stream slot, ``workspace_slot_nbytes`` each: the plan's builder left it free) and the
+              library handles bound to that stream (cuBLASLt, cuDNN), created here when a vertex needs them
   per vertex  typed device-array views of its output and operands (numba ``DeviceNDArray`` over the
-              arena), a prepared kernel launcher (``cuda_kernels.kernels.prepare``; GEMMs through cuBLAS on
-              the vertex's stream) or the raw pointers of its copy, and two CUDA events (device start/end)
-A run records the start event, enqueues the work, records the end event, and the driver loop polls end
-events (``cuEventQuery``, about 2 µs; no host callbacks: numba's ``add_callback`` is broken on the lent
-machines). Sum-into groups are serialised by the scheduler's lock: the next writer launches only after
-the previous one's end event was seen. Resident inputs are loaded by ``write_inputs``; the scheduler counts
+              arena) and its bound launch (``Launcher.bind``: one ``cuLaunchKernel`` with packed
+              parameters, or a prebound library call: cuBLASLt GEMM, cuDNN attention, device copies),
+              captured into a CUDA graph where it can be (``graphs=True``: kernels and copies once, GEMMs
+              once per stream slot with that slot's cuBLASLt handle; cuDNN calls stay direct), or the raw
+              pointers of its copy; an end event
+              (and a start event with ``device_start=True``)
+A run enqueues the work with one driver call per vertex (``cuGraphLaunch``, ``cuLaunchKernel``, a copy),
+records its end event, and the driver loop polls end events (``cuEventQuery``, about 1 µs; no host
+callbacks: numba's ``add_callback`` is broken on the lent machines). ``bound=False`` launches through
+numba launchers instead (slower, for comparison).
+Sum-into groups are serialised by the scheduler's lock: the next writer launches only after the previous
+one's end event was seen. Resident inputs are loaded by ``write_inputs``; the scheduler counts
 them done before a run starts (were one issued, it would be a no-op).
 
 Errors: a launcher that raises, or a copy / event that returns a CUDA error, raises ``VertexFailed`` naming
@@ -41,12 +50,27 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, mg: MemGraph, streams_per_gpu: int = 5, devices: list[int] | None = None,
-                 gemm: str = "auto"):  # fmt: skip
+                 gemm: str = "auto", fast: bool = True, bound: bool = True, graphs: bool = True,
+                 graph_events: bool = False, device_start: bool = False):  # fmt: skip
         from cuda_kernels._numba import cuda as numba_cuda
+        from cuda_kernels.launch import driver as launch_driver
 
         self.cuda = cuda = numba_cuda()
         self.drv = drv = Driver()
-        self.mg, self.k, self.gemm = mg, streams_per_gpu, gemm
+        self._cu_launch = launch_driver().cuLaunchKernel
+        self._graph_launch = launch_driver().cuGraphLaunch
+        self.mg, self.k, self.gemm, self.fast, self.bound = mg, streams_per_gpu, gemm, fast, bound
+        self.graphs = graphs and bound
+        self.graph_events = graph_events and self.graphs and not device_start  # end event inside the graph
+        self._graph_execs: list[int] = []
+        self._cap_streams: list[int] = []
+        self.capture_failures: list[str] = []
+        self.device_start = device_start
+        self.ws_slot = int(mg.stats.get("workspace_slot_nbytes", 0))
+        slots = int(mg.stats.get("workspace_slots", 0))
+        if self.ws_slot and streams_per_gpu > slots:
+            raise BackendError(f"the plan reserves workspace for {slots} stream slots per GPU; run it with at most "
+                               f"{slots} streams (asked {streams_per_gpu}) or recompile it")  # fmt: skip
         self.lay = lay = plan_layout(mg)
         G = mg.n_gpus
         self.devices = list(devices) if devices is not None else list(range(G))
@@ -72,6 +96,13 @@ class CudaBackend:
                 cs |= {("p2p", d): cuda.stream() for d in range(G) if d != g}
                 self.copy_streams.append({k: (s, int(s.handle)) for k, s in cs.items()})
         self._enable_peers()
+        from cuda_kernels.launch import StreamContext
+
+        self.sctx = [
+            [StreamContext(self.hstreams[g][s], self._ws_ptr(g, s), self.ws_slot, {}, self.streams[g][s])
+             for s in range(streams_per_gpu)]
+            for g in range(G)
+        ]  # fmt: skip
         self.cur = -1
         self._set_ctx(0)
         self.host_in = self._host_alloc(lay.host_input_nbytes, write_combined=True)
@@ -84,19 +115,49 @@ class CudaBackend:
         self.ev0, self.ev1 = [0] * n, [0] * n
         for v in range(n):
             self._set_ctx(self.owner[v])
-            self.ev0[v], self.ev1[v] = drv.event(), drv.event()
-        self._events = self.ev0 + self.ev1
+            self.ev1[v] = drv.event()
+            if device_start:
+                self.ev0[v] = drv.event()
+        self._events = [e for e in self.ev0 + self.ev1 if e]
         self.ref = []
         for g in range(G):
             self._set_ctx(g)
             self.ref.append(drv.event())
+        if self.graphs:
+            from cuda_kernels.launch import capture_stream
+
+            for g in range(G):
+                self._set_ctx(g)
+                self._cap_streams.append(capture_stream())
         self._work = [self._prepare(v) for v in range(n)]
+        for g, cs in enumerate(self._cap_streams):  # graph uploads done before the first run
+            self._set_ctx(g)
+            drv.check(drv.cuStreamSynchronize(cs), "synchronizing graph uploads")
         self._ref_host_ns = [0] * G
         self._in_flight: list[int] = []
         self._inputs = input_vertices(mg)
         self._written: set[int] = set()
 
     # ------------------------------------------------------------------ plan load
+    def _ws_ptr(self, g: int, slot: int) -> int:
+        """Slot ``slot``'s workspace on GPU ``g``: the top of the arena, one ``ws_slot`` range per slot."""
+        return self.base[g] + int(self.mg.budget_nbytes[g]) - (slot + 1) * self.ws_slot if self.ws_slot else 0
+
+    def _handles(self, g: int, lib: str | None) -> None:
+        """Create the handles of library ``lib`` on every stream slot of GPU ``g`` (once)."""
+        if lib is None or lib in self.sctx[g][0].handles:
+            return
+        self._set_ctx(g)
+        for ctx in self.sctx[g]:
+            if lib == "cudnn":
+                from cuda_kernels.cudnn_sdpa import create_handle
+
+                ctx.handles[lib] = create_handle(ctx.stream)
+            else:
+                from cuda_kernels.cublaslt import lt_handle_create
+
+                ctx.handles[lib] = lt_handle_create()
+
     def _set_ctx(self, g: int) -> None:
         if g != self.cur:
             self.drv.check(self.drv.cuCtxSetCurrent(self.ctx[g]), f"cuCtxSetCurrent(gpu {g})")
@@ -143,20 +204,53 @@ class CudaBackend:
         key = (mg.op[v], in_shapes, tuple(mg.shape[v]), dt, json.dumps(mg.params[v], sort_keys=True))
         lau = self._launchers.get(key)
         if lau is None:
-            lau = self._launchers[key] = prepare(mg.op[v], in_shapes, mg.shape[v], dt, mg.params[v], gemm=self.gemm)
+            lau = self._launchers[key] = prepare(mg.op[v], in_shapes, mg.shape[v], dt, mg.params[v], gemm=self.gemm,
+                                                 fast=self.fast, ws_nbytes=self.ws_slot)  # fmt: skip
         return lau
 
     def _prepare(self, v: int) -> tuple:
-        """What ``submit`` needs for ``v``: ('k', launcher, out, ins), ('h2d'|'d2h'|'p2p', args...), ('skip',)."""
+        """What ``submit`` needs for ``v``: ('r', cuLaunchKernel arguments...), ('l', library call),
+        ('k', launcher, out, ins), ('h2d'|'d2h'|'p2p', args...), ('skip',)."""
+        from cuda_kernels.launch import LibCall, RawLaunch
+
         lay = self.lay
         k, g = lay.kind[v], lay.gpu[v]
         if k == KIND_KERNEL:
             ins = [self.view(b) for b in lay.reads[v]]
             out = ins[0] if self.mg.op[v] == "sum_into" else self.view(v)
+            self._set_ctx(g)
             lau = self._launcher(v)
-            if lau.path == "cublas" and self.mg.op[v] == "einsum":  # cuBLAS reads pointers only: cache them
-                out, ins = _Ptr(out), [_Ptr(x) for x in ins]
-            return ("k", lau, out, ins)
+            if not self.bound:
+                if lau.path == "cublas" and self.mg.op[v] == "einsum":  # cuBLAS reads pointers only: cache them
+                    out, ins = _Ptr(out), [_Ptr(x) for x in ins]
+                return ("k", lau, out, ins)
+            b = lau.bind(out, ins)
+            if isinstance(b, LibCall):
+                if b.ws_nbytes > self.ws_slot:
+                    raise BackendError(f"{self.mg.label(v)} ({b.what}) needs {b.ws_nbytes} bytes of workspace; the "
+                                       f"plan reserves {self.ws_slot} per stream slot: recompile with a larger "
+                                       "workspace")  # fmt: skip
+                self._handles(g, b.lib)
+            if self.graphs and (isinstance(b, RawLaunch) or b.capturable and b.ws_nbytes == 0):
+                from cuda_kernels.launch import capture
+
+                try:
+                    ev = self.ev1[v] if self.graph_events else 0
+                    tag = "G" if ev else "g"
+                    if isinstance(b, RawLaunch) or b.lib is None:
+                        ex = capture(b, self.sctx[g][0], self._cap_streams[g], ev)
+                        self._graph_execs.append(ex)
+                        return (tag, ex, b)
+                    # a library call uses its slot's handle, which may keep scratch of its own: one graph
+                    # per slot, so that a handle only ever runs on its own stream (as direct calls do)
+                    execs = [capture(b, ctx, self._cap_streams[g], ev) for ctx in self.sctx[g]]
+                    self._graph_execs.extend(execs)
+                    return (tag + "s", execs, b)
+                except RuntimeError as e:  # not capturable here: launch it directly
+                    self.capture_failures.append(f"{self.mg.label(v)}: {e}")
+            if isinstance(b, RawLaunch):
+                return ("r", b.func, b.gx, b.gy, b.gz, b.bx, b.by, b.bz, b.shmem, b.params, b.keep)
+            return ("l", b)
         nb = lay.nbytes[v]
         if k == KIND_INPUT and lay.resident[v]:
             return ("skip",)
@@ -220,25 +314,55 @@ class CudaBackend:
 
     def submit(self, cmd) -> None:
         v = cmd.v
-        drv = self.drv
         g = cmd.gpu
         if g != self.cur:
-            drv.cuCtxSetCurrent(self.ctx[g])
+            self.drv.cuCtxSetCurrent(self.ctx[g])
             self.cur = g
         w = self._work[v]
         tag = w[0]
-        if tag == "k":
+        if tag == "G":  # the graph records the end event itself: one driver call
+            r = self._graph_launch(w[1], self.hstreams[g][cmd.stream])
+            if r:
+                raise VertexFailed(v, self.mg.label(v), CudaError(f"cuGraphLaunch: {self.drv.error_name(r)}"))
+            self._in_flight.append(v)
+            return
+        if tag == "Gs":
+            s = cmd.stream
+            r = self._graph_launch(w[1][s], self.hstreams[g][s])
+            if r:
+                raise VertexFailed(v, self.mg.label(v), CudaError(f"cuGraphLaunch: {self.drv.error_name(r)}"))
+            self._in_flight.append(v)
+            return
+        drv = self.drv
+        if tag == "g" or tag == "gs":
             h = self.hstreams[g][cmd.stream]
-            r = drv.cuEventRecord(self.ev0[v], h)
+            r = drv.cuEventRecord(self.ev0[v], h) if self.device_start else SUCCESS
+            if r == SUCCESS:
+                r = self._graph_launch(w[1] if tag == "g" else w[1][cmd.stream], h)
+            if r != SUCCESS:
+                raise VertexFailed(v, self.mg.label(v), CudaError(f"cuGraphLaunch: {drv.error_name(r)}"))
+        elif tag == "r":
+            h = self.hstreams[g][cmd.stream]
+            r = drv.cuEventRecord(self.ev0[v], h) if self.device_start else SUCCESS
+            if r == SUCCESS:
+                r = self._cu_launch(w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], h, w[9], None)
+            if r != SUCCESS:
+                raise VertexFailed(v, self.mg.label(v), CudaError(f"cuLaunchKernel: {drv.error_name(r)}"))
+        elif tag == "l" or tag == "k":
+            h = self.hstreams[g][cmd.stream]
+            r = drv.cuEventRecord(self.ev0[v], h) if self.device_start else SUCCESS
             try:
-                w[1](self.streams[g][cmd.stream], w[2], w[3])
+                if tag == "l":
+                    w[1](self.sctx[g][cmd.stream])
+                else:
+                    w[1](self.streams[g][cmd.stream], w[2], w[3])
             except Exception as e:
                 raise VertexFailed(v, self.mg.label(v), e) from e
             if r != SUCCESS:
                 raise VertexFailed(v, self.mg.label(v), CudaError(f"cuEventRecord: {drv.error_name(r)}"))
         else:
             h = w[-1] if tag != "skip" else self.hstreams[g][cmd.stream]
-            r = drv.cuEventRecord(self.ev0[v], h)
+            r = drv.cuEventRecord(self.ev0[v], h) if self.device_start else SUCCESS
             if r != SUCCESS:
                 pass
             elif tag == "h2d":
@@ -305,6 +429,8 @@ class CudaBackend:
             g = self.owner[v]
             base = self._ref_host_ns[g] - t0_ns
             for ev, out in ((self.ev0[v], start), (self.ev1[v], end)):
+                if not ev:  # no start event: the driver loop uses the issue time
+                    continue
                 r = drv.cuEventElapsedTime(ref_ms, self.ref[g], ev)
                 if r == SUCCESS:
                     out[v] = base + int(ms.value * 1e6)
@@ -321,6 +447,21 @@ class CudaBackend:
         self.abort()
         for e in self._events + self.ref:
             self.drv.cuEventDestroy_v2(e)
+        from cuda_kernels.launch import destroy_graph, driver
+
+        for ex in self._graph_execs:
+            destroy_graph(ex)
+        self._graph_execs = []
+        for g, cs in enumerate(self._cap_streams):
+            self._set_ctx(g)
+            driver().cuStreamDestroy_v2(cs)
+        self._cap_streams = []
+        for g, row in enumerate(self.sctx):
+            for ctx in row:
+                for lib, hd in ctx.handles.items():
+                    self._set_ctx(g)
+                    _destroy_handle(lib, hd)
+                ctx.handles.clear()
         self._work, self._views, self.host_in, self.host_off = [], {}, None, None
         for p in self._host_ptrs:
             self.drv.cuMemFreeHost(p)
@@ -332,6 +473,17 @@ class CudaBackend:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _destroy_handle(lib: str, handle) -> None:
+    if lib == "cudnn":
+        import cudnn
+
+        cudnn.destroy_handle(handle)
+    elif lib == "cublaslt":
+        from cuda_kernels.cublaslt import lt_handle_destroy
+
+        lt_handle_destroy(handle)
 
 
 class _Ptr:

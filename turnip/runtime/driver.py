@@ -13,6 +13,7 @@ backend (CUDA events on GPUs). They fill the shared trace schema (``turnip.trace
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -98,6 +99,8 @@ def execute(
     submit, poll, complete = backend.submit, backend.poll, sched.complete
     stall_ns = int(stall_s * 1e9)
     backend.begin_run(seed)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection pass in the middle of the loop would stall every stream behind it
     t0 = clock()
 
     def issue_all(cmds) -> None:
@@ -133,6 +136,9 @@ def execute(
     except BaseException:
         backend.abort()
         raise
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     wall_s = (clock() - t0) / 1e9
     dev_start, dev_end = backend.end_run(t0)
     arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
