@@ -35,11 +35,13 @@ class MachineProfile:
     # GPU<->GPU (NVLink; measured on the H200 pair)
     p2p_bytes_per_s: float = 390e9
     p2p_latency_ns: int = 10_000  # assumed
-    # host driver: one thread issues every command, serially
-    kernel_launch_ns: int = 20_000  # numba-cuda launch from Python, 19-26 us
-    gemm_launch_ns: int | None = None  # einsum (cuBLAS) kernels; None: same as kernel_launch_ns
-    copy_launch_ns: int = 10_000  # assumed: an async memcpy call from Python
-    completion_ns: int = 5_000  # assumed: event polling on the scheduler thread (query 2.3 us)
+    # host driver: one thread issues every command, serially (measured on the H100 runtime with bound
+    # launches replayed as CUDA graphs: benchmarks/results/prefill_h100_a.md, issue time per vertex)
+    kernel_launch_ns: int = 11_000  # graph launch of a kernel + its end event, from Python
+    gemm_launch_ns: int | None = 13_000  # einsum (cuBLASLt graph); None: same as kernel_launch_ns
+    attn_launch_ns: int | None = 100_000  # sdpa (cuDNN's execute from Python); None: kernel_launch_ns
+    copy_launch_ns: int = 13_000  # an async host<->device copy + its end event
+    completion_ns: int = 7_000  # event polling and the scheduler's completion handling
     # contention (FACTS: copies slow concurrent GEMMs by ~11%)
     kernel_slowdown_with_copies: float = 1.11
     # jitter: duration = floor * (1 + e), e ~ lognormal with the given mean and standard deviation

@@ -81,8 +81,10 @@ class TimingModel:
         self.nbytes = np.where(self.preloaded, 0, mg.out_nbytes).astype(np.int64)  # resident: moved at load
         self.kernel_ns = kernel_floor_ns(mg, prof)
         gemm = np.array([op == "einsum" for op in mg.op], dtype=bool)
+        attn = np.array([op == "sdpa" for op in mg.op], dtype=bool)
         gemm_ns = prof.kernel_launch_ns if prof.gemm_launch_ns is None else prof.gemm_launch_ns
-        kernel_launch = np.where(gemm, gemm_ns, prof.kernel_launch_ns)
+        attn_ns = prof.kernel_launch_ns if prof.attn_launch_ns is None else prof.attn_launch_ns
+        kernel_launch = np.where(gemm, gemm_ns, np.where(attn, attn_ns, prof.kernel_launch_ns))
         launch = np.where(self.eng == ENG_KERNEL, kernel_launch, prof.copy_launch_ns)
         self.launch_ns = np.where(self.preloaded, 0, launch).astype(np.int64)  # host time to issue each vertex
         p = prof

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.sim
 EXACT = h100().replace(
     fp16_flops_per_s=1e9, hbm_bytes_per_s=1e18, kernel_efficiency=1.0, kernel_min_ns=0,
     h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9, pcie_both_bytes_per_s=1e9, copy_latency_ns=0,
-    p2p_bytes_per_s=1e9, p2p_latency_ns=0, kernel_launch_ns=1000, copy_launch_ns=1000, completion_ns=500,
+    p2p_bytes_per_s=1e9, p2p_latency_ns=0, kernel_launch_ns=1000, gemm_launch_ns=None, attn_launch_ns=None,
+    copy_launch_ns=1000, completion_ns=500,
     kernel_slowdown_with_copies=1.0, kernel_excess_mean=0.0, kernel_contended_excess_mean=0.0,
     h2d_excess_mean=0.0, h2d_contended_excess_mean=0.0, d2h_excess_mean=0.0, d2h_contended_excess_mean=0.0,
     p2p_excess_mean=0.0, stall_prob=0.0,
