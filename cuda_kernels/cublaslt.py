@@ -23,6 +23,7 @@ ctypes only: no CuPy, no torch, no numba (``cuda_kernels`` never imports ``turni
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import glob
 import os
@@ -223,6 +224,19 @@ def lt_handle_destroy(h: int) -> None:
 
 _HEURISTIC_HANDLES: dict = {}  # current CUcontext (int) -> handle used for heuristic queries only
 _CUDA = None
+
+
+def _release_heuristic_handles() -> None:
+    """Destroy the heuristic handles (``atexit``: before the CUDA driver goes away at shutdown)."""
+    for h in list(_HEURISTIC_HANDLES.values()):
+        try:
+            lt_handle_destroy(h)
+        except Exception:  # noqa: BLE001 (shutdown: nothing can be done about a failed destroy)
+            pass
+    _HEURISTIC_HANDLES.clear()
+
+
+atexit.register(_release_heuristic_handles)
 
 
 def _current_context() -> int:

@@ -14,6 +14,7 @@ arena (cuDNN asks for a few hundred bytes).
 
 from __future__ import annotations
 
+import atexit
 import math
 
 from cuda_kernels import _numba
@@ -21,6 +22,21 @@ from cuda_kernels.launch import LibCall
 
 _GRAPHS: dict = {}
 _BUILD_HANDLE = None
+
+
+def release() -> None:
+    """Drop the cached graphs and destroy the build handle (registered with ``atexit``: cuDNN objects
+    must not outlive the CUDA driver at interpreter shutdown)."""
+    global _BUILD_HANDLE
+    _GRAPHS.clear()
+    if _BUILD_HANDLE is not None:
+        import cudnn
+
+        cudnn.destroy_handle(_BUILD_HANDLE)
+        _BUILD_HANDLE = None
+
+
+atexit.register(release)
 
 
 def usable() -> bool:

@@ -127,3 +127,127 @@ def test_llama_7b_width_layer_matches_numpy():
             execute(mg, be, "nondet", seed=seed)
             out = be.read_outputs()
             assert max(rel_err(out[t], ref[t]) for t in out) <= 1e-2
+
+
+# ---------------------------------------------------------------- faults: the run stops, the next one works
+
+
+def _assert_next_run_correct(mg, be, ref) -> None:
+    execute(mg, be, "nondet", seed=11)
+    out = be.read_outputs()
+    assert max(rel_err(out[t], ref[t]) for t in out) <= 2e-2
+
+
+@needs_gpu
+def test_copy_error_names_the_vertex():
+    tg, mg = tiny_llama(48 * 1024, "fp16")
+    inputs, ref = reference(tg)
+    with open_backend("cuda", mg) as be:
+        be.write_inputs(inputs)
+        v = next(u for u in range(mg.n) if be._work[u][0] == "h2d")
+        w = be._work[v]
+        be._work[v] = (w[0], w[1], 0, w[3], w[4])  # a null host pointer: the driver refuses the copy
+        with pytest.raises(VertexFailed, match=f"#{v}"):
+            execute(mg, be)
+        be._work[v] = w
+        _assert_next_run_correct(mg, be, ref)
+
+
+@needs_gpu
+def test_launch_error_names_the_vertex():
+    """A kernel launch the driver refuses (a block larger than the device allows) stops the run."""
+    from cuda_kernels.launch import RawLaunch
+
+    tg, mg = tiny_llama(1 << 20, "fp16")
+    inputs, ref = reference(tg)
+    with open_backend("cuda", mg) as be:
+        be.write_inputs(inputs)
+        v = next(u for u in range(mg.n) if be._work[u][0] == "g" and isinstance(be._work[u][2], RawLaunch))
+        w, b = be._work[v], be._work[v][2]
+        be._work[v] = ("r", b.func, b.gx, b.gy, b.gz, 4096, 1, 1, b.shmem, b.params, b.keep)
+        with pytest.raises(VertexFailed, match=f"#{v}.*cuLaunchKernel"):
+            execute(mg, be)
+        be._work[v] = w
+        _assert_next_run_correct(mg, be, ref)
+
+
+@needs_gpu
+def test_interrupt_during_a_7b_width_run_leaves_the_backend_usable():
+    """Ctrl-C in the middle of a LLaMA-7B-shaped run: the in-flight work finishes, the error propagates,
+    the next run in the same process is right."""
+    from cuda_kernels.launch import LibCall
+    from turnip.compile import build_with_resident, make_taskgraph
+    from turnip.runtime.weights import random_inputs_for, tile_inputs
+
+    tg = make_taskgraph("llama-7b", 2048, 1, "fp16", n_layers=1, budget_nbytes=2 << 30)
+    mg = build_with_resident(tg, 2 << 30, None, "auto")
+    inputs = tile_inputs(tg, random_inputs_for(tg, 2))
+    ref = evaluate_taskgraph(tg, inputs)
+    with open_backend("cuda", mg) as be:
+        be.write_inputs(inputs)
+        kernels = [u for u in range(mg.n) if mg.kind[u] == 1]
+        v = kernels[len(kernels) // 2]
+        w = be._work[v]
+
+        def interrupt(ctx):
+            raise KeyboardInterrupt
+
+        be._work[v] = ("l", LibCall(interrupt, 0, "interrupt"))
+        with pytest.raises(KeyboardInterrupt):
+            execute(mg, be)
+        assert not be.in_flight()
+        be._work[v] = w
+        execute(mg, be)
+        out = be.read_outputs()
+        assert max(rel_err(out[t], ref[t]) for t in out) <= 1e-2
+
+
+@needs_gpu
+def test_stall_names_the_vertex_in_flight():
+    """A vertex that does not finish within the watchdog's limit stops the run with RuntimeStall naming it;
+    the backend waits for it and stays usable."""
+    from cuda_kernels._numba import cuda
+    from cuda_kernels.launch import LibCall
+    from turnip.runtime import RuntimeStall
+
+    @cuda().jit
+    def spin(n):
+        for _ in range(n):
+            cuda().nanosleep(1000000)
+
+    spin[1, 1](1)  # compiled now, not inside the run
+    cuda().synchronize()
+    tg, mg = tiny_llama(1 << 20, "fp16")
+    inputs, ref = reference(tg)
+    with open_backend("cuda", mg) as be:
+        be.write_inputs(inputs)
+        v = int(np.flatnonzero(mg.kind == 1)[3])
+        w = be._work[v]
+        be._work[v] = ("l", LibCall(lambda ctx: spin[1, 1, ctx.numba_stream](1500), 0, "spin"))
+        with pytest.raises(RuntimeStall, match=f"#{v}"):
+            execute(mg, be, stall_s=0.3)
+        be._work[v] = w
+        _assert_next_run_correct(mg, be, ref)
+
+
+@needs_gpu
+def test_close_gives_device_memory_back():
+    """Open and close a 4 GiB plan three times: device memory returns to where it was (arenas, graphs,
+    library handles and pinned regions are all released at close)."""
+    import ctypes
+
+    from turnip.compile import build_with_resident, make_taskgraph
+
+    lib = ctypes.CDLL("libcuda.so.1")
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    tg = make_taskgraph("llama-7b", 1024, 1, "fp16", n_layers=1, budget_nbytes=4 << 30)
+    mg = build_with_resident(tg, 4 << 30, None, "auto")
+    seen = []
+    for _ in range(3):
+        with open_backend("cuda", mg) as be:
+            be.write_inputs({t: np.zeros(tg.shape[t], np.float16 if tg.dtype[t] == "fp16" else np.int32)
+                             for t in np.flatnonzero(tg.kind == 0).tolist()})  # fmt: skip
+            execute(mg, be)
+        assert lib.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+        seen.append(free.value)
+    assert max(seen) - min(seen) < 256 << 20, seen

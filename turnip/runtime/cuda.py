@@ -440,33 +440,43 @@ class CudaBackend:
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
-        """Synchronize, destroy events, free pinned memory and the arenas. Idempotent."""
+        """Release everything the plan holds, in an order that never frees what queued work could still
+        touch: wait for every GPU; destroy the graphs, the library handles, the events and the capture
+        streams; drop the views and bound launches; free the arenas (numba's pending deallocations are
+        flushed now, not at interpreter exit) and finally the pinned host regions. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self.abort()
-        for e in self._events + self.ref:
-            self.drv.cuEventDestroy_v2(e)
         from cuda_kernels.launch import destroy_graph, driver
 
         for ex in self._graph_execs:
             destroy_graph(ex)
         self._graph_execs = []
+        for g, row in enumerate(self.sctx):
+            self._set_ctx(g)
+            for ctx in row:
+                for lib, hd in ctx.handles.items():
+                    _destroy_handle(lib, hd)
+                ctx.handles.clear()
+        for e in self._events + self.ref:
+            self.drv.cuEventDestroy_v2(e)
+        self._events, self.ref = [], []
         for g, cs in enumerate(self._cap_streams):
             self._set_ctx(g)
             driver().cuStreamDestroy_v2(cs)
         self._cap_streams = []
-        for g, row in enumerate(self.sctx):
-            for ctx in row:
-                for lib, hd in ctx.handles.items():
-                    self._set_ctx(g)
-                    _destroy_handle(lib, hd)
-                ctx.handles.clear()
-        self._work, self._views, self.host_in, self.host_off = [], {}, None, None
+        self._work, self._views, self._launchers, self.sctx = [], {}, {}, []
+        self.host_in = self.host_off = None
+        for g in range(len(self.arenas)):
+            with self.cuda.gpus[self.devices[g]]:
+                self.arenas[g] = None
+                self.cuda.current_context().deallocations.clear()
+        self.arenas, self.streams, self.copy_streams = [], [], []
+        self.cur = -1
         for p in self._host_ptrs:
             self.drv.cuMemFreeHost(p)
         self._host_ptrs = []
-        self.arenas, self.streams, self.copy_streams = [], [], []
 
     def __enter__(self):
         return self

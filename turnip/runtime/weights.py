@@ -1,7 +1,9 @@
 """Model inputs: logical tensors (``ids``, ``tok_embed``, ``L0.wq`` ...) to the taskgraph's input tiles.
 
 - ``random_inputs_for(tg, seed)``: random token ids and weights, quickly even for 7B shapes: values are cut
-  from one seeded pool of normal numbers at random offsets (weights scaled by 0.02, norm weights near 1).
+  from one seeded pool of normal numbers at random offsets (weights scaled by 0.02, norm weights near 1);
+  ``iter_random_inputs`` yields them one tensor at a time and ``write_streaming`` writes such a stream
+  into a loaded backend (peak host memory: the pinned input region plus one tensor).
 - ``read_safetensors(path)``: a numpy-only reader of the safetensors format (8-byte little-endian header
   length, JSON header of ``dtype``/``shape``/``data_offsets``, raw little-endian data), memory-mapped.
 - ``from_hf_names(tensors, n_layers)``: Hugging Face LLaMA names and layouts to ours (below).
@@ -59,17 +61,21 @@ def tile_inputs(tg, logical: dict) -> dict[int, np.ndarray]:
 def random_inputs_for(tg, seed: int = 0, pool_elems: int = 1 << 22) -> dict[str, np.ndarray]:
     """Random logical inputs for a taskgraph: ids below the vocabulary, weights ~0.02 * N(0, 1), norm
     weights 1 + 0.1 * N(0, 1). Each tensor is a slice of a seeded normal pool at a random offset."""
+    return dict(iter_random_inputs(tg, seed, pool_elems))
+
+
+def iter_random_inputs(tg, seed: int = 0, pool_elems: int = 1 << 22):
+    """``random_inputs_for`` one logical tensor at a time: (name, array) pairs, each made when asked for."""
     rng = np.random.default_rng(seed)
     z = rng.standard_normal(pool_elems).astype(np.float32)
     z = np.concatenate([z, z])  # any offset below pool_elems has pool_elems values after it
     pools: dict = {}
     lg = logical_inputs(tg)
     vocab = lg["tok_embed"][0][0] if "tok_embed" in lg else 1
-    out = {}
     for name, (shape, blocks) in lg.items():
         dt = NP_OF[tg.dtype[blocks[0][1]]]
         if dt == np.int32:
-            out[name] = rng.integers(0, vocab, size=shape, dtype=np.int32)
+            yield name, rng.integers(0, vocab, size=shape, dtype=np.int32)
             continue
         norm = name.endswith("norm")
         pool = pools.get((dt, norm))
@@ -81,8 +87,20 @@ def random_inputs_for(tg, seed: int = 0, pool_elems: int = 1 << 22) -> dict[str,
             m = min(pool_elems, size - i)
             o = int(rng.integers(pool_elems))
             x[i : i + m] = pool[o : o + m]
-        out[name] = x.reshape(shape)
-    return out
+        yield name, x.reshape(shape)
+
+
+def write_streaming(backend, tg, tensors) -> int:
+    """Write logical inputs into a loaded backend one at a time: each (name, array) of ``tensors`` is cut
+    into its tiles, copied into the backend's host input region (pinned memory on a GPU) and dropped, so
+    the host holds the region plus one tensor, never a second copy of the model. Returns bytes written."""
+    n = 0
+    for name, x in tensors:
+        tiles = tile_inputs(tg, {name: x})
+        backend.write_inputs(tiles)
+        n += sum(int(t.nbytes) for t in tiles.values())
+        del tiles, x
+    return n
 
 
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
@@ -104,6 +122,48 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
             x = (x.astype(np.uint32) << 16).view(np.float32)
         out[name] = x.reshape(info["shape"])
     return out
+
+
+def iter_safetensors(path: str | Path, names=None):
+    """(name, array) of the tensors of a ``.safetensors`` file (those in ``names`` if given, in file
+    order), each read from disk into its own array when asked for: unlike ``read_safetensors`` nothing
+    stays mapped, so a loader holds one tensor at a time. bf16 is widened to float32."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        items = [(k, v) for k, v in header.items() if k != "__metadata__"]
+        items.sort(key=lambda kv: kv[1]["data_offsets"][0])
+        for name, info in items:
+            if names is not None and name not in names:
+                continue
+            if info["dtype"] not in _ST_DTYPES:
+                raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+            a, b = info["data_offsets"]
+            x = np.empty((b - a) // np.dtype(_ST_DTYPES[info["dtype"]]).itemsize, _ST_DTYPES[info["dtype"]])
+            f.seek(8 + n + a)
+            if f.readinto(memoryview(x).cast("B")) != b - a:
+                raise ValueError(f"{path}: tensor {name!r} is cut short (file truncated?)")
+            if info["dtype"] == "BF16":
+                x = (x.astype(np.uint32) << 16).view(np.float32)
+            yield name, x.reshape(info["shape"])
+
+
+def iter_weights(tg, path: str | Path, n_heads: int):
+    """The logical weights of ``tg`` from a safetensors file with our names or Hugging Face LLaMA names,
+    one tensor at a time (converted to our layout), for ``write_streaming``."""
+    names = [k for k in logical_inputs(tg) if k != "ids"]
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    if all(k in header for k in names):
+        yield from iter_safetensors(path, set(names))
+        return
+    ours = {hf_name(k): k for k in names}
+    missing = [k for k in ours if k not in header]
+    if missing:
+        raise KeyError(f"no tensor {missing[0]!r} (for {ours[missing[0]]!r}) in {path}")
+    for hf, x in iter_safetensors(path, set(ours)):
+        yield ours[hf], np.ascontiguousarray(from_hf(ours[hf], x, n_heads))
 
 
 def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
