@@ -20,6 +20,14 @@ def _plt():
     return plt
 
 
+def _save(fig, path: Path) -> None:
+    """PNG written atomically (a temporary file renamed into place), so no figure is left half-written."""
+    from turnip.fileio import atomic_write
+
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
+
+
 def _label(row) -> str:
     return f"{row['model']} {int(row['seq']) // 1024}K {int(row['gpus'])}g {row['budget']}"
 
@@ -38,7 +46,7 @@ def speedup(table, path: Path) -> None:
     ax.set_ylabel("speedup of nondet over det (%)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -62,7 +70,7 @@ def makespan_distributions(runs, path: Path) -> None:
     ax.set_ylabel("makespan / lower bound")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -78,7 +86,7 @@ def efficiency(runs, path: Path) -> None:
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -96,7 +104,7 @@ def offload_volume(runs, path: Path) -> None:
     ax.set_ylabel("host<->GPU bytes moved (GB)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -119,7 +127,7 @@ def gantt(spans_by_policy: dict, path: Path, max_ms: float | None = None) -> Non
             ax.set_xlim(0, max_ms)
     axes[-1, 0].set_xlabel("time (ms)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -137,5 +145,5 @@ def memory(memory_by_policy: dict, budget_nbytes: np.ndarray, path: Path) -> Non
     ax.set_ylabel("GPU bytes in use (GiB)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     plt.close(fig)

@@ -32,7 +32,10 @@ def write_report(out: str | Path, quiet: bool = False) -> str:
     out = Path(out)
     runs = pd.read_csv(out / "runs.csv")
     table = speedup_table(runs)
-    table.to_csv(out / "summary.csv", index=False)
+    from turnip.fileio import atomic_write
+
+    with atomic_write(out / "summary.csv", newline="") as f:  # never left half-written
+        table.to_csv(f, index=False)
     figs = out / "figures"
     figs.mkdir(exist_ok=True)
     if not table.empty:

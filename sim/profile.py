@@ -79,23 +79,66 @@ PRESETS = {"h100": h100}
 _DIR = Path(__file__).parent / "profiles"
 
 
+def profile_names() -> list[str]:
+    """Every name ``load_profile`` takes without a path: the presets and the profile files in ``sim/profiles/``."""
+    files = {f.stem for f in [*_DIR.glob("*.toml"), *_DIR.glob("*.json")]}
+    return sorted(set(PRESETS) | files)
+
+
+def _check_values(p: Path, data: dict) -> None:
+    """Every value of the right type (numbers for numeric fields), finite, and positive where it must be."""
+    import math
+
+    for f in dataclasses.fields(MachineProfile):
+        if f.name not in data:
+            continue
+        v, default = data[f.name], f.default
+        if isinstance(default, str) or default is None:
+            ok = isinstance(v, str) or (default is None and v is None)
+            if not ok:
+                raise ValueError(f"{p}: field {f.name} must be a string, got {v!r}")
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"{p}: field {f.name} must be a number, got {v!r}")
+        if isinstance(default, int) and not isinstance(v, int):
+            raise ValueError(f"{p}: field {f.name} must be a whole number, got {v!r}")
+        least = 1 if f.name in ("n_gpus", "streams_per_gpu") or f.name.endswith("_per_s") else 0
+        if not math.isfinite(v) or v < least or (f.name.endswith("_per_s") and v <= 0):
+            raise ValueError(f"{p}: field {f.name} = {v!r} is out of range (must be {'> 0' if least else '>= 0'})")
+
+
 def load_profile(name_or_path: str | Path) -> MachineProfile:
     """A preset name (``h100``), a file in ``sim/profiles/``, or a path to a .toml / .json profile.
 
-    A file may set any subset of fields; the rest keep the ``h100`` values."""
+    A file may set any subset of fields; the rest keep the ``h100`` values. Errors: ``FileNotFoundError``
+    for an unknown name (listing every preset and profile file), ``ValueError`` naming the file for an
+    unreadable document, unknown fields or bad values."""
     p = Path(name_or_path)
     if not p.exists() and str(name_or_path) in PRESETS:
         return PRESETS[str(name_or_path)]()
     if not p.exists():
         p = _DIR / f"{name_or_path}.toml"
-    if not p.exists():
-        raise FileNotFoundError(f"no machine profile {name_or_path!r}: presets {sorted(PRESETS)}, or a path")
-    data = json.loads(p.read_text()) if p.suffix == ".json" else tomllib.loads(p.read_text())
+    if not p.exists() or not p.is_file():
+        raise FileNotFoundError(
+            f"no machine profile {str(name_or_path)!r}; use one of {', '.join(profile_names())} "
+            "(presets and sim/profiles/), or the path of a .toml or .json profile file"
+        )
+    try:
+        text = p.read_text()
+        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError and TOMLDecodeError are ValueErrors
+        kind = "JSON" if p.suffix == ".json" else "TOML"
+        raise ValueError(f"{p}: not a valid {kind} profile ({e})") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: a profile is a table of fields, got {type(data).__name__}")
     data = data.get("machine", data)
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: [machine] must be a table of fields")
     known = {f.name for f in dataclasses.fields(MachineProfile)}
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"{p}: unknown profile fields {sorted(unknown)}")
+    _check_values(p, data)
     return MachineProfile(**data)
 
 

@@ -21,6 +21,10 @@ from sim.profile import load_profile
 GiB = 1 << 30
 
 
+class SweepError(RuntimeError):
+    """The sweep cannot produce any result (no configuration compiled)."""
+
+
 @dataclass(frozen=True)
 class SweepConfig:
     models: tuple[str, ...] = ("llama-7b",)
@@ -122,6 +126,21 @@ def _run(task) -> tuple[dict, dict | None]:
     return row, (tr if want_trace else None)
 
 
+def _write_csv(df, path: Path) -> None:
+    """A table written atomically (temporary file renamed into place)."""
+    from turnip.fileio import atomic_write
+
+    with atomic_write(path, newline="") as f:
+        df.to_csv(f, index=False)
+
+
+def _write_text(path: Path, text: str) -> None:
+    from turnip.fileio import atomic_write
+
+    with atomic_write(path) as f:
+        f.write(text)
+
+
 def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = None, quiet: bool = False):
     """Run the whole sweep; write ``runs.csv``, traces and the report into ``out``. Returns the summary."""
     import pandas as pd
@@ -139,14 +158,16 @@ def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = 
     say(f"ablate: {len(plans)} plans x {len(cfg.policies)} policies x {cfg.seeds} seeds on {jobs} processes")
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
     with ctx.Pool(jobs, initializer=_init, initargs=(cfg.profile,)) as pool:
-        ok, bar = [], Progress(len(plans), "compile")
-        for i, (p, _, err) in enumerate(pool.imap_unordered(_compile, [(out, p) for p in plans]), 1):
-            if err:
-                say(f"  skipped {p['model']} {p['seq']} {p['gpus']} GPUs {p['budget']}: {err}")
-            else:
-                ok.append(p)
-            bar.update(i)
-        bar.close()
+        ok = []
+        with Progress(len(plans), "ablate: compile plans") as bar:
+            for i, (p, _, err) in enumerate(pool.imap_unordered(_compile, [(out, p) for p in plans]), 1):
+                if err:
+                    say(f"  skipped {p['model']} {p['seq']} {p['gpus']} GPUs {p['budget']}: {err}")
+                else:
+                    ok.append(p)
+                bar.update(i)
+        if not ok:
+            raise SweepError(f"none of the {len(plans)} configurations compiled (reasons above)")
         tr_cfg = cfg.trace
         tasks = []
         for p in sorted(ok, key=lambda p: -plan_path(out, p).stat().st_size):
@@ -157,25 +178,24 @@ def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = 
                 if cfg.mean_only:
                     tasks.append((out, p, pol, 0, True, False))
         rows, traces = [], {}
-        bar = Progress(len(tasks), "simulate")
-        for i, (row, tr) in enumerate(pool.imap(_run, tasks, chunksize=1), 1):
-            rows.append(row)
-            if tr is not None:
-                traces[row["policy"]] = tr
-            bar.update(i)
-        bar.close()
+        with Progress(len(tasks), "ablate: runs") as bar:
+            for i, (row, tr) in enumerate(pool.imap(_run, tasks, chunksize=1), 1):
+                rows.append(row)
+                if tr is not None:
+                    traces[row["policy"]] = tr
+                bar.update(i)
     runs = pd.DataFrame(rows).sort_values(["model", "seq", "gpus", "budget_nbytes", "policy", "mean_only", "seed"])
-    runs.to_csv(out / "runs.csv", index=False)
+    _write_csv(runs, out / "runs.csv")
     for pol, tr in traces.items():
         spans, mem = tr.to_frames()
-        spans.to_csv(out / "traces" / f"{pol}.spans.csv", index=False)
-        mem.to_csv(out / "traces" / f"{pol}.memory.csv", index=False)
+        _write_csv(spans, out / "traces" / f"{pol}.spans.csv")
+        _write_csv(mem, out / "traces" / f"{pol}.memory.csv")
         if pol == "nondet" or len(traces) == 1:
             tr.write_chrome(out / "traces" / f"{pol}.trace.json")
     if traces:
         meta = next(iter(traces.values())).meta
-        (out / "traces" / "meta.json").write_text(json.dumps({k: str(v) for k, v in meta.items()}, indent=1))
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
+        _write_text(out / "traces" / "meta.json", json.dumps({k: str(v) for k, v in meta.items()}, indent=1))
+    _write_text(out / "config.json", json.dumps(asdict(cfg), indent=1))
     text = write_report(out, quiet=True)
     wall = time.perf_counter() - t_start
     sim_v = int(runs.n_vertices.sum())

@@ -54,7 +54,7 @@ def test_human_summary(capsys):
 def test_bad_inputs(tmp_path, capsys):
     assert main(["compile", "--model", "llama-tiny", "--seq", "32", "--budget", "4KB"]) == 1
     assert "cannot get" in capsys.readouterr().err
-    assert main(["compile", "--model", "llama-tiny", "--budget", "lots"]) == 1
+    assert main(["compile", "--model", "llama-tiny", "--budget", "lots"]) == 2
     assert "byte size" in capsys.readouterr().err
     assert main(["compile", "--model", "llama-tiny", "--tile", "tokens=5"]) == 2
     bad = tmp_path / "bad.tplan"

@@ -17,6 +17,7 @@ from turnip.taskgraph import TaskGraph
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 MODELS = [f"llama-{s}" for s in LLAMA] + ["paper-matmul", "random"]
+RANDOM_KERNELS = 200  # kernels of ``--model random``
 
 
 @functools.cache
@@ -30,12 +31,19 @@ def compiler_fingerprint() -> str:
     return h.hexdigest()[:12]
 
 
+MAX_NBYTES = 1 << 60  # 1 EiB: larger sizes are typos (and overflow the plan's int64 arrays)
+
+
 def parse_nbytes(text: str) -> int:
-    """'6GiB', '512MiB', '1.5GB', '4096' -> bytes."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    """'6GiB', '512MiB', '1.5GB', '1e3GiB', '4096' -> bytes (at most ``MAX_NBYTES``)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in UNITS:
-        raise ValueError(f"cannot read a byte size from {text!r}; use e.g. 6GiB, 512MiB, 4096")
-    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+        raise ValueError(f"cannot read a byte size from {text!r}; use a number with an optional unit (B, KB, MB, "
+                         "GB, KiB, MiB, GiB, TiB; KiB = 1024 B), e.g. 6GiB, 512MiB, 4096")  # fmt: skip
+    value = float(m.group(1)) * UNITS[m.group(2).lower()]
+    if not value <= MAX_NBYTES:  # also catches inf from '1e999'
+        raise ValueError(f"byte size {text!r} is larger than 1 EiB; use e.g. 6GiB, 512MiB")
+    return int(value)
 
 
 def make_taskgraph(
@@ -55,7 +63,122 @@ def make_taskgraph(
     if model == "paper-matmul":
         return matmul_example()
     if model == "random":
-        return random_dag(np.random.default_rng(seed), n_kernels=200, n_gpus=gpus)
+        if not 1 <= gpus <= 8:
+            raise ValueError(f"n_gpus must be in 1..8, got {gpus}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        return random_dag(np.random.default_rng(seed), n_kernels=RANDOM_KERNELS, n_gpus=gpus)
+    raise ValueError(f"unknown model {model!r}; choose from {MODELS}")
+
+
+# Compile cost per taskgraph vertex, measured on 2 cores (LLaMA-7B/13B, 1.4K-116K vertices): lowering
+# 30-39K vertices/s, BuildMemgraph 15-43K vertices/s (slower with many offloads), 1.7-1.9 KB of host memory
+# per vertex at the peak (taskgraph and memgraph both alive). Used only for the estimate shown (and the
+# limit applied) before large compiles; the slower figures, so the estimate errs long.
+LOWER_VERTICES_PER_S = 34_000
+BUILD_VERTICES_PER_S = 20_000
+HOST_NBYTES_PER_VERTEX = 2_000
+MAX_VERTICES = 2_000_000  # above this (or MAX_COMPILE_S) the CLI refuses to compile without --force
+MAX_COMPILE_S = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """What building a model's plan would cost, computed from the model's shape and tiling alone."""
+
+    vertices: int  # taskgraph vertices (the memgraph has these plus its offloads and reloads)
+    tiles: dict  # the tiles in effect (given ones over the budget's defaults)
+    input_nbytes: int  # bytes of all inputs (weights and token ids)
+
+    @property
+    def compile_s(self) -> float:
+        return self.vertices / LOWER_VERTICES_PER_S + self.vertices / BUILD_VERTICES_PER_S
+
+    @property
+    def lower_s(self) -> float:
+        return self.vertices / LOWER_VERTICES_PER_S
+
+    @property
+    def host_nbytes(self) -> int:
+        return self.vertices * HOST_NBYTES_PER_VERTEX
+
+    def too_large(self) -> bool:
+        return self.vertices > MAX_VERTICES or self.compile_s > MAX_COMPILE_S
+
+
+def _llama_vertices(s, seq: int, G: int, tiles: dict, L: int) -> int:
+    """Taskgraph vertices of a LLaMA prefill, counted per op the way ``turnip.graph`` lowers it (inputs,
+    kernels, ``sum_into``, ``concat``, ``sdpa``/``attn_combine``, transfers), in O(GPUs) time."""
+    tt = int(tiles.get("t", seq))
+    T = -(-seq // tt)
+    H = -(-s.n_heads // int(tiles.get("h", s.n_heads)))
+    F = -(-s.d_ffn // int(tiles.get("f", s.d_ffn)))
+    P = max(1, int(tiles.get("kv", seq)) // tt)  # key blocks per key range
+
+    def per_gpu(n: int) -> list[int]:  # blocks 0..n-1 placed on GPU b % G
+        return [n // G + (r < n % G) for r in range(G)]
+
+    cT, cH, cF = per_gpu(T), per_gpu(H), per_gpu(F)
+    g_t = min(T, G)  # GPUs holding token blocks
+
+    def fan_out(nb: int) -> int:  # transfers of T token blocks to the GPUs of nb head/FFN blocks
+        g = min(nb, G)
+        return T * g - sum(cT[:g])
+
+    def gather(nb: int, cnt: list[int]) -> int:  # transfers of T x nb partials to their token block's GPU
+        if nb == 1:  # one block: no accumulation, the output stays on GPU 0 and its reader fetches it
+            return T - cT[0]
+        return T * nb - sum(a * b for a, b in zip(cT, cnt, strict=True))
+
+    inputs = T + 1 + L * (2 + 4 * H + 3 * F) + 1
+    m, rem = divmod(T, P)
+    sdpa = T + P * m * (m - 1) // 2 + rem * m  # sum over query blocks of their key ranges
+    combine = max(0, T - P)
+    R = -(-T // P)
+    concat = 0 if P == 1 else (R - 1) + (T - (R - 1) * P >= 2)
+    layer = (
+        T + (g_t - 1)  # attention norm and its weight's copies
+        + 3 * T * H + fan_out(H)  # q, k, v (one contracted block) and the normed rows sent to them
+        + 2 * T * H  # rotary on q and k
+        + H * (sdpa + combine + 2 * concat)  # fused attention
+        + T * H + (T * (H - 1) if H > 1 else 0) + gather(H, cH)  # output projection, partial sums
+        + T  # residual
+        + T + (g_t - 1)  # FFN norm
+        + 2 * T * F + fan_out(F)  # gate, up
+        + T * F  # silu_mul
+        + T * F + (T * (F - 1) if F > 1 else 0) + gather(F, cF)  # down projection, partial sums
+        + T  # residual
+    )  # fmt: skip
+    return inputs + T + (g_t - 1) + L * layer + T + (g_t - 1)
+
+
+def estimate(
+    model: str,
+    seq: int = 4096,
+    gpus: int = 1,
+    dtype: str = "fp16",
+    tiles: dict | None = None,
+    n_layers: int | None = None,
+    budget_nbytes: int | None = None,
+) -> Estimate:
+    """The size of ``make_taskgraph(model, ...)`` without building it (exact for LLaMA; the other models
+    are small). Raises ``ValueError`` for arguments ``make_taskgraph`` would refuse."""
+    from turnip.memgraph.plan import DTYPE_NBYTES
+    from turnip.models import check_llama_args, default_tiles
+
+    if model.startswith("llama-") and model[6:] in LLAMA:
+        s = LLAMA[model[6:]]
+        check_llama_args(s, seq, gpus, dtype, tiles, n_layers)
+        t = default_tiles(s, seq, gpus, dtype, budget_nbytes) | dict(tiles or {})
+        check_llama_args(s, seq, gpus, dtype, tiles, n_layers, int(t.get("t", seq)))
+        L = s.n_layers if n_layers is None else n_layers
+        d = s.d_model
+        weights = s.vocab * d + L * (2 * d + 4 * d * d + 3 * d * s.d_ffn) + d
+        return Estimate(_llama_vertices(s, seq, gpus, t, L), t, weights * DTYPE_NBYTES[dtype] + 4 * seq)
+    if model == "paper-matmul":
+        return Estimate(15, {}, 6 * 256)
+    if model == "random":
+        return Estimate(RANDOM_KERNELS * 4, {}, 0)
     raise ValueError(f"unknown model {model!r}; choose from {MODELS}")
 
 

@@ -26,6 +26,39 @@ LLAMA = {
     "65b": LlamaShape(8192, 80, 64, 22016),
     "tiny": LlamaShape(64, 2, 4, 160, vocab=64),
 }
+# the tile sizes a LLaMA prefill takes (the hidden and head dimensions stay whole: norms and rotary need them)
+LLAMA_TILES = {"t": "tokens", "h": "heads", "f": "FFN columns", "kv": "key range in tokens, a multiple of t"}
+
+
+def check_llama_args(
+    shape: LlamaShape,
+    seq: int,
+    n_gpus: int,
+    dtype: str,
+    tiles: dict | None,
+    n_layers: int | None,
+    t_tile: int | None = None,
+) -> None:
+    """Raise ``ValueError`` naming the first bad argument of a LLaMA prefill (``t_tile``: the token tile in
+    effect, given or default; when known, a given ``kv`` must be a multiple of it)."""
+    if not 1 <= n_gpus <= 8:
+        raise ValueError(f"n_gpus must be in 1..8, got {n_gpus}")
+    if dtype not in ("fp16", "fp32"):
+        raise ValueError(f"dtype must be fp16 or fp32, got {dtype!r}")
+    if seq < 1:
+        raise ValueError(f"seq must be positive, got {seq}")
+    if n_layers is not None and not 1 <= n_layers <= shape.n_layers:
+        raise ValueError(f"n_layers must be in 1..{shape.n_layers} for this model, got {n_layers}")
+    for k, v in (tiles or {}).items():
+        if k not in LLAMA_TILES:
+            names = ", ".join(f"{n} ({what})" for n, what in LLAMA_TILES.items())
+            raise ValueError(f"unknown tile {k!r}; LLaMA tiles are {names}")
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+            raise ValueError(f"tile {k}={v!r} must be a positive integer")
+    kv = (tiles or {}).get("kv")
+    if kv is not None and t_tile is not None and kv % t_tile:
+        up = -(-kv // t_tile) * t_tile
+        raise ValueError(f"tile kv={kv} must be a multiple of the token tile t={t_tile} (e.g. kv={up})")
 
 
 def default_tiles(
@@ -101,16 +134,12 @@ def llama_prefill(
 ) -> TaskGraph:
     """LLaMA prefill tiled over ``n_gpus`` (heads and FFN split across GPUs, tokens tiled); the default
     token tile grows with ``budget_nbytes`` when it is given (``default_tiles``)."""
-    if not 1 <= n_gpus <= 8:
-        raise ValueError(f"n_gpus must be in 1..8, got {n_gpus}")
-    if dtype not in ("fp16", "fp32"):
-        raise ValueError(f"dtype must be fp16 or fp32, got {dtype!r}")
-    if seq < 1:
-        raise ValueError(f"seq must be positive, got {seq}")
     shape = LLAMA.get(size)
     if shape is None:
         raise ValueError(f"unknown LLaMA size {size!r}; choose from {sorted(LLAMA)}")
+    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers)  # before default_tiles uses them
     t = default_tiles(shape, seq, n_gpus, dtype, budget_nbytes) | dict(tiles or {})
+    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, int(t.get("t", seq)))
     tg = lower(llama_graph(size, seq, dtype, n_layers), Tiling(t, n_gpus=n_gpus, parallel="hft"))
     tg.meta.update(model=f"llama-{size}", seq=seq, n_gpus=n_gpus, dtype=dtype)
     return tg

@@ -65,7 +65,12 @@ class Trace:
         return to_chrome(self)
 
     def write_chrome(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(to_chrome(self), separators=(",", ":")))
+        """Write the Chrome trace JSON atomically (a temporary file renamed into place)."""
+        from turnip.fileio import atomic_write
+
+        text = json.dumps(to_chrome(self), separators=(",", ":"))
+        with atomic_write(path) as f:
+            f.write(text)
 
 
 def spans_from_plan(mg, issue_ns, start_ns, end_ns, done_ns, stream, host_start_ns) -> dict[str, np.ndarray]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
+from turnip.cli import args as ck
 from turnip.cli import format_nbytes as _sz
 
 
@@ -26,15 +26,16 @@ def register(sub) -> None:
     )
     p.add_argument("plan", nargs="?", metavar="PLAN", help="plan file (default: compile --model ...)")
     p.add_argument("--model", default="llama-tiny", choices=MODELS)
-    p.add_argument("--seq", type=int, default=64, help="prompt length in tokens")
-    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--seq", type=ck.COUNT, default=64, help="prompt length in tokens")
+    p.add_argument("--gpus", type=ck.GPUS, default=1, help="GPUs (1..8)")
     p.add_argument("--budget", default="6GiB", help="GPU memory budget per GPU")
     p.add_argument("--dtype", default="fp16", choices=["fp16", "fp32"])
     p.add_argument("--resident", default="0", help="bytes of inputs kept on the GPU across runs, or 'auto'")
-    p.add_argument("--tile", action="append", default=[], metavar="DIM=SIZE", help="tile size override")
+    p.add_argument("--tile", action="append", default=[], metavar="DIM=SIZE",
+                   help="tile size override (llama-*): t, h, f or kv, as in `turnip compile`")
     p.add_argument("--backend", default="cpu", choices=BACKENDS)
     p.add_argument("--policy", default="nondet", choices=POLICIES)
-    p.add_argument("--streams", type=int, default=5, help="stream slots per GPU")
+    p.add_argument("--streams", type=ck.int_in(1, 64), default=5, help="stream slots per GPU (1..64)")
     p.add_argument("--numba-kernels", action="store_true",
                    help="cuda: numba memory-bound kernels instead of the CUDA C++ ones (16-byte accesses, warp "
                    "reductions; those need CuPy)")
@@ -42,86 +43,169 @@ def register(sub) -> None:
                    help="cuda: record each vertex's end event inside its graph (one driver call per launch)")
     p.add_argument("--numba-launch", action="store_true",
                    help="cuda: launch through numba launchers instead of bound driver calls (slower)")
-    p.add_argument("--repeat", type=int, default=3, help="timed runs")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs first (kernel modules, cuBLAS handles)")
-    p.add_argument("--seed", type=int, default=0, help="weights / inputs seed (and chaos seeds)")
+    p.add_argument("--repeat", type=ck.COUNT, default=3, help="timed runs")
+    p.add_argument("--warmup", type=ck.int_in(0), default=1,
+                   help="untimed runs first (kernel modules, cuBLAS handles)")
+    p.add_argument("--seed", type=ck.SEED, default=0, help="weights / inputs seed (and chaos seeds)")
     p.add_argument("--weights", metavar="FILE.safetensors", help="read weights from this file")
-    p.add_argument("--chaos", type=float, default=0.0, help="cpu: probability of a random delay per vertex")
-    p.add_argument("--stall-s", type=float, default=60.0, help="watchdog: stop when nothing completes this long")
+    p.add_argument("--chaos", type=ck.float_in(0.0, 1.0), default=0.0,
+                   help="cpu: probability of a random delay per vertex (0..1)")
+    p.add_argument("--stall-s", type=ck.float_in(0.0, lo_open=True), default=60.0,
+                   help="watchdog: stop when nothing completes this long")
     p.add_argument("--check", action="store_true", help="compare outputs with the taskgraph evaluated in numpy")
     p.add_argument("--profile", default="h100", help="machine profile for the lower bound")
     p.add_argument("--trace", metavar="OUT.json", help="write the last timed run as a Chrome/Perfetto trace")
     p.add_argument("--csv", metavar="OUT.csv", help="write one row per timed run (the simulator's columns)")
+    p.add_argument("--force", action="store_true", help="compile --model even when it is very large")
     p.set_defaults(func=cmd_run)
 
 
 def _plan(a):
-    from turnip.compile import build_with_resident, make_taskgraph, parse_nbytes
-
     if a.plan:
-        from turnip.memgraph.io import load_plan
+        from turnip.cli.compile_cmds import load_plan_arg
 
-        mg, tg = load_plan(a.plan)
+        mg, tg = load_plan_arg(a.plan)
         if tg is None:
-            raise SystemExit(f"turnip run: {a.plan} holds no taskgraph (compile it again with this version)")
+            raise ck.CliError(f"{a.plan} holds no taskgraph, which a run needs; compile it again with "
+                              "`turnip compile -o`", ck.USAGE)  # fmt: skip
         return tg, mg, {"plan": a.plan, "model": tg.meta.get("model", "?")}
-    tiles = {d: int(s) for d, _, s in (t.partition("=") for t in a.tile)}
-    budget = parse_nbytes(a.budget)
-    tg = make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles or None, seed=a.seed, budget_nbytes=budget)
-    mg = build_with_resident(tg, budget, None, a.resident)
+    from turnip.cli.compile_cmds import build_plan, compile_args
+
+    # the run holds the inputs in host memory once (streamed into the input region), twice with --check
+    tiles, budget, est = compile_args(a, a.force, extra_nbytes=lambda e: (2 if a.check else 1) * e.input_nbytes)
+    tg, mg = build_plan(a, tiles, budget, est, seed=a.seed, label="plan")
     return tg, mg, {"model": a.model, "seq": a.seq, "gpus": a.gpus, "budget": a.budget, "budget_nbytes": budget}
 
 
 def _inputs(a, tg):
+    """The run's inputs as a stream of (logical name, array), one tensor at a time (random weights of
+    ``--seed``, or ``--weights`` read tensor by tensor), or for a non-LLaMA graph {input tensor: array}."""
     import numpy as np
 
-    from turnip.runtime.weights import load_weights, logical_inputs, random_inputs_for, tile_inputs
+    from turnip.runtime.weights import iter_random_inputs, iter_weights, logical_inputs
 
     if "ids" not in logical_inputs(tg):  # not a LLaMA: the test inputs of the reference interpreter
         from turnip.memgraph.interp import random_inputs
 
         return random_inputs(tg, np.random.default_rng(a.seed))
-    logical = random_inputs_for(tg, a.seed)
-    if a.weights:
-        from turnip.models import LLAMA
+    if not a.weights:
+        return iter_random_inputs(tg, a.seed)
+    from turnip.models import LLAMA
 
-        heads = LLAMA[tg.meta["model"].split("-", 1)[1]].n_heads
-        logical |= load_weights(tg, a.weights, heads)
-    return tile_inputs(tg, logical)
+    heads = LLAMA[tg.meta["model"].split("-", 1)[1]].n_heads
+    ids = ((k, x) for k, x in iter_random_inputs(tg, a.seed) if k == "ids")  # only ids are made, lazily
+    return _chain(ids, iter_weights(tg, a.weights, heads))
+
+
+def _chain(*streams):
+    for s in streams:
+        yield from s
+
+
+def _write_inputs(a, tg, be, source) -> dict | None:
+    """Write the inputs into the loaded backend; returns {input tensor: array} when ``--check`` needs them
+    (that keeps a second copy), else None (the weights pass through host memory once)."""
+    from turnip.runtime.weights import tile_inputs, write_streaming
+
+    if isinstance(source, dict):
+        be.write_inputs(source)
+        return source
+    if not a.check:
+        write_streaming(be, tg, source)
+        return None
+    values = tile_inputs(tg, dict(source))
+    be.write_inputs(values)
+    return values
+
+
+def _cuda_preflight() -> None:
+    """The cuda backend needs the NVIDIA driver: fail before compiling when it cannot be loaded."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise ck.CliError(f"--backend cuda needs an NVIDIA GPU and driver, but libcuda.so.1 cannot be loaded ({e}); "
+                          "run on a GPU machine, or use --backend cpu", ck.FAILED) from None  # fmt: skip
+
+
+def _check_args(a) -> None:
+    """Everything that can be checked before compiling and loading."""
+    if a.backend == "cuda":
+        _cuda_preflight()
+    ck.output_file(a.trace, "--trace")
+    ck.output_file(a.csv, "--csv")
+    ck.load_profile(a.profile)
+    if a.weights:
+        ck.input_file(a.weights, "--weights", "pass a .safetensors file (turnip or Hugging Face LLaMA names)")
+        _check_safetensors(a.weights)
+        if a.plan is None and not a.model.startswith("llama-"):
+            raise ck.CliError(f"--weights applies to llama-* models only, not {a.model}; drop --weights", ck.USAGE)
+    if a.plan and a.tile:
+        raise ck.CliError("--tile applies when compiling --model, not to a plan file (its tiles are fixed); drop "
+                          "--tile or compile the plan again with them", ck.USAGE)  # fmt: skip
+
+
+def _check_safetensors(path: str) -> None:
+    """The file starts as a safetensors file does: an 8-byte header length that fits, then a JSON object."""
+    import json
+    import os
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        ok = 0 <= n <= size - 8
+        if ok:
+            try:
+                ok = isinstance(json.loads(f.read(n)), dict)
+            except (ValueError, UnicodeDecodeError):
+                ok = False
+    if not ok:
+        raise ck.CliError(f"--weights {path} is not a .safetensors file (no valid header); pass a .safetensors file "
+                          "with this model's tensors (turnip or Hugging Face LLaMA names)", ck.USAGE)  # fmt: skip
 
 
 def cmd_run(a) -> int:
-    from turnip.runtime import BackendError, RuntimeStall, VertexFailed, execute, open_backend
+    from turnip.fileio import atomic_write
+    from turnip.progress import Progress
+    from turnip.runtime import execute, open_backend
 
+    _check_args(a)
     t0 = time.perf_counter()
     tg, mg, meta = _plan(a)
-    values = _inputs(a, tg)
+    source = _inputs(a, tg)
     t_plan = time.perf_counter() - t0
     bound = _bound(mg, a.profile)
     opts = {"chaos": a.chaos} if a.backend == "cpu" else {"fast": not a.numba_kernels, "bound": not a.numba_launch,
                                                            "graph_events": a.graph_events}
     rows, res = [], None
-    try:
-        t1 = time.perf_counter()
-        with open_backend(a.backend, mg, a.streams, **opts) as be:
-            be.write_inputs(values)
-            t_load = time.perf_counter() - t1
-            print(f"{mg.n} vertices on {mg.n_gpus} GPU(s), backend {a.backend}, policy {a.policy}; "
-                  f"plan {t_plan:.1f} s, load {t_load:.1f} s")  # fmt: skip
+    t1 = time.perf_counter()
+    with open_backend(a.backend, mg, a.streams, **opts) as be:
+        try:
+            values = _write_inputs(a, tg, be, source)
+        except (ValueError, KeyError, OSError) as e:
+            if not a.weights:
+                raise
+            raise ck.CliError(f"--weights {a.weights} cannot be used: {e}; pass a .safetensors file with this "
+                              "model's tensors (turnip or Hugging Face LLaMA names)", ck.USAGE) from None  # fmt: skip
+        t_load = time.perf_counter() - t1
+        print(f"{mg.n} vertices on {mg.n_gpus} GPU(s), backend {a.backend}, policy {a.policy}; "
+              f"plan {t_plan:.1f} s, load {t_load:.1f} s")  # fmt: skip
+        with Progress(a.warmup + a.repeat, "run") as bar:
             for i in range(a.warmup + a.repeat):
                 res = execute(mg, be, a.policy, a.streams, seed=a.seed + i, stall_s=a.stall_s)
                 if i >= a.warmup:
                     rows.append(res.row(mg, meta, bound))
-            outs = be.read_outputs()
-    except (VertexFailed, RuntimeStall, BackendError) as e:
-        print(f"turnip run: {e}", file=sys.stderr)
-        return 1
+                bar.update(i + 1)
+        outs = be.read_outputs()
     _report(rows, bound, res, int(mg.stats.get("resident_input_nbytes", 0)))
     ok = True
     if a.check:
         from turnip.memgraph.interp import evaluate_taskgraph
 
-        ref = evaluate_taskgraph(tg, values)
+        with Progress(tg.n, "check: numpy reference") as bar:
+            ref = evaluate_taskgraph(tg, values, progress=bar.update)
         err = max(_rel(outs[t], ref[t]) for t in outs)
         ok = err <= (2e-2 if a.dtype == "fp16" else 1e-4)
         print(f"check     max relative error vs numpy taskgraph evaluation: {err:.2e} ({'ok' if ok else 'FAILED'})")
@@ -131,9 +215,13 @@ def cmd_run(a) -> int:
     if a.csv:
         import pandas as pd
 
-        pd.DataFrame(rows).to_csv(a.csv, index=False)
+        with atomic_write(a.csv, newline="") as f:
+            pd.DataFrame(rows).to_csv(f, index=False)
         print(f"csv       {a.csv}")
-    return 0 if ok else 1
+    if not ok:
+        raise ck.CliError("--check failed: the outputs differ from the numpy evaluation of the taskgraph beyond the "
+                          "tolerance; rerun with --debug and report it with the command line", ck.FAILED)  # fmt: skip
+    return 0
 
 
 def _rel(x, y) -> float:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
+
+from turnip.cli import args as ck
 
 POLICY_HELP = (
     "nondet: launch anything ready whose resources are free (ties by compile order); "
@@ -13,6 +14,7 @@ POLICY_HELP = (
 
 
 def register(sub) -> None:
+    from turnip.compile import MODELS
     from turnip.sched import POLICIES
 
     s = sub.add_parser(
@@ -25,9 +27,10 @@ def register(sub) -> None:
     )
     s.add_argument("plan", metavar="PLAN")
     s.add_argument("--policy", default="nondet", choices=POLICIES, help=POLICY_HELP)
-    s.add_argument("--runs", type=int, default=20, help="replications (seeds seed..seed+runs-1)")
-    s.add_argument("--seed", type=int, default=0, help="first seed")
+    s.add_argument("--runs", type=ck.COUNT, default=20, help="replications (seeds seed..seed+runs-1)")
+    s.add_argument("--seed", type=ck.SEED, default=0, help="first seed (and the graph's seed of random:...)")
     s.add_argument("--profile", default="h100", help="machine profile: preset name or .toml/.json file")
+    s.add_argument("--force", action="store_true", help="compile MODEL:SEQ:GPUS:BUDGET even when it is very large")
     s.add_argument("--mean-only", action="store_true", help="no timing variance: every duration at its mean")
     s.add_argument("--trace", metavar="OUT.json", help="write the first run as a Chrome/Perfetto trace")
     s.add_argument("--csv", metavar="OUT.csv", help="write one row per run")
@@ -43,16 +46,18 @@ def register(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     a.add_argument("--config", metavar="FILE.toml", help="sweep config ([ablate] table with the keys below)")
-    a.add_argument("--models", nargs="+", help="e.g. llama-7b llama-13b (default llama-7b)")
-    a.add_argument("--seqs", nargs="+", type=int, help="sequence lengths (default 1024 4096 16384)")
-    a.add_argument("--gpus", nargs="+", type=int, help="GPU counts (default 1 4)")
+    a.add_argument("--models", nargs="+", choices=MODELS, metavar="MODEL",
+                   help=f"e.g. llama-7b llama-13b (default llama-7b); one of {', '.join(MODELS)}")
+    a.add_argument("--seqs", nargs="+", type=ck.COUNT, help="sequence lengths (default 1024 4096 16384)")
+    a.add_argument("--gpus", nargs="+", type=ck.GPUS, help="GPU counts, 1..8 (default 1 4)")
     a.add_argument("--budgets", nargs="+", metavar="NAME=SIZE", help="default tight=1GiB roomy=16GiB")
     a.add_argument("--policies", nargs="+", choices=POLICIES, help="default det nondet")
-    a.add_argument("--seeds", type=int, help="seeds per configuration and policy (default 10)")
+    a.add_argument("--seeds", type=ck.COUNT, help="seeds per configuration and policy (default 10)")
     a.add_argument("--no-mean-only", action="store_true", help="skip the noise-free runs")
     a.add_argument("--profile", help="machine profile (default h100)")
-    a.add_argument("--jobs", type=int, default=None, help="processes (default: all cores)")
+    a.add_argument("--jobs", type=ck.COUNT, default=None, help="processes (default: all cores)")
     a.add_argument("--out", default="reports", help="output directory")
+    a.add_argument("--force", action="store_true", help="compile configurations even when they are very large")
     a.set_defaults(func=cmd_ablate)
 
     r = sub.add_parser(
@@ -65,57 +70,140 @@ def register(sub) -> None:
     r.set_defaults(func=cmd_report)
 
 
-def _plan(spec: str):
+def _plan(spec: str, force: bool, seed: int = 0):
     from pathlib import Path
 
-    if Path(spec).exists():
-        from turnip.memgraph.io import load_plan
+    from turnip.cli.compile_cmds import build_plan, compile_args, load_plan_arg
+    from turnip.compile import MODELS
 
-        return load_plan(spec)[0], {"plan": spec}
+    if Path(spec).exists():
+        return load_plan_arg(spec)[0], {"plan": spec}
     parts = spec.split(":")
     if len(parts) != 4:
-        raise SystemExit(f"turnip simulate: {spec!r} is neither a file nor MODEL:SEQ:GPUS:BUDGET")
-    from turnip.compile import compile_model
-
+        raise ck.CliError(f"{spec!r} is neither a plan file nor MODEL:SEQ:GPUS:BUDGET; pass a file written by "
+                          "`turnip compile -o` or e.g. llama-7b:4096:1:6GiB", ck.USAGE)  # fmt: skip
     model, seq, gpus, budget = parts
-    mg = compile_model(model, int(seq), int(gpus), budget)[1]
-    return mg, {"model": model, "seq": int(seq), "gpus": int(gpus), "budget": budget}
+    if model not in MODELS:
+        raise ck.CliError(f"unknown model {model!r} in {spec!r}; choose from {', '.join(MODELS)}", ck.USAGE)
+    try:
+        seq_n, gpus_n = ck.COUNT(seq), ck.GPUS(gpus)
+    except argparse.ArgumentTypeError as e:
+        which = "SEQ" if not seq.isdigit() or int(seq) < 1 else "GPUS"
+        raise ck.CliError(f"{which} in {spec!r}: {e}; e.g. llama-7b:4096:1:6GiB", ck.USAGE) from None
+    a = argparse.Namespace(model=model, seq=seq_n, gpus=gpus_n, budget=budget, dtype="fp16", tile=[], resident="0")
+    tiles, nbytes, est = compile_args(a, force, budget_flag=f"BUDGET in {spec!r}")
+    mg = build_plan(a, tiles, nbytes, est, seed=seed)[1]
+    return mg, {"model": model, "seq": seq_n, "gpus": gpus_n, "budget": budget}
 
 
 def cmd_simulate(a) -> int:
     import numpy as np
 
     from sim.engine import simulate
-    from sim.profile import load_profile
     from sim.timing import TimingModel
     from turnip.progress import Progress
 
-    mg, meta = _plan(a.plan)
-    prof = load_profile(a.profile)
+    ck.output_file(a.trace, "--trace")
+    ck.output_file(a.csv, "--csv")
+    prof = ck.load_profile(a.profile)
+    mg, meta = _plan(a.plan, a.force, a.seed)
     tm = TimingModel(mg, prof)
-    rows, bar = [], Progress(a.runs, "simulate")
-    for i in range(a.runs):
-        r = simulate(mg, prof, a.policy, a.seed + i, a.mean_only, tm)
-        if i == 0 and a.trace:
-            r.trace(mg, meta).write_chrome(a.trace)
-        rows.append({"seed": r.seed, "makespan_ns": r.makespan_ns, "lower_bound_ns": r.lower_bound_ns,
-                     "wall_s": r.wall_s})  # fmt: skip
-        bar.update(i + 1)
-    bar.close()
+    rows = []
+    with Progress(a.runs, "simulate") as bar:
+        for i in range(a.runs):
+            r = simulate(mg, prof, a.policy, a.seed + i, a.mean_only, tm)
+            if i == 0 and a.trace:
+                r.trace(mg, meta).write_chrome(a.trace)
+            rows.append({"seed": r.seed, "makespan_ns": r.makespan_ns, "lower_bound_ns": r.lower_bound_ns,
+                         "wall_s": r.wall_s})  # fmt: skip
+            bar.update(i + 1)
     ms = np.array([x["makespan_ns"] for x in rows]) / 1e6
     lb = rows[0]["lower_bound_ns"] / 1e6
-    rate = mg.n * len(rows) / sum(x["wall_s"] for x in rows)
+    wall = sum(x["wall_s"] for x in rows)
+    rate = f"{mg.n * len(rows) / wall:,.0f}" if wall > 0 else "-"
     print(f"{mg.n} vertices, {mg.n_gpus} GPU(s), policy {a.policy}, profile {prof.name}, {a.runs} run(s)")
     print(f"makespan  mean {ms.mean():.3f} ms  sd {ms.std():.3f}  min {ms.min():.3f}  max {ms.max():.3f}")
     print(f"lower bound {lb:.3f} ms ({', '.join(f'{k} {v / 1e6:.1f}' for k, v in r.bound.items())})")
-    print(f"efficiency {lb / ms.mean():.3f}; simulated {rate:,.0f} vertices/s")
+    print(f"efficiency {lb / ms.mean():.3f}; simulated {rate} vertices/s")
     if a.trace:
         print(f"trace: {a.trace} (open in https://ui.perfetto.dev)")
     if a.csv:
         import pandas as pd
 
-        pd.DataFrame(rows).assign(policy=a.policy, mean_only=a.mean_only, **meta).to_csv(a.csv, index=False)
+        from turnip.fileio import atomic_write
+
+        with atomic_write(a.csv, newline="") as f:
+            pd.DataFrame(rows).assign(policy=a.policy, mean_only=a.mean_only, **meta).to_csv(f, index=False)
     return 0
+
+
+SWEEP_KEYS = {"models": "list of model names", "seqs": "list of sequence lengths", "gpus": "list of GPU counts",
+              "budgets": "table NAME = SIZE", "policies": "list of policies", "seeds": "seeds per configuration",
+              "mean_only": "true/false", "profile": "machine profile name or file",
+              "trace": "table with model, seq, gpus, budget"}  # fmt: skip
+
+
+def _read_config(path: str) -> None:
+    """Check a sweep config file's form (readable TOML, known keys) before SweepConfig reads it."""
+    import tomllib
+
+    ck.input_file(path, "--config", "pass a TOML file with an [ablate] table")
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ck.CliError(f"--config {path} is not valid TOML ({e}); fix the file", ck.USAGE) from None
+    data = data.get("ablate", data)
+    if not isinstance(data, dict):
+        raise ck.CliError(f"--config {path}: [ablate] is not a table; put the keys {', '.join(SWEEP_KEYS)} under "
+                          "[ablate]", ck.USAGE)  # fmt: skip
+    unknown = sorted(set(data) - set(SWEEP_KEYS))
+    if unknown:
+        known = "; ".join(f"{k} ({what})" for k, what in SWEEP_KEYS.items())
+        raise ck.CliError(f"--config {path}: unknown keys {unknown}; known keys: {known}", ck.USAGE)
+
+
+def _check_sweep(cfg, where: str, force: bool) -> None:
+    """Every value of the final sweep config (from the file, options and defaults) valid, every plan of a
+    size that compiles in reasonable time; usage errors name ``where`` the value came from."""
+    from turnip.compile import MODELS, parse_nbytes
+    from turnip.sched import POLICIES
+
+    def bad(key, why):
+        raise ck.CliError(f"{where}: {key} {why}", ck.USAGE)
+
+    def int_list(key, v, lo, hi=None):
+        if not isinstance(v, tuple | list) or not v:
+            bad(key, f"is {v!r}; it must be a non-empty list")
+        for x in v:
+            if isinstance(x, bool) or not isinstance(x, int) or x < lo or (hi is not None and x > hi):
+                bad(key, f"has {x!r}; its values must be integers {f'in {lo}..{hi}' if hi else f'>= {lo}'}")
+
+    if not isinstance(cfg.models, tuple | list) or not cfg.models or any(m not in MODELS for m in cfg.models):
+        bad("models", f"is {cfg.models!r}; it must be a list of {', '.join(MODELS)}")
+    int_list("seqs", cfg.seqs, 1)
+    int_list("gpus", cfg.gpus, 1, ck.MAX_GPUS)
+    if not isinstance(cfg.budgets, dict) or not cfg.budgets:
+        bad("budgets", f"is {cfg.budgets!r}; it must be a table NAME = SIZE like tight = \"1GiB\"")
+    for name, v in cfg.budgets.items():
+        try:
+            n = int(v) if isinstance(v, int) and not isinstance(v, bool) else parse_nbytes(str(v))
+        except ValueError as e:
+            raise ck.CliError(f"{where}: budget {name}: {e}", ck.USAGE) from None
+        if n < 1:
+            bad("budgets", f"{name} = {v!r} is not positive; use a size like 1GiB")
+    if not isinstance(cfg.policies, tuple | list) or not cfg.policies or any(p not in POLICIES for p in cfg.policies):
+        bad("policies", f"is {cfg.policies!r}; it must be a list of {', '.join(POLICIES)}")
+    if isinstance(cfg.seeds, bool) or not isinstance(cfg.seeds, int) or cfg.seeds < 1:
+        bad("seeds", f"is {cfg.seeds!r}; it must be an integer >= 1")
+    if not isinstance(cfg.mean_only, bool):
+        bad("mean_only", f"is {cfg.mean_only!r}; it must be true or false")
+    if not isinstance(cfg.profile, str):
+        bad("profile", f"is {cfg.profile!r}; it must be a profile name or file")
+    if not isinstance(cfg.trace, dict) or set(cfg.trace) - {"model", "seq", "gpus", "budget"}:
+        bad("trace", f"is {cfg.trace!r}; it must be a table with keys among model, seq, gpus, budget")
+    for p in cfg.plans():
+        ck.guard(p["model"], p["seq"], p["gpus"], "fp16", None, None, p["budget_nbytes"], force, quiet=True)
 
 
 def cmd_ablate(a) -> int:
@@ -123,20 +211,30 @@ def cmd_ablate(a) -> int:
 
     budgets = None
     if a.budgets:
-        try:
-            budgets = dict(b.split("=", 1) for b in a.budgets)
-        except ValueError:
-            print("turnip ablate: --budgets takes NAME=SIZE items, e.g. tight=1GiB", file=sys.stderr)
-            return 2
+        budgets = {}
+        for b in a.budgets:
+            name, eq, size = b.partition("=")
+            if not eq or not name or not size:
+                raise ck.CliError(f"--budgets got {b!r}; it takes NAME=SIZE items, e.g. tight=1GiB", ck.USAGE)
+            budgets[name] = size
     over = {"models": a.models, "seqs": a.seqs, "gpus": a.gpus, "budgets": budgets, "policies": a.policies,
             "seeds": a.seeds, "profile": a.profile, "mean_only": False if a.no_mean_only else None}  # fmt: skip
+    ck.output_dir(a.out, "--out")
     if a.config:
+        _read_config(a.config)
         cfg = SweepConfig.from_toml(a.config, **over)
     else:
         cfg = SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in over.items() if v is not None})
+    _check_sweep(cfg, f"--config {a.config}" if a.config else "ablate", a.force)
+    ck.load_profile(cfg.profile)
     if cfg.trace.get("budget") not in cfg.budgets:
         cfg = SweepConfig(**{**cfg.__dict__, "trace": {**cfg.trace, "budget": next(iter(cfg.budgets))}})
-    run_sweep(cfg, a.out, a.jobs)
+    from sim.sweep import SweepError
+
+    try:
+        run_sweep(cfg, a.out, a.jobs)
+    except SweepError as e:
+        raise ck.CliError(f"{e}; raise the budgets (--budgets NAME=SIZE) or shorten the sequences", ck.FAILED) from None
     return 0
 
 
@@ -146,8 +244,29 @@ def cmd_report(a) -> int:
     from analysis.report import write_report
 
     if not (Path(a.dir) / "runs.csv").exists():
-        print(f"turnip report: no runs.csv in {a.dir}; run `turnip ablate --out {a.dir}` first", file=sys.stderr)
-        return 2
+        raise ck.CliError(f"no runs.csv in {a.dir}; run `turnip ablate --out {a.dir}` first", ck.USAGE)
+    ck.input_file(str(Path(a.dir) / "runs.csv"), "runs table", f"run `turnip ablate --out {a.dir}` again")
+    ck.output_dir(a.dir, "DIR")
+    _check_runs(Path(a.dir) / "runs.csv")
     write_report(a.dir)
     print(f"wrote {a.dir}/summary.csv and {a.dir}/figures/")
     return 0
+
+
+RUNS_COLUMNS = ("model", "seq", "gpus", "budget", "budget_nbytes", "policy", "seed", "mean_only", "makespan_ns",
+                "lower_bound_ns", "input_nbytes", "offload_nbytes", "reload_nbytes")  # fmt: skip
+
+
+def _check_runs(path) -> None:
+    """runs.csv readable as the table `turnip ablate` writes (the columns the report uses), non-empty."""
+    import pandas as pd
+
+    try:
+        runs = pd.read_csv(path)
+    except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as e:  # EmptyDataError is a ValueError
+        raise ck.CliError(f"{path} is not a runs table ({type(e).__name__}: {e}); run `turnip ablate` again",
+                          ck.USAGE) from None  # fmt: skip
+    missing = [c for c in RUNS_COLUMNS if c not in runs.columns]
+    if missing or runs.empty:
+        why = f"lacks the columns {missing}" if missing else "has no rows"
+        raise ck.CliError(f"{path} {why}; it must be the runs.csv of `turnip ablate`", ck.USAGE)

@@ -36,10 +36,12 @@ def random_inputs(tg, rng: np.random.Generator) -> dict[int, np.ndarray]:
     return out
 
 
-def evaluate_taskgraph(tg, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """Every tensor's final value, evaluating vertices in index order."""
+def evaluate_taskgraph(tg, inputs: dict[int, np.ndarray], progress=None) -> dict[int, np.ndarray]:
+    """Every tensor's final value, evaluating vertices in index order (``progress(done)`` every 64)."""
     val: dict[int, np.ndarray] = {}
     for v in range(tg.n):
+        if progress is not None and v % 64 == 0:
+            progress(v)
         k = tg.kind[v]
         if k == KIND_INPUT:
             val[v] = inputs[v]

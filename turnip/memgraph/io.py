@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -96,15 +95,10 @@ def save_plan(path: str | os.PathLike, mg: MemGraph, tg: TaskGraph | None = None
         }
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     arrays["checksum"] = _checksum(arrays)
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from turnip.fileio import atomic_write
+
+    with atomic_write(path, "wb") as f:  # a temporary file renamed into place: never half-written
+        np.savez_compressed(f, **arrays)
 
 
 def load_plan(path: str | os.PathLike) -> tuple[MemGraph, TaskGraph | None]:

@@ -1,0 +1,199 @@
+"""Argument checks shared by the subcommands: argparse types for single values (their errors exit 2 through
+argparse) and command-level checks that raise ``CliError`` (files, byte sizes, tiles against the model,
+the size of what would be compiled)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from turnip.cli import FAILED, USAGE, CliError
+from turnip.cli import format_nbytes as _sz
+
+MAX_GPUS = 8
+
+
+def int_in(lo: int, hi: int | None = None, what: str = "an integer"):
+    """argparse type: an integer in ``lo..hi``."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            rng = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"must be {rng}, got {v}")
+        return v
+
+    parse.__name__ = "int"
+    return parse
+
+
+def float_in(lo: float, hi: float | None = None, lo_open: bool = False):
+    """argparse type: a finite float in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``)."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (v > lo if lo_open else v >= lo) or (hi is not None and v > hi) or v != v or v == float("inf"):
+            rng = f"{'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if hi is not None else "")
+            raise argparse.ArgumentTypeError(f"must be a number {rng}, got {text!r}")
+        return v
+
+    parse.__name__ = "float"
+    return parse
+
+
+COUNT = int_in(1, what="a whole number >= 1")
+SEED = int_in(0, what="a seed (an integer >= 0)")
+GPUS = int_in(1, MAX_GPUS, what="a GPU count (1..8)")
+
+
+def nbytes(text: str, flag: str, minimum: int = 0, auto: bool = False):
+    """A byte size given to ``flag`` (``'auto'`` passes through when ``auto``); ``CliError`` if unreadable
+    or below ``minimum``."""
+    from turnip.compile import parse_nbytes
+
+    if auto and str(text) == "auto":
+        return "auto"
+    try:
+        n = parse_nbytes(text)
+    except ValueError as e:
+        raise CliError(f"{flag}: {e}", USAGE) from None
+    if n < minimum:
+        least = "positive" if minimum == 1 else f"at least {_sz(minimum)}"
+        raise CliError(f"{flag} {text} is {_sz(n)}; it must be {least}, e.g. 6GiB or 512MiB", USAGE)
+    return n
+
+
+def parse_tiles(items: list[str], model: str) -> dict | None:
+    """``--tile DIM=SIZE`` items -> {dim: size}; names checked against the model's tiles, sizes positive."""
+    from turnip.models import LLAMA_TILES
+
+    if not items:
+        return None
+    names = ", ".join(f"{n} ({what})" for n, what in LLAMA_TILES.items())
+    if not model.startswith("llama-"):
+        raise CliError(f"--tile applies to llama-* models only; {model} has fixed tiles (drop --tile)", USAGE)
+    tiles = {}
+    for item in items:
+        dim, eq, size = item.partition("=")
+        if not eq or not dim or not size.strip().isdigit():
+            raise CliError(f"--tile expects DIM=SIZE like t=512, got {item!r}; tiles: {names}", USAGE)
+        if dim not in LLAMA_TILES:
+            raise CliError(f"--tile {item}: unknown tile {dim!r}; use one of the LLaMA tiles: {names}", USAGE)
+        if int(size) < 1:
+            raise CliError(f"--tile {item}: a tile size must be a positive integer; e.g. --tile {dim}=512", USAGE)
+        tiles[dim] = int(size)
+    return tiles
+
+
+def input_file(path: str, what: str, hint: str) -> Path:
+    """``path`` must be a readable file: else ``CliError`` (usage) naming ``what`` and ``hint``."""
+    p = Path(path)
+    if not p.exists():
+        raise CliError(f"{what} {path} does not exist; {hint}", USAGE)
+    if not p.is_file():
+        raise CliError(f"{what} {path} is not a file; {hint}", USAGE)
+    if not os.access(p, os.R_OK):
+        raise CliError(f"{what} {path} is not readable; check its permissions", USAGE)
+    return p
+
+
+def output_file(path: str | None, flag: str) -> None:
+    """Fail now (usage) when ``path`` cannot be written, rather than after the work."""
+    from turnip.fileio import output_file_problem
+
+    if path is None:
+        return
+    why = output_file_problem(path)
+    if why:
+        raise CliError(f"cannot write {flag} {path}: {why}; create the directory or choose another path", USAGE)
+
+
+def output_dir(path: str, flag: str) -> None:
+    from turnip.fileio import output_dir_problem
+
+    why = output_dir_problem(path)
+    if why:
+        raise CliError(f"cannot write into {flag} {path}: {why}; choose another directory", USAGE)
+
+
+def load_profile(name: str):
+    """A machine profile, or ``CliError`` (usage) listing the presets and profile files."""
+    from sim.profile import load_profile as load
+
+    try:
+        return load(name)
+    except FileNotFoundError as e:
+        raise CliError(f"{e}", USAGE) from None
+    except (ValueError, TypeError, OSError) as e:  # unknown fields, bad values, unreadable or invalid file
+        raise CliError(f"bad machine profile {name}: {e}; see sim/profiles/h100.toml for the fields", USAGE) from None
+
+
+def phys_mem() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _fmt_tiles(tiles: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in tiles.items()) or "fixed"
+
+
+def guard(model: str, seq: int, gpus: int, dtype: str, tiles: dict | None, layers: int | None, budget: int,
+          force: bool, extra_nbytes=None, quiet: bool = False):  # fmt: skip
+    """Estimate what compiling would cost and refuse (exit 1) when it is too large, unless ``force``.
+    Invalid model parameters are usage errors. Prints the estimate on stderr when the compile is long.
+    ``extra_nbytes(estimate)``: host memory the command needs on top of the compile (a run's inputs)."""
+    from turnip.compile import MAX_COMPILE_S, MAX_VERTICES, estimate
+
+    try:
+        est = estimate(model, seq, gpus, dtype, tiles, layers, budget)
+    except ValueError as e:
+        raise CliError(f"{e}; see `turnip compile --help`", USAGE) from None
+    need = est.host_nbytes + (extra_nbytes(est) if extra_nbytes else 0)
+    mem = phys_mem()
+    what = (f"{model} at {seq} tokens with tiles {_fmt_tiles(est.tiles)} would have {est.vertices:,} taskgraph "
+            f"vertices (about {est.compile_s:,.0f} s to compile, {_sz(need)} of host memory)")  # fmt: skip
+    over_mem = mem is not None and need > mem
+    too_big = est.too_large() or over_mem
+    if too_big and not force:
+        why = []
+        if est.vertices > MAX_VERTICES:
+            why.append(f"more than {MAX_VERTICES:,} vertices")
+        if est.compile_s > MAX_COMPILE_S:
+            why.append(f"over {MAX_COMPILE_S:.0f} s")
+        if over_mem:
+            why.append(f"more than this machine's {_sz(mem)} of memory")
+        if est.too_large():
+            fix = _suggest(model, seq, gpus, dtype, tiles, layers, budget, est)
+        else:  # memory alone: mostly the weights, which tiles do not change
+            fix = "use a machine with more memory, a smaller model or fewer --layers"
+        raise CliError(f"{what}: {' and '.join(why)}; {fix}, or pass --force", FAILED)
+    if (too_big or est.compile_s >= 10) and not quiet:
+        print(f"note: {what}", file=sys.stderr)
+    return est
+
+
+def _suggest(model, seq, gpus, dtype, tiles, layers, budget, est) -> str:
+    """A larger token tile that brings the vertex count under the limits, if there is one."""
+    from turnip.compile import estimate
+
+    t = int(est.tiles.get("t", seq))
+    while t < seq:
+        t = min(seq, 2 * t)
+        trial = dict(tiles or {}) | {"t": t}
+        if "kv" in trial:
+            trial["kv"] = -(-trial["kv"] // t) * t
+        e = estimate(model, seq, gpus, dtype, trial, layers, budget)
+        if not e.too_large():
+            kv = f" --tile kv={trial['kv']}" if tiles and "kv" in tiles else ""
+            return f"raise the token tile (--tile t={t}{kv} gives {e.vertices:,} vertices)"
+    return "use a shorter --seq or fewer --layers"
