@@ -32,6 +32,7 @@ the vertex (a sticky asynchronous error is reported on the first in-flight verte
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import time
 
@@ -468,6 +469,7 @@ class CudaBackend:
         self._cap_streams = []
         self._work, self._views, self._launchers, self.sctx = [], {}, {}, []
         self.host_in = self.host_off = None
+        gc.collect()  # views caught in reference cycles would keep an arena alive past the flush below
         for g in range(len(self.arenas)):
             with self.cuda.gpus[self.devices[g]]:
                 self.arenas[g] = None
