@@ -25,6 +25,16 @@ def _gpus() -> int:
 needs_gpu = pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA device")
 
 
+def _assert_runs_correct(mg, be, ref, seeds=range(2), tol: float = 2e-2, policy: str = "nondet"):
+    """Run ``mg`` once per seed on a loaded backend; every run's outputs match ``ref`` within ``tol``."""
+    res = None
+    for seed in seeds:
+        res = execute(mg, be, policy, seed=seed)
+        out = be.read_outputs()
+        assert max(rel_err(out[t], ref[t]) for t in out) <= tol
+    return res
+
+
 @needs_gpu
 @pytest.mark.parametrize("budget,resident", [(1 << 24, "0"), (48 * 1024, "0"), (1 << 20, "auto")])
 @pytest.mark.parametrize("policy", ["nondet", "det"])
@@ -49,10 +59,7 @@ def test_tiny_llama_on_two_gpus_with_transfers():
     inputs, ref = reference(tg)
     with open_backend("cuda", mg) as be:
         be.write_inputs(inputs)
-        for seed in range(3):
-            execute(mg, be, "nondet", seed=seed)
-            out = be.read_outputs()
-            assert max(rel_err(out[t], ref[t]) for t in out) <= 2e-2
+        _assert_runs_correct(mg, be, ref, range(3))
 
 
 @needs_gpu
@@ -68,10 +75,7 @@ def test_launch_modes_agree(mode):
         be.write_inputs(inputs)
         tags = {w[0].lower() for w in be._work}
         assert ("g" in tags) == (mode.get("graphs", True) and mode.get("bound", True)), (tags, be.capture_failures)
-        for seed in range(2):
-            res = execute(mg, be, "nondet", seed=seed)
-            out = be.read_outputs()
-            assert max(rel_err(out[t], ref[t]) for t in out) <= 2e-2
+        res = _assert_runs_correct(mg, be, ref)
         assert res.makespan_ns > 0 and not be.timing_failures
 
 
@@ -82,10 +86,7 @@ def test_two_gpu_plan_on_one_device():
     inputs, ref = reference(tg)
     with open_backend("cuda", mg, devices=[0, 0]) as be:
         be.write_inputs(inputs)
-        for seed in range(2):
-            execute(mg, be, "nondet", seed=seed)
-            out = be.read_outputs()
-            assert max(rel_err(out[t], ref[t]) for t in out) <= 2e-2
+        _assert_runs_correct(mg, be, ref)
 
 
 @needs_gpu
@@ -123,19 +124,10 @@ def test_llama_7b_width_layer_matches_numpy():
     ref = evaluate_taskgraph(tg, inputs)
     with open_backend("cuda", mg) as be:
         be.write_inputs(inputs)
-        for seed in range(2):
-            execute(mg, be, "nondet", seed=seed)
-            out = be.read_outputs()
-            assert max(rel_err(out[t], ref[t]) for t in out) <= 1e-2
+        _assert_runs_correct(mg, be, ref, tol=1e-2)
 
 
 # ---------------------------------------------------------------- faults: the run stops, the next one works
-
-
-def _assert_next_run_correct(mg, be, ref) -> None:
-    execute(mg, be, "nondet", seed=11)
-    out = be.read_outputs()
-    assert max(rel_err(out[t], ref[t]) for t in out) <= 2e-2
 
 
 @needs_gpu
@@ -150,7 +142,7 @@ def test_copy_error_names_the_vertex():
         with pytest.raises(VertexFailed, match=f"#{v}"):
             execute(mg, be)
         be._work[v] = w
-        _assert_next_run_correct(mg, be, ref)
+        _assert_runs_correct(mg, be, ref, [11])
 
 
 @needs_gpu
@@ -168,7 +160,7 @@ def test_launch_error_names_the_vertex():
         with pytest.raises(VertexFailed, match=f"#{v}.*cuLaunchKernel"):
             execute(mg, be)
         be._work[v] = w
-        _assert_next_run_correct(mg, be, ref)
+        _assert_runs_correct(mg, be, ref, [11])
 
 
 @needs_gpu
@@ -197,9 +189,7 @@ def test_interrupt_during_a_7b_width_run_leaves_the_backend_usable():
             execute(mg, be)
         assert not be.in_flight()
         be._work[v] = w
-        execute(mg, be)
-        out = be.read_outputs()
-        assert max(rel_err(out[t], ref[t]) for t in out) <= 1e-2
+        _assert_runs_correct(mg, be, ref, [11], tol=1e-2)
 
 
 @needs_gpu
@@ -224,7 +214,7 @@ def test_stall_names_the_vertex_in_flight():
         with pytest.raises(RuntimeStall, match=f"#{v}"):
             execute(mg, be, stall_s=0.3)
         be._work[v] = w
-        _assert_next_run_correct(mg, be, ref)
+        _assert_runs_correct(mg, be, ref, [11])
 
 
 @needs_gpu
