@@ -321,15 +321,9 @@ class CudaBackend:
             self.cur = g
         w = self._work[v]
         tag = w[0]
-        if tag == "G":  # the graph records the end event itself: one driver call
-            r = self._graph_launch(w[1], self.hstreams[g][cmd.stream])
-            if r:
-                raise VertexFailed(v, self.mg.label(v), CudaError(f"cuGraphLaunch: {self.drv.error_name(r)}"))
-            self._in_flight.append(v)
-            return
-        if tag == "Gs":
+        if tag == "G" or tag == "Gs":  # the graph records the end event itself: one driver call
             s = cmd.stream
-            r = self._graph_launch(w[1][s], self.hstreams[g][s])
+            r = self._graph_launch(w[1] if tag == "G" else w[1][s], self.hstreams[g][s])
             if r:
                 raise VertexFailed(v, self.mg.label(v), CudaError(f"cuGraphLaunch: {self.drv.error_name(r)}"))
             self._in_flight.append(v)
