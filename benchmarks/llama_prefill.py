@@ -31,17 +31,36 @@ import numpy as np
 GiB = 1 << 30
 
 
-def build_hf(size: str, seed: int, max_seq: int, n_layers: int | None = None):
+def model_config(a):
+    """turnip's config of the model: ``--config`` (a Hugging Face config.json) or the preset ``--size``."""
+    from turnip.models import LLAMA, load_config
+
+    return load_config(a.config) if a.config else LLAMA[a.size]
+
+
+def hf_config(s, max_seq: int, n_layers: int | None = None):
+    """A transformers ``LlamaConfig`` of turnip's config ``s``."""
+    from transformers import LlamaConfig
+
+    rope = {"rope_type": "default", "rope_theta": s.rope_theta}
+    if s.rope_scaling:
+        f, lo, hi, orig = s.rope_scaling
+        rope = {"rope_type": "llama3", "rope_theta": s.rope_theta, "factor": f, "low_freq_factor": lo,
+                "high_freq_factor": hi, "original_max_position_embeddings": int(orig)}  # fmt: skip
+    return LlamaConfig(hidden_size=s.d_model, intermediate_size=s.d_ffn, num_hidden_layers=n_layers or s.n_layers,
+                       num_attention_heads=s.n_heads, num_key_value_heads=s.kv_heads, head_dim=s.dh,
+                       vocab_size=s.vocab, rms_norm_eps=s.eps, max_position_embeddings=max(max_seq, 2048, *(
+                           [int(s.rope_scaling[3]) + 1] if s.rope_scaling else [])),
+                       tie_word_embeddings=s.tie_embeddings, rope_parameters=rope, rope_scaling=rope,
+                       rope_theta=s.rope_theta, attn_implementation="sdpa")  # fmt: skip
+
+
+def build_hf(s, seed: int, max_seq: int, n_layers: int | None = None):
+    """A ``LlamaForCausalLM`` of turnip config ``s`` on the GPU, fp16, seeded random weights (norms near 1)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    from turnip.models import LLAMA
-
-    s = LLAMA[size]
-    cfg = LlamaConfig(hidden_size=s.d_model, intermediate_size=s.d_ffn, num_hidden_layers=n_layers or s.n_layers,
-                      num_attention_heads=s.n_heads, num_key_value_heads=s.n_heads, vocab_size=s.vocab,
-                      rms_norm_eps=1e-5, max_position_embeddings=max(max_seq, 2048), tie_word_embeddings=False,
-                      attn_implementation="sdpa")  # fmt: skip
+    cfg = hf_config(s, max_seq, n_layers)
     torch.manual_seed(seed)
     torch.set_default_dtype(torch.float16)
     with torch.device("cuda"):
@@ -80,21 +99,38 @@ def worst_token(x: np.ndarray, y: np.ndarray) -> float:
     return float((np.linalg.norm(x - y, axis=-1) / np.linalg.norm(y, axis=-1)).max())
 
 
-def hidden(model, ids):
+def hidden(model, ids, logits: bool = False):
+    """The final hidden states of every token, or (``logits``) the last position's logits, as HF computes
+    them in a prefill (``logits_to_keep=1``)."""
+    if logits:
+        return model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1:]
     return model.model(input_ids=ids, use_cache=False).last_hidden_state
 
 
+def hf_inputs(tg, sd, ids):
+    """turnip's logical inputs from a Hugging Face state dict (reshapes of the same tensors) and the prompt
+    (``x0``: its rows of the embedding table), one tensor at a time."""
+    from turnip.runtime.weights import hf_name, logical_inputs
+
+    for name, (shape, _blocks) in logical_inputs(tg).items():
+        if name == "x0":
+            x = sd["model.embed_tokens.weight"][ids.reshape(-1)]
+        else:
+            x = sd[hf_name(name)]
+        yield name, x.reshape(shape).contiguous().cpu().numpy()
+
+
 def run_turnip(sd, ids, a, seq: int, budget_name: str):
-    """Compile, load on the CUDA backend, copy the HF weights in our layouts, run every policy."""
+    """Compile, load on the CUDA backend, copy the HF weights (our layouts are theirs, reshaped), run every
+    policy."""
     from analysis.metrics import run_metrics
-    from turnip.compile import build_with_resident, make_taskgraph, parse_nbytes
+    from turnip.compile import build_with_resident, parse_nbytes
     from turnip.memgraph.interp import assemble
-    from turnip.models import LLAMA
+    from turnip.models import llama_prefill
     from turnip.runtime import execute, open_backend
     from turnip.runtime.driver import lower_bound
-    from turnip.runtime.weights import from_hf, hf_name, logical_inputs, tile_inputs
+    from turnip.runtime.weights import write_streaming
 
-    H = LLAMA[a.size].n_heads
     if budget_name == "none":
         n_weight = sum(int(v.numel()) * v.element_size() for v in sd.values())
         budget, resident = parse_nbytes(a.none_budget), str(n_weight + (1 << 28))
@@ -103,7 +139,8 @@ def run_turnip(sd, ids, a, seq: int, budget_name: str):
     tiles = dict(t.split("=") for t in a.tile) if a.tile else None
     tiles = {k: int(v) for k, v in tiles.items()} if tiles else None
     t0 = time.perf_counter()
-    tg = make_taskgraph(f"llama-{a.size}", seq, 1, "fp16", tiles, n_layers=a.layers, budget_nbytes=budget)
+    tg = llama_prefill(model_config(a), seq, 1, "fp16", tiles, n_layers=a.layers, budget_nbytes=budget,
+                       head="last" if a.logits else "none")
     mg = build_with_resident(tg, budget, None, resident)
     t_compile = time.perf_counter() - t0
     bound = lower_bound(mg, a.profile)
@@ -120,11 +157,7 @@ def run_turnip(sd, ids, a, seq: int, budget_name: str):
     runs = {}
     try:
         t0 = time.perf_counter()
-        be.write_inputs(tile_inputs(tg, {"ids": ids[0].int().cpu().numpy()}))
-        for name in logical_inputs(tg):
-            if name != "ids":
-                w = from_hf(name, sd[hf_name(name)], H).contiguous().cpu().numpy()
-                be.write_inputs(tile_inputs(tg, {name: w}))
+        write_streaming(be, tg, hf_inputs(tg, sd, ids))
         out["load_weights_s"] = time.perf_counter() - t0
         for pol in a.policies:
             rs = [execute(mg, be, pol, 5, seed=i) for i in range(a.warmup + a.repeat)][a.warmup:]
@@ -132,7 +165,7 @@ def run_turnip(sd, ids, a, seq: int, budget_name: str):
         outs = be.read_outputs()
     finally:
         be.close()
-    h = assemble(tg, outs, "out").astype(np.float32)
+    h = assemble(tg, outs, "logits" if a.logits else "out").astype(np.float32)
     resident = mg.preloaded()
     for pol, rs in runs.items():
         ms = [r.makespan_ns / 1e6 for r in rs]
@@ -153,7 +186,10 @@ def run_turnip(sd, ids, a, seq: int, budget_name: str):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="7b")
+    ap.add_argument("--size", default="7b", help="a preset (turnip.models.LLAMA)")
+    ap.add_argument("--config", help="a Hugging Face config.json instead of --size (e.g. a LLaMA-3-8B-shaped one)")
+    ap.add_argument("--logits", action="store_true",
+                    help="time and compare the last position's logits (LM head included), not hidden states")
     ap.add_argument("--layers", type=int, default=None, help="only the first N decoder layers (checks)")
     ap.add_argument("--rows", nargs="+", default=["4096:none", "4096:6GiB"], help="SEQ:BUDGET turnip rows")
     ap.add_argument("--accelerate", nargs="*", default=[], help="SEQ:BUDGET Accelerate rows")
@@ -179,14 +215,15 @@ def main(argv=None) -> int:
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    a.tag = a.tag or a.size
+    a.tag = a.tag or (Path(a.config).parent.name if a.config else a.size)
     rows = [tuple(r.split(":")) for r in a.rows]
     acc_rows = [tuple(r.split(":")) for r in a.accelerate]
     seqs = sorted({int(s) for s, _ in rows + acc_rows})
-    model = build_hf(a.size, a.seed, max(seqs), a.layers)
+    cfg = model_config(a)
+    model = build_hf(cfg, a.seed, max(seqs), a.layers)
     sd = {k: v for k, v in model.state_dict().items()}
     n_weight = sum(p.numel() * p.element_size() for p in model.parameters())
-    print(f"{a.size}: weights {n_weight / GiB:.2f} GiB", flush=True)
+    print(f"{a.tag}: weights {n_weight / GiB:.2f} GiB", flush=True)
     gen = torch.Generator(device="cpu").manual_seed(a.seed)
     ids = {s: torch.randint(0, model.config.vocab_size, (1, s), generator=gen).cuda() for s in seqs}
     results, eager_h = [], {}
@@ -196,7 +233,7 @@ def main(argv=None) -> int:
         row = {"system": "pytorch-eager", "seq": s, "budget": "none"}
         try:
             with torch.no_grad():
-                ts, h = time_torch(lambda s=s: hidden(model, ids[s]), a.warmup, a.repeat)
+                ts, h = time_torch(lambda s=s: hidden(model, ids[s], a.logits), a.warmup, a.repeat)
             eager_h[s] = h[0].float().cpu().numpy()
             row |= {"ms": float(np.median(ts)) * 1e3, "times_ms": json.dumps([round(t * 1e3, 2) for t in ts]),
                     "peak_gib": torch.cuda.max_memory_allocated() / GiB}  # fmt: skip
@@ -207,12 +244,12 @@ def main(argv=None) -> int:
         results.append(row)
     fp32_h = {}
     if a.fp32_max_seq:
-        m32 = build_hf(a.size, a.seed, max(seqs), a.layers).float()
+        m32 = build_hf(cfg, a.seed, max(seqs), a.layers).float()
         m32.load_state_dict({k: v.float() for k, v in sd.items()})
         with torch.no_grad():
             for s in seqs:
                 if s <= a.fp32_max_seq:
-                    fp32_h[s] = hidden(m32, ids[s])[0].float().cpu().numpy()
+                    fp32_h[s] = hidden(m32, ids[s], a.logits)[0].float().cpu().numpy()
                     r = next(r for r in results if r["system"] == "pytorch-eager" and r["seq"] == s)
                     if s in eager_h:
                         r["err_vs_fp32"] = rel(eager_h[s], fp32_h[s])
@@ -252,7 +289,7 @@ def main(argv=None) -> int:
             n_cpu = sum(1 for v in dm.values() if v == "cpu")
             for s in ss:
                 with torch.no_grad():
-                    ts, h = time_torch(lambda s=s, m=model: hidden(m, ids[s]), 1, max(1, a.repeat - 1))
+                    ts, h = time_torch(lambda s=s, m=model: hidden(m, ids[s], a.logits), 1, max(1, a.repeat - 1))
                 row = {"system": "accelerate", "seq": s, "budget": b, "ms": float(np.median(ts)) * 1e3,
                        "times_ms": json.dumps([round(t * 1e3, 2) for t in ts]), "cpu_modules": n_cpu}  # fmt: skip
                 if s in eager_h:
@@ -275,7 +312,8 @@ def write(out: Path, a, results: list[dict]) -> None:
     eager = {r["seq"]: r["ms"] for r in results if r["system"] == "pytorch-eager"}
     acc = {(r["seq"], r["budget"]): r["ms"] for r in results if r["system"] == "accelerate"}
     pols = a.policies
-    lines = [f"# LLaMA-{a.size} prefill, fp16, random weights (seed {a.seed})", "", f"Command: `{cmd}`", "",
+    what = "last-position logits" if a.logits else "final hidden states"
+    lines = [f"# {a.tag} prefill ({what}), fp16, random weights (seed {a.seed})", "", f"Command: `{cmd}`", "",
              f"Host: {platform.node()}; {a.repeat} timed runs after {a.warmup} warm-up; medians.", "",
              "| seq | budget | system | " + " | ".join(f"{p} ms" for p in pols) + " | vs eager | vs Accelerate "
              "| lower bound ms | bound/time | host µs/vertex p50 | err vs eager | err vs fp32 | vertices |",

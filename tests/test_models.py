@@ -9,36 +9,60 @@ from turnip.models import LLAMA, llama_prefill, matmul_example, random_dag
 pytestmark = pytest.mark.unit
 
 
-def numpy_llama(w: dict, ids: np.ndarray, s) -> np.ndarray:
-    _H, dh = s.n_heads, s.d_model // s.n_heads
+def numpy_llama(w: dict, x0: np.ndarray, s, head: str = "none") -> np.ndarray:
+    """A plain LLaMA on Hugging Face 2-D weights (written apart from turnip's graph: flat projections,
+    ``repeat_kv``, LLaMA-3 rope scaling by its published formula)."""
+    H, Hk, dh = s.n_heads, s.kv_heads, s.dh
+    T = x0.shape[0]
 
     def rms(x, g):
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + s.eps) * g
 
-    def rope(x):
-        half = dh // 2
-        inv = 1.0 / 10000.0 ** (np.arange(half) * 2.0 / dh)
-        ang = np.arange(x.shape[0])[:, None] * inv[None]
+    def inv_freq():
+        inv = 1.0 / s.rope_theta ** (np.arange(0, dh, 2) / dh)
+        if not s.rope_scaling:
+            return inv
+        factor, lo, hi, old = s.rope_scaling
+        out = []
+        for f in inv:
+            wl = 2 * np.pi / f
+            if wl < old / hi:
+                out.append(f)
+            elif wl > old / lo:
+                out.append(f / factor)
+            else:
+                sm = (old / wl - lo) / (hi - lo)
+                out.append((1 - sm) * f / factor + sm * f)
+        return np.array(out)
+
+    def rope(x):  # x (T, heads, dh)
+        ang = np.arange(T)[:, None] * inv_freq()[None]
         c, sn = np.cos(ang)[:, None], np.sin(ang)[:, None]
-        return np.concatenate([x[..., :half] * c - x[..., half:] * sn, x[..., half:] * c + x[..., :half] * sn], -1)
+        x1, x2 = x[..., : dh // 2], x[..., dh // 2 :]
+        return np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn], -1)
 
-    x = w["tok_embed"][ids]
-    T = len(ids)
+    x = x0
     for i in range(s.n_layers):
         p = f"L{i}."
         h = rms(x, w[p + "attn_norm"])
-        q, k, v = (np.einsum("td,dhe->the", h, w[p + n]) for n in ("wq", "wk", "wv"))
-        q, k = rope(q), rope(k)
+        q = rope((h @ w[p + "wq"].reshape(H * dh, -1).T).reshape(T, H, dh))
+        k = rope((h @ w[p + "wk"].reshape(Hk * dh, -1).T).reshape(T, Hk, dh))
+        v = (h @ w[p + "wv"].reshape(Hk * dh, -1).T).reshape(T, Hk, dh)
+        k, v = np.repeat(k, H // Hk, axis=1), np.repeat(v, H // Hk, axis=1)
         sc = np.einsum("ihd,jhd->hij", q, k) / np.sqrt(dh)
         sc = np.where(np.tril(np.ones((T, T), bool)), sc, -np.inf)
         pr = np.exp(sc - sc.max(-1, keepdims=True))
         pr /= pr.sum(-1, keepdims=True)
-        a = np.einsum("hij,jhd->ihd", pr, v)
-        x = x + np.einsum("the,hed->td", a, w[p + "wo"])
+        a = np.einsum("hij,jhd->ihd", pr, v).reshape(T, H * dh)
+        x = x + a @ w[p + "wo"].reshape(-1, H * dh).T
         h2 = rms(x, w[p + "ffn_norm"])
-        g, u = h2 @ w[p + "w_gate"], h2 @ w[p + "w_up"]
-        x = x + (g / (1 + np.exp(-g)) * u) @ w[p + "w_down"]
-    return rms(x, w["final_norm"])
+        g, u = h2 @ w[p + "w_gate"].T, h2 @ w[p + "w_up"].T
+        x = x + (g / (1 + np.exp(-g)) * u) @ w[p + "w_down"].T
+    out = rms(x, w["final_norm"])
+    if head == "none":
+        return out
+    lm = w["tok_embed" if s.tie_embeddings else "lm_head"]
+    return (out[-1:] if head == "last" else out) @ lm.T
 
 
 def block_inputs(tg, full: dict) -> dict:
@@ -51,20 +75,28 @@ def block_inputs(tg, full: dict) -> dict:
 
 
 @pytest.mark.parametrize(
-    "n_gpus,tiles",
-    [(1, None), (2, None), (3, {"t": 5, "h": 1, "f": 48}), (1, {"t": 5, "kv": 10}), (2, {"t": 4, "kv": 4})],
+    "model,n_gpus,tiles,head",
+    [
+        ("tiny", 1, None, "none"),
+        ("tiny", 2, None, "none"),
+        ("tiny", 3, {"t": 5, "h": 1, "f": 48}, "none"),
+        ("tiny", 1, {"t": 5, "kv": 10}, "none"),
+        ("tiny", 2, {"t": 4, "kv": 4}, "last"),
+        ("tiny-gqa", 1, None, "last"),
+        ("tiny-gqa", 2, {"t": 5, "h": 1, "kv": 10, "v": 40}, "last"),
+        ("tiny-gqa", 3, {"t": 8, "v": 17}, "all"),
+        ("tiny", 1, {"t": 6, "v": 10}, "all"),
+    ],
 )
-def test_tiled_llama_matches_numpy(n_gpus, tiles):
+def test_tiled_llama_matches_numpy(model, n_gpus, tiles, head):
     rng = np.random.default_rng(0)
-    s, seq = LLAMA["tiny"], 24
-    tg = llama_prefill("tiny", seq=seq, n_gpus=n_gpus, dtype="fp32", tiles=tiles)
-    full = {}
-    for name, (shape, _) in tg.meta["input_blocks"].items():
-        full[name] = rng.integers(0, s.vocab, size=shape) if name == "ids" else rng.standard_normal(shape) * 0.3
+    s, seq = LLAMA[model], 24
+    tg = llama_prefill(model, seq=seq, n_gpus=n_gpus, dtype="fp32", tiles=tiles, head=head)
+    full = {name: rng.standard_normal(shape) * 0.3 for name, (shape, _) in tg.meta["input_blocks"].items()}
     full.update({k: 1.0 + 0.1 * full[k] for k in full if k.endswith("norm")})
     vals = evaluate_taskgraph(tg, block_inputs(tg, full))
-    got = assemble(tg, vals, "out")
-    want = numpy_llama(full, full["ids"], s)
+    got = assemble(tg, vals, "out" if head == "none" else "logits")
+    want = numpy_llama(full, full["x0"], s, head)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
     if n_gpus > 1:
         assert (tg.kind == 2).any(), "cross-GPU consumers read through transfer vertices"
@@ -83,7 +115,7 @@ def test_contraction_split_gives_sum_into_groups():
 def test_attention_is_one_fused_vertex_per_key_range(kv, per_query_block):
     tiles = {"t": 8} | ({"kv": kv} if kv else {})
     tg = llama_prefill("tiny", seq=32, dtype="fp32", tiles=tiles, n_layers=1)
-    n_head_blocks = -(-LLAMA["tiny"].n_heads // 2)
+    n_head_blocks = -(-LLAMA["tiny"].kv_heads // 2)
     ops = [tg.op[v] for v in range(tg.n)]
     assert ops.count("sdpa") == n_head_blocks * sum(per_query_block)
     assert ops.count("attn_combine") == n_head_blocks * sum(n > 1 for n in per_query_block)
@@ -96,7 +128,7 @@ def test_attention_is_one_fused_vertex_per_key_range(kv, per_query_block):
 def test_big_shapes_and_options():
     tg = llama_prefill("13b", seq=2048, n_gpus=2, n_layers=1)
     assert tg.meta["model"] == "llama-13b" and tg.n_gpus == 2
-    assert tg.shape[int(np.flatnonzero(np.array(tg.name) == "L0.wq[0, 0, 0]")[0])] == (5120, 20, 128)
+    assert tg.shape[int(np.flatnonzero(np.array(tg.name) == "L0.wq[0, 0, 0]")[0])] == (20, 128, 5120)
     with pytest.raises(ValueError, match="n_gpus"):
         llama_prefill("7b", n_gpus=9)
     with pytest.raises(ValueError, match="unknown LLaMA size"):
@@ -115,9 +147,9 @@ def test_default_tiles_follow_the_budget():
     from turnip.models import default_tiles
 
     s = LLAMA["7b"]
-    assert default_tiles(s, 32768, 1) == {"t": 8192, "h": 16, "f": 5504}  # no budget given
+    assert default_tiles(s, 32768, 1) == {"t": 8192, "h": 16, "f": 5504, "v": 32000}  # no budget given
     assert default_tiles(s, 4096, 1, "fp16", 6 << 30)["t"] == 4096  # capped by the sequence
-    assert default_tiles(s, 16384, 1, "fp16", 6 << 30) == {"t": 8192, "h": 16, "f": 5504}  # whole key range
+    assert default_tiles(s, 16384, 1, "fp16", 6 << 30) == {"t": 8192, "h": 16, "f": 5504, "v": 32000}  # whole key range
     assert default_tiles(s, 16384, 1, "fp16", 1 << 30)["t"] == 4096  # FFN activations within 256 MiB
     assert default_tiles(s, 16384, 1, "fp16", 256 << 20)["t"] == 1024
     assert default_tiles(s, 65536, 1, "fp16", 1 << 30)["kv"] == 32768  # K and V ranges within 512 MiB

@@ -12,11 +12,20 @@ import numpy as np
 
 from turnip.memgraph.build import BudgetError, BuildConfig, build_memgraph
 from turnip.memgraph.plan import MemGraph
-from turnip.models import LLAMA, llama_prefill, matmul_example, random_dag
+from turnip.models import LLAMA, llama_config, llama_prefill, matmul_example, random_dag
 from turnip.taskgraph import TaskGraph
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 MODELS = [f"llama-{s}" for s in LLAMA] + ["paper-matmul", "random"]
+MODEL_HELP = (f"a preset ({', '.join(MODELS)}) or a Hugging Face LLaMA-family model directory (or its config.json): "
+              "the taskgraph follows its config")  # fmt: skip
+
+
+def resolve_head(model: str, head: str | None) -> str:
+    """``auto`` (or None): the last position's logits for a Hugging Face model, hidden states for presets."""
+    if head in (None, "auto"):
+        return "none" if model in MODELS else "last"
+    return head
 RANDOM_KERNELS = 200  # kernels of ``--model random``
 
 
@@ -55,11 +64,14 @@ def make_taskgraph(
     seed: int = 0,
     n_layers: int | None = None,
     budget_nbytes: int | None = None,
+    head: str | None = None,
 ) -> TaskGraph:
-    """The taskgraph of a named model; LLaMA tiles default from the budget when it is given."""
-    if model.startswith("llama-"):
-        return llama_prefill(model[6:], seq=seq, n_gpus=gpus, dtype=dtype, tiles=tiles, n_layers=n_layers,
-                             budget_nbytes=budget_nbytes)
+    """The taskgraph of a named model or a Hugging Face directory / config.json; LLaMA tiles default from
+    the budget when it is given; ``head``: ``turnip.models.HEADS`` or auto (``resolve_head``)."""
+    cfg = llama_config(model)
+    if cfg is not None:
+        return llama_prefill(cfg, seq=seq, n_gpus=gpus, dtype=dtype, tiles=tiles, n_layers=n_layers,
+                             budget_nbytes=budget_nbytes, head=resolve_head(model, head))
     if model == "paper-matmul":
         return matmul_example()
     if model == "random":
@@ -106,12 +118,12 @@ class Estimate:
         return self.vertices > MAX_VERTICES or self.compile_s > MAX_COMPILE_S
 
 
-def _llama_vertices(s, seq: int, G: int, tiles: dict, L: int) -> int:
+def _llama_vertices(s, seq: int, G: int, tiles: dict, L: int, head: str = "none") -> int:
     """Taskgraph vertices of a LLaMA prefill, counted per op the way ``turnip.graph`` lowers it (inputs,
     kernels, ``sum_into``, ``concat``, ``sdpa``/``attn_combine``, transfers), in O(GPUs) time."""
     tt = int(tiles.get("t", seq))
     T = -(-seq // tt)
-    H = -(-s.n_heads // int(tiles.get("h", s.n_heads)))
+    H = -(-s.kv_heads // int(tiles.get("h", s.kv_heads)))
     F = -(-s.d_ffn // int(tiles.get("f", s.d_ffn)))
     P = max(1, int(tiles.get("kv", seq)) // tt)  # key blocks per key range
 
@@ -130,7 +142,7 @@ def _llama_vertices(s, seq: int, G: int, tiles: dict, L: int) -> int:
             return T - cT[0]
         return T * nb - sum(a * b for a, b in zip(cT, cnt, strict=True))
 
-    inputs = T + 1 + L * (2 + 4 * H + 3 * F) + 1
+    inputs = T + L * (2 + 4 * H + 3 * F) + 1
     m, rem = divmod(T, P)
     sdpa = T + P * m * (m - 1) // 2 + rem * m  # sum over query blocks of their key ranges
     combine = max(0, T - P)
@@ -149,7 +161,15 @@ def _llama_vertices(s, seq: int, G: int, tiles: dict, L: int) -> int:
         + T * F + (T * (F - 1) if F > 1 else 0) + gather(F, cF)  # down projection, partial sums
         + T  # residual
     )  # fmt: skip
-    return inputs + T + (g_t - 1) + L * layer + T + (g_t - 1)
+    V = -(-s.vocab // int(tiles.get("v", s.vocab)))
+    if head == "none":
+        out = T + (g_t - 1)  # final norm and its weight's copies
+    elif head == "last":  # rows, its copy to GPU 0, norm; the vocabulary blocks and the normed row's copies
+        out = 1 + ((T - 1) % G != 0) + 1 + 2 * V + min(V, G) - 1
+    else:  # final norm, vocabulary blocks, one GEMM per (token, vocabulary) block, weight copies
+        t_gpus = {j % G for j in range(T)}
+        out = T + (g_t - 1) + V + T * V + sum(len(t_gpus - {j % G}) for j in range(V))
+    return inputs + L * layer + out
 
 
 def estimate(
@@ -160,21 +180,23 @@ def estimate(
     tiles: dict | None = None,
     n_layers: int | None = None,
     budget_nbytes: int | None = None,
+    head: str | None = None,
 ) -> Estimate:
     """The size of ``make_taskgraph(model, ...)`` without building it (exact for LLaMA; the other models
     are small). Raises ``ValueError`` for arguments ``make_taskgraph`` would refuse."""
     from turnip.memgraph.plan import DTYPE_NBYTES
     from turnip.models import check_llama_args, default_tiles
 
-    if model.startswith("llama-") and model[6:] in LLAMA:
-        s = LLAMA[model[6:]]
-        check_llama_args(s, seq, gpus, dtype, tiles, n_layers)
+    s = llama_config(model)
+    if s is not None:
+        hd = resolve_head(model, head)
+        check_llama_args(s, seq, gpus, dtype, tiles, n_layers, head=hd)
         t = default_tiles(s, seq, gpus, dtype, budget_nbytes) | dict(tiles or {})
-        check_llama_args(s, seq, gpus, dtype, tiles, n_layers, int(t.get("t", seq)))
+        check_llama_args(s, seq, gpus, dtype, tiles, n_layers, int(t.get("t", seq)), head=hd)
         L = s.n_layers if n_layers is None else n_layers
-        d = s.d_model
-        weights = s.vocab * d + L * (2 * d + 4 * d * d + 3 * d * s.d_ffn) + d
-        return Estimate(_llama_vertices(s, seq, gpus, t, L), t, weights * DTYPE_NBYTES[dtype] + 4 * seq)
+        d, nb = s.d_model, DTYPE_NBYTES[dtype]
+        weights = s.weight_nbytes(nb, L, head=hd != "none")
+        return Estimate(_llama_vertices(s, seq, gpus, t, L, hd), t, weights + seq * d * nb)
     if model == "paper-matmul":
         return Estimate(15, {}, 6 * 256)
     if model == "random":

@@ -92,9 +92,21 @@ class Graph:
         t = self.t(x)
         return self._new("rmsnorm", (x, w), t.dims, t.shape, {"eps": eps}, name)
 
-    def rotary(self, x: int, theta: float = 10000.0, name: str = "") -> int:
+    def rotary(self, x: int, theta: float = 10000.0, name: str = "", **scaling) -> int:
+        """Rotary embedding over the last dim (frequency params: ``turnip.reference.rope_inv_freq``)."""
         t = self.t(x)
-        return self._new("rotary", (x,), t.dims, t.shape, {"theta": theta}, name)
+        return self._new("rotary", (x,), t.dims, t.shape, {"theta": theta, **scaling}, name)
+
+    def rows(self, x: int, start: int, stop: int, name: str = "") -> int:
+        """Rows ``[start, stop)`` of ``x`` along its first dim (they must lie in one tile); the new first dim
+        is ``s`` (never tiled)."""
+        t = self.t(x)
+        if not 0 <= start < stop <= t.shape[0]:
+            raise TilingError(f"rows [{start}, {stop}) of {t.name}{t.shape}")
+        if "s" in t.dims:
+            raise TilingError(f"rows of {t.name}: its dims {t.dims!r} already use the letter 's'")
+        return self._new("rows", (x,), "s" + t.dims[1:], (stop - start, *t.shape[1:]), {"start": start, "stop": stop},
+                         name)  # fmt: skip
 
     def embed(self, ids: int, table: int, name: str = "") -> int:
         n, (_, d) = self.t(ids).shape[0], self.t(table).shape
@@ -102,9 +114,12 @@ class Graph:
         return self._new("embed", (ids, table), dims, (n, d), name=name, dtype=self.t(table).dtype)
 
     def attention(self, q: int, k: int, v: int, name: str = "") -> int:
-        """Causal softmax(q k^T / sqrt(dh)) v over tensors with dims (tokens, heads, head dim)."""
-        t = self.t(q)
-        return self._new("attention", (q, k, v), t.dims, t.shape, {"scale": 1.0 / math.sqrt(t.shape[2])}, name)
+        """Causal softmax(q k^T / sqrt(dh)) v over q (tokens, heads, head dim) or, grouped-query,
+        (tokens, key-value heads, group, head dim), and k, v (tokens, key-value heads, head dim)."""
+        t, tk = self.t(q), self.t(k)
+        if len(tk.dims) != 3 or t.dims[:2] != tk.dims[:2] or t.dims[-1] != tk.dims[-1] or len(t.dims) not in (3, 4):
+            raise TilingError(f"attention: q {t.name} dims {t.dims!r} and k {tk.name} dims {tk.dims!r} do not match")
+        return self._new("attention", (q, k, v), t.dims, t.shape, {"scale": 1.0 / math.sqrt(t.shape[-1])}, name)
 
 
 @dataclass(frozen=True)
@@ -211,6 +226,26 @@ class _Lowering:
         for idx in self.grid(t):
             p = dict(node.params, pos_off=self.T.span(t.dims[0], t.shape[0], idx[0])[0])
             out[idx] = self._emit(node, idx, "rotary", node.inputs, p)
+        self.blocks[t.id] = out
+
+    def _rows(self, node: Node):
+        """One ``rows`` kernel on the GPU of the token tile holding the rows (later readers fetch the few
+        rows, not the tile)."""
+        x, t = self.g.t(node.inputs[0]), node.out
+        a, b = node.params["start"], node.params["stop"]
+        tl, n = x.dims[0], x.shape[0]
+        bi = a // self.T.tiles.get(tl, n)
+        lo, hi = self.T.span(tl, n, bi)
+        if b > hi:
+            raise TilingError(f"rows [{a}, {b}) of {x.name} cross its {tl} tiles; take them from one tile")
+        out = {}
+        for idx in self.grid(t):
+            coords = dict(zip(x.dims[1:], idx[1:], strict=True)) | {tl: bi}
+            gpu = self.T.place(coords)
+            src = self.block(x.id, coords, gpu)
+            shape = (b - a, *self.bshape(t, idx)[1:])
+            p = {"start": a - lo, "stop": b - lo}
+            out[idx] = self.b.kernel("rows", [src], shape, t.dtype, gpu, p, name=f"{t.name}{list(idx)}")
         self.blocks[t.id] = out
 
     def _embed(self, node: Node):

@@ -60,9 +60,11 @@ def lower_attention(lw, node) -> None:
     T, b = lw.T, lw.b
     q, k, v = node.inputs
     t = node.out
-    tl, hl, el = t.dims
-    lw.whole(t, el, "attention")
-    n_tok, n_head, dh = t.shape
+    tl, hl = t.dims[0], t.dims[1]
+    for letter in t.dims[2:]:  # the head dim, and the group of query heads per key-value head
+        lw.whole(t, letter, "attention")
+    n_tok, n_head, dh = t.shape[0], t.shape[1], t.shape[-1]
+    group = t.shape[2] if len(t.shape) == 4 else 1
     nb = T.nblocks(tl, n_tok)
     tile = T.tiles.get(tl, n_tok)
     per_range = max(1, int(T.tiles.get("kv", n_tok)) // tile)  # key blocks per range
@@ -91,6 +93,8 @@ def lower_attention(lw, node) -> None:
         q0, q1 = T.span(tl, n_tok, qi)
         h0, h1 = T.span(hl, n_head, hb)
         nh, tq = h1 - h0, q1 - q0
+        nq = nh * group  # query heads of the block
+        out_shape = (tq, nh, group, dh) if group > 1 else (tq, nh, dh)
         qv = lw.block(q, coords, gpu)
         name = f"{t.name}{list(idx)}"
         n_ranges = qi // per_range + 1
@@ -101,12 +105,12 @@ def lower_attention(lw, node) -> None:
             rows = b.shape_of(kv[0])[0]
             p = {"scale": node.params["scale"], "causal": True, "q_off": q0, "k_off": k0,
                  "tk": min(rows, q1 - k0), "partial": n_ranges > 1, "itemsize": itemsize}  # fmt: skip
-            shape = (tq * nh * dh + nh * tq * 4 // itemsize,) if n_ranges > 1 else (tq, nh, dh)
+            shape = (tq * nq * dh + nq * tq * 4 // itemsize,) if n_ranges > 1 else out_shape
             vname = f"{name}.A{r}" if n_ranges > 1 else name
             parts.append(b.kernel("sdpa", [qv, *kv], shape, t.dtype, gpu, p, name=vname))
         if n_ranges == 1:
             blocks[idx] = parts[0]
         else:
-            p = {"tq": tq, "h": nh, "dh": dh, "itemsize": itemsize}
-            blocks[idx] = b.kernel("attn_combine", parts, (tq, nh, dh), t.dtype, gpu, p, name=name)
+            p = {"tq": tq, "h": nq, "dh": dh, "itemsize": itemsize} | ({"r": group} if group > 1 else {})
+            blocks[idx] = b.kernel("attn_combine", parts, out_shape, t.dtype, gpu, p, name=name)
     lw.blocks[t.id] = blocks

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -12,41 +14,163 @@ from turnip.taskgraph import Builder, TaskGraph
 
 
 @dataclass(frozen=True)
-class LlamaShape:
+class LlamaConfig:
+    """A LLaMA-family decoder (LLaMA 1-3, Mistral without a sliding window): the named presets, or any
+    Hugging Face ``config.json`` through ``from_hf``. ``n_kv_heads`` below ``n_heads`` is grouped-query
+    attention (0: as many as query heads); ``head_dim`` 0: ``d_model // n_heads``; ``rope_scaling``: ()
+    or LLaMA-3's (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)."""
+
     d_model: int
     n_layers: int
     n_heads: int
     d_ffn: int
     vocab: int = 32000
+    n_kv_heads: int = 0
+    head_dim: int = 0
+    eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: tuple = ()
+    tie_embeddings: bool = False
+    name: str = ""
 
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def dh(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head (1: multi-head attention)."""
+        return self.n_heads // self.kv_heads
+
+    def rope_params(self) -> dict:
+        """The ``rotary`` op's frequency params (``turnip.reference.rope_inv_freq``)."""
+        p = {"theta": float(self.rope_theta)}
+        if self.rope_scaling:
+            f, lo, hi, orig = self.rope_scaling
+            p |= {"rope_factor": float(f), "rope_low": float(lo), "rope_high": float(hi), "rope_orig": float(orig)}
+        return p
+
+    def layer_nbytes(self, itemsize: int) -> int:
+        """Bytes of one decoder layer's weights."""
+        d, e = self.d_model, self.dh
+        return (2 * d + d * e * (2 * self.n_heads + 2 * self.kv_heads) + 3 * d * self.d_ffn) * itemsize
+
+    def weight_nbytes(self, itemsize: int, n_layers: int | None = None, head: bool = True) -> int:
+        """Bytes of the weights a prefill reads on the GPU: layers, final norm, the LM head if any."""
+        L = self.n_layers if n_layers is None else n_layers
+        d = self.d_model
+        return L * self.layer_nbytes(itemsize) + (d + (self.vocab * d if head else 0)) * itemsize
+
+    @classmethod
+    def from_hf(cls, cfg: dict, name: str = "") -> LlamaConfig:
+        """From a Hugging Face ``config.json`` dict; ``ValueError`` names what turnip cannot run."""
+        where = f"{name}: " if name else ""
+        mt = cfg.get("model_type", "llama")
+        if mt not in ("llama", "mistral"):
+            raise ValueError(f"{where}model_type {mt!r} is not supported; turnip runs LLaMA-family decoders "
+                             "(model_type llama or mistral)")  # fmt: skip
+        for key in ("attention_bias", "mlp_bias"):
+            if cfg.get(key):
+                raise ValueError(f"{where}{key} is true; turnip's LLaMA has no projection biases")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"{where}hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
+        need = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+        missing = [k for k in need if not isinstance(cfg.get(k), int) or cfg[k] < 1]
+        if missing:
+            raise ValueError(f"{where}config.json needs a positive integer {missing[0]!r}")
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        scaling: tuple = ()
+        if kind == "llama3":
+            keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            if any(k not in rope for k in keys):
+                raise ValueError(f"{where}llama3 rope scaling needs {', '.join(keys)}")
+            scaling = tuple(float(rope[k]) for k in keys)
+        elif kind != "default":
+            raise ValueError(f"{where}rope type {kind!r} is not supported (default and llama3 are)")
+        H = cfg["num_attention_heads"]
+        Hk = cfg.get("num_key_value_heads") or H
+        if H % Hk:
+            raise ValueError(f"{where}{H} attention heads are not a multiple of {Hk} key-value heads")
+        e = cfg.get("head_dim") or cfg["hidden_size"] // H
+        if e % 2:
+            raise ValueError(f"{where}head_dim {e} must be even (rotary embedding)")
+        return cls(
+            d_model=cfg["hidden_size"], n_layers=cfg["num_hidden_layers"], n_heads=H, d_ffn=cfg["intermediate_size"],
+            vocab=cfg["vocab_size"], n_kv_heads=Hk, head_dim=e, eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta), rope_scaling=scaling, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            name=name,
+        )  # fmt: skip
+
+
+LlamaShape = LlamaConfig  # the presets' old name
 
 LLAMA = {
-    "7b": LlamaShape(4096, 32, 32, 11008),
-    "13b": LlamaShape(5120, 40, 40, 13824),
-    "65b": LlamaShape(8192, 80, 64, 22016),
-    "tiny": LlamaShape(64, 2, 4, 160, vocab=64),
+    "7b": LlamaConfig(4096, 32, 32, 11008, name="llama-7b"),
+    "13b": LlamaConfig(5120, 40, 40, 13824, name="llama-13b"),
+    "65b": LlamaConfig(8192, 80, 64, 22016, name="llama-65b"),
+    "tiny": LlamaConfig(64, 2, 4, 160, vocab=64, name="llama-tiny"),
+    "tiny-gqa": LlamaConfig(64, 2, 4, 160, vocab=96, n_kv_heads=2, rope_theta=500000.0, name="llama-tiny-gqa",
+                            rope_scaling=(8.0, 1.0, 4.0, 32.0), tie_embeddings=True),  # fmt: skip
 }
 # the tile sizes a LLaMA prefill takes (the hidden and head dimensions stay whole: norms and rotary need them)
-LLAMA_TILES = {"t": "tokens", "h": "heads", "f": "FFN columns", "kv": "key range in tokens, a multiple of t"}
+LLAMA_TILES = {"t": "tokens", "h": "key-value heads", "f": "FFN columns", "kv": "key range in tokens, a multiple of t",
+               "v": "vocabulary rows of the LM head"}  # fmt: skip
+HEADS = ("none", "last", "all")  # LM head: none (final hidden states out), last position's logits, all positions'
+
+
+def load_config(path: str | Path) -> LlamaConfig:
+    """The ``LlamaConfig`` of a Hugging Face model directory or ``config.json`` file."""
+    path = Path(path)
+    f = path / "config.json" if path.is_dir() else path
+    if not f.is_file():
+        raise ValueError(f"{path}: no config.json (a Hugging Face model directory or its config.json is needed)")
+    try:
+        cfg = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{f}: cannot read the config: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{f}: the config is not a JSON object")
+    return LlamaConfig.from_hf(cfg, name=f"hf:{(path if path.is_dir() else path.parent).name}")
+
+
+def llama_config(model: str) -> LlamaConfig | None:
+    """A model argument as a LLaMA config: ``llama-7b`` (a preset), a Hugging Face directory or a
+    ``config.json``; None for the other named models."""
+    if model.startswith("llama-") and model[6:] in LLAMA:
+        return LLAMA[model[6:]]
+    if model in ("paper-matmul", "random") or model.startswith("llama-") and not Path(model).exists():
+        return None
+    if Path(model).exists():
+        return load_config(model)
+    return None
 
 
 def check_llama_args(
-    shape: LlamaShape,
+    shape: LlamaConfig,
     seq: int,
     n_gpus: int,
     dtype: str,
     tiles: dict | None,
     n_layers: int | None,
     t_tile: int | None = None,
+    head: str = "none",
 ) -> None:
     """Raise ``ValueError`` naming the first bad argument of a LLaMA prefill (``t_tile``: the token tile in
     effect, given or default; when known, a given ``kv`` must be a multiple of it)."""
     if not 1 <= n_gpus <= 8:
         raise ValueError(f"n_gpus must be in 1..8, got {n_gpus}")
-    if dtype not in ("fp16", "fp32"):
-        raise ValueError(f"dtype must be fp16 or fp32, got {dtype!r}")
+    if dtype not in ("fp16", "bf16", "fp32"):
+        raise ValueError(f"dtype must be fp16, bf16 or fp32, got {dtype!r}")
     if seq < 1:
         raise ValueError(f"seq must be positive, got {seq}")
+    if head not in HEADS:
+        raise ValueError(f"LM head must be one of {HEADS}, got {head!r}")
     if n_layers is not None and not 1 <= n_layers <= shape.n_layers:
         raise ValueError(f"n_layers must be in 1..{shape.n_layers} for this model, got {n_layers}")
     for k, v in (tiles or {}).items():
@@ -62,86 +186,111 @@ def check_llama_args(
 
 
 def default_tiles(
-    shape: LlamaShape, seq: int, n_gpus: int, dtype: str = "fp16", budget_nbytes: int | None = None
+    shape: LlamaConfig, seq: int, n_gpus: int, dtype: str = "fp16", budget_nbytes: int | None = None
 ) -> dict:
-    """Heads and FFN in max(2, GPUs) blocks; the largest token tile ``t`` of 8192..1024 (else 512) whose
-    FFN activations (gate, up, product and a partial of the down projection: 4 * t * f_block values)
+    """Key-value heads and FFN in max(2, GPUs) blocks; the largest token tile ``t`` of 8192..1024 (else 512)
+    whose FFN activations (gate, up, product and a partial of the down projection: 4 * t * f_block values)
     take at most a quarter of the budget (8192 without a budget). Attention is fused (no score tiles), so
     larger tiles cost no masked work; fewer, larger vertices cost less host launch time and make larger
     GEMMs. Key ranges (``kv``) stay whole unless a head block's keys and values for the whole sequence,
-    twice over (the blocks and their concatenation), exceed half of the budget."""
-    if shape.d_model <= 256:
-        return {"t": max(8, seq // 4), "h": max(1, shape.n_heads // 2), "f": -(-shape.d_ffn // 2)}
-    blocks = max(2, n_gpus)
-    h, f = max(1, shape.n_heads // blocks), -(-shape.d_ffn // blocks)
+    twice over (the blocks and their concatenation), exceed half of the budget. The LM head's vocabulary
+    rows (``v``) in one block per GPU, smaller where a block would pass an eighth of the budget."""
     nb = DTYPE_NBYTES[dtype]
+    G = max(1, n_gpus)
+    v_blocks = G
+    if budget_nbytes is not None:
+        v_blocks = max(G, -(-shape.vocab * shape.d_model * nb // max(1, budget_nbytes // 8)))
+    v = -(-shape.vocab // v_blocks)
+    if shape.d_model <= 256:
+        return {"t": max(8, seq // 4), "h": max(1, shape.kv_heads // 2), "f": -(-shape.d_ffn // 2), "v": v}
+    blocks = max(2, n_gpus)
+    h, f = max(1, shape.kv_heads // blocks), -(-shape.d_ffn // blocks)
     t = 8192
     if budget_nbytes is not None:
         fits = [c for c in (8192, 4096, 2048, 1024) if 4 * c * f * nb <= budget_nbytes // 4]
         t = fits[0] if fits else 512
     t = min(seq, t)
-    tiles = {"t": t, "h": h, "f": f}
+    tiles = {"t": t, "h": h, "f": f, "v": v}
     if budget_nbytes is not None:
-        per_token = 4 * h * (shape.d_model // shape.n_heads) * nb  # K and V, blocks and concatenation
+        per_token = 4 * h * shape.dh * nb  # K and V, blocks and concatenation
         kv = max(t, (budget_nbytes // 2 // per_token) // t * t)
         if kv < seq:
             tiles["kv"] = kv
     return tiles
 
 
-def llama_graph(size: str = "7b", seq: int = 4096, dtype: str = "fp16", n_layers: int | None = None) -> Graph:
-    """Logical LLaMA prefill: embedding, ``n_layers`` decoder layers, final norm (hidden states out)."""
-    if size not in LLAMA:
-        raise ValueError(f"unknown LLaMA size {size!r}; choose from {sorted(LLAMA)}")
-    s = LLAMA[size]
+def llama_graph(
+    cfg: LlamaConfig | str = "7b", seq: int = 4096, dtype: str = "fp16", n_layers: int | None = None,
+    head: str = "none",
+) -> Graph:  # fmt: skip
+    """Logical LLaMA prefill in Hugging Face weight layouts (a checkpoint loads by reshapes): the embedded
+    prompt ``x0`` (gathered on the host from the embedding table), ``n_layers`` decoder layers, the final
+    norm; then hidden states out (``head="none"``) or the LM head's logits of the last position
+    (``"last"``) or of all positions (``"all"``). Grouped-query attention keeps query heads as (key-value
+    head, group) axes, letters ``h`` and ``r``, so a key-value head block carries its query heads."""
+    s = LLAMA[cfg] if isinstance(cfg, str) else cfg
     L = s.n_layers if n_layers is None else n_layers
-    H, dh = s.n_heads, s.d_model // s.n_heads
+    H, Hk, r, e, d = s.n_heads, s.kv_heads, s.group, s.dh, s.d_model
     g = Graph(dtype=dtype)
-    ids = g.input("ids", "t", (seq,), dtype="int32")
-    x = g.embed(ids, g.input("tok_embed", "vd", (s.vocab, s.d_model)), name="x0")
+    x = g.input("x0", "td", (seq, d))
+    rope = s.rope_params()
+    if r == 1:
+        q_sub, q_w, o_sub, o_w = "td,hed->the", ("hed", (H, e, d)), "the,dhe->td", ("dhe", (d, H, e))
+    else:
+        q_sub, q_w, o_sub, o_w = "td,hred->thre", ("hred", (Hk, r, e, d)), "thre,dhre->td", ("dhre", (d, Hk, r, e))
     for i in range(L):
         p = f"L{i}."
-        h = g.rmsnorm(x, g.input(p + "attn_norm", "d", (s.d_model,)), name=p + "h")
-        q, k, v = (
-            g.einsum("td,dhe->the", h, g.input(p + w, "dhe", (s.d_model, H, dh)), name=p + n)
-            for w, n in (("wq", "q"), ("wk", "k"), ("wv", "v"))
-        )
-        a = g.attention(g.rotary(q, name=p + "qr"), g.rotary(k, name=p + "kr"), v, name=p + "attn")
-        x = g.map(
-            "add_n",
-            x,
-            g.einsum("the,hed->td", a, g.input(p + "wo", "hed", (H, dh, s.d_model)), name=p + "o"),
-            name=p + "x1",
-        )
-        h2 = g.rmsnorm(x, g.input(p + "ffn_norm", "d", (s.d_model,)), name=p + "h2")
-        gate = g.einsum("td,df->tf", h2, g.input(p + "w_gate", "df", (s.d_model, s.d_ffn)), name=p + "gate")
-        up = g.einsum("td,df->tf", h2, g.input(p + "w_up", "df", (s.d_model, s.d_ffn)), name=p + "up")
+        h = g.rmsnorm(x, g.input(p + "attn_norm", "d", (d,)), eps=s.eps, name=p + "h")
+        q = g.einsum(q_sub, h, g.input(p + "wq", *q_w), name=p + "q")
+        k, v = (g.einsum("td,hed->the", h, g.input(p + w, "hed", (Hk, e, d)), name=p + n)
+                for w, n in (("wk", "k"), ("wv", "v")))  # fmt: skip
+        a = g.attention(g.rotary(q, name=p + "qr", **rope), g.rotary(k, name=p + "kr", **rope), v, name=p + "attn")
+        x = g.map("add_n", x, g.einsum(o_sub, a, g.input(p + "wo", *o_w), name=p + "o"), name=p + "x1")
+        h2 = g.rmsnorm(x, g.input(p + "ffn_norm", "d", (d,)), eps=s.eps, name=p + "h2")
+        gate = g.einsum("td,fd->tf", h2, g.input(p + "w_gate", "fd", (s.d_ffn, d)), name=p + "gate")
+        up = g.einsum("td,fd->tf", h2, g.input(p + "w_up", "fd", (s.d_ffn, d)), name=p + "up")
         m = g.map("silu_mul", gate, up, name=p + "m")
-        down = g.einsum("tf,fd->td", m, g.input(p + "w_down", "fd", (s.d_ffn, s.d_model)), name=p + "down")
+        down = g.einsum("tf,df->td", m, g.input(p + "w_down", "df", (d, s.d_ffn)), name=p + "down")
         x = g.map("add_n", x, down, name=p + "x2")
-    g.outputs = [g.rmsnorm(x, g.input("final_norm", "d", (s.d_model,)), name="out")]
+    norm = g.input("final_norm", "d", (d,))
+    if head == "none":
+        g.outputs = [g.rmsnorm(x, norm, eps=s.eps, name="out")]
+        return g
+    w = g.input("tok_embed" if s.tie_embeddings else "lm_head", "vd", (s.vocab, d))
+    if head == "last":
+        hn = g.rmsnorm(g.rows(x, seq - 1, seq, name="last"), norm, eps=s.eps, name="out")
+        g.outputs = [g.einsum("sd,vd->sv", hn, w, name="logits")]
+    else:
+        g.outputs = [g.einsum("td,vd->tv", g.rmsnorm(x, norm, eps=s.eps, name="out"), w, name="logits")]
     return g
 
 
 def llama_prefill(
-    size: str = "7b",
+    size: LlamaConfig | str = "7b",
     seq: int = 4096,
     n_gpus: int = 1,
     dtype: str = "fp16",
     tiles: dict | None = None,
     n_layers: int | None = None,
     budget_nbytes: int | None = None,
+    head: str = "none",
 ) -> TaskGraph:
-    """LLaMA prefill tiled over ``n_gpus`` (heads and FFN split across GPUs, tokens tiled); the default
-    token tile grows with ``budget_nbytes`` when it is given (``default_tiles``)."""
-    shape = LLAMA.get(size)
-    if shape is None:
-        raise ValueError(f"unknown LLaMA size {size!r}; choose from {sorted(LLAMA)}")
-    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers)  # before default_tiles uses them
+    """LLaMA prefill tiled over ``n_gpus`` (key-value head blocks, FFN and vocabulary blocks split across
+    GPUs, tokens tiled); the default token tile grows with ``budget_nbytes`` when it is given
+    (``default_tiles``). ``size``: a preset name or a ``LlamaConfig``."""
+    if isinstance(size, str):
+        shape = LLAMA.get(size)
+        if shape is None:
+            raise ValueError(f"unknown LLaMA size {size!r}; choose from {sorted(LLAMA)}")
+    else:
+        shape = size
+    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, head=head)  # before default_tiles uses them
     t = default_tiles(shape, seq, n_gpus, dtype, budget_nbytes) | dict(tiles or {})
-    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, int(t.get("t", seq)))
-    tg = lower(llama_graph(size, seq, dtype, n_layers), Tiling(t, n_gpus=n_gpus, parallel="hft"))
-    tg.meta.update(model=f"llama-{size}", seq=seq, n_gpus=n_gpus, dtype=dtype)
+    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, int(t.get("t", seq)), head=head)
+    tg = lower(llama_graph(shape, seq, dtype, n_layers, head), Tiling(t, n_gpus=n_gpus, parallel="hftv"))
+    name = shape.name or (f"llama-{size}" if isinstance(size, str) else "llama")
+    tg.meta.update(model=name, seq=seq, n_gpus=n_gpus, dtype=dtype, head=head,
+                   embed={"input": "x0", "table": "model.embed_tokens.weight"})  # fmt: skip
     return tg
 
 

@@ -53,20 +53,25 @@ def _broadcast(ins: list[Shape], p: dict) -> Shape:
 
 
 def _sdpa_shape(ins: list[Shape], p: dict) -> Shape:
-    (tq, h, dh), (tk_all, hk, dk), vs = ins
+    """q (tq, h, dh) or (tq, hk, r, dh) (grouped-query: h = hk * r query heads), k and v (tk, hk, dh)."""
+    qs, (tk_all, hk, dk), vs = ins
+    if len(qs) not in (3, 4) or len(ins[1]) != 3:
+        raise ValueError(f"q {qs} must be (tq, h, dh) or (tq, hk, r, dh), k {ins[1]} (tk, hk, dh)")
+    tq, h, dh = qs[0], math.prod(qs[1:-1]), qs[-1]
     tk = int(p.get("tk", tk_all))
-    if (hk, dk) != (h, dh) or tuple(vs) != (tk_all, h, dh) or not 0 < tk <= tk_all:
+    if dk != dh or qs[1] != hk and len(qs) == 4 or h % hk or tuple(vs) != (tk_all, hk, dh) or not 0 < tk <= tk_all:
         raise ValueError(f"q {ins[0]}, k {ins[1]}, v {ins[2]} (tk {tk}) do not match")
     if p.get("partial", False):
         return (tq * h * dh + h * tq * 4 // int(p["itemsize"]),)
-    return (tq, h, dh)
+    return tuple(qs)
 
 
 def _sdpa_flops(ins: list[Shape], out: Shape, p: dict) -> float:
     """4 flops per (query, key, head dim) pair a row sees (q k^T and p v), plus the softmax."""
     from turnip.reference import visible_keys
 
-    (tq, h, dh), (tk_all, _, _) = ins[0], ins[1]
+    tq, h, dh = ins[0][0], math.prod(ins[0][1:-1]), ins[0][-1]
+    tk_all = ins[1][0]
     pairs = float(visible_keys(tq, int(p.get("tk", tk_all)), p).sum())
     return pairs * h * (4.0 * dh + 5.0)
 
@@ -76,7 +81,8 @@ def _combine_shape(ins: list[Shape], p: dict) -> Shape:
     n = tq * h * dh + h * tq * 4 // int(p["itemsize"])
     if any(tuple(s) != (n,) for s in ins):
         raise ValueError(f"partials {ins} are not ({n},) for (tq, h, dh) = {(tq, h, dh)}")
-    return (tq, h, dh)
+    r = int(p.get("r", 1))  # grouped-query: output (tq, h / r, r, dh)
+    return (tq, h, dh) if r == 1 else (tq, h // r, r, dh)
 
 
 def _concat_shape(ins: list[Shape], p: dict) -> Shape:
@@ -84,6 +90,13 @@ def _concat_shape(ins: list[Shape], p: dict) -> Shape:
     if any(tuple(s[1:]) != tuple(rest) for s in ins):
         raise ValueError(f"concat of {ins}: trailing dims differ")
     return (sum(s[0] for s in ins), *rest)
+
+
+def _rows_shape(ins: list[Shape], p: dict) -> Shape:
+    a, b = int(p["start"]), int(p["stop"])
+    if not 0 <= a < b <= ins[0][0]:
+        raise ValueError(f"rows [{a}, {b}) of a tile of {ins[0][0]} rows")
+    return (b - a, *ins[0][1:])
 
 
 def _n(shape: Shape) -> int:
@@ -110,6 +123,7 @@ OPS: dict[str, OpSpec] = {
         OpSpec("sdpa", 3, _sdpa_shape, _sdpa_flops),
         OpSpec("attn_combine", None, _combine_shape, lambda ins, out, p: 4.0 * _n(out) * len(ins)),
         OpSpec("concat", None, _concat_shape, _per_elem(0)),
+        OpSpec("rows", 1, _rows_shape, _per_elem(0)),
         OpSpec("mix", None, lambda ins, p: (p["n_out"],), lambda ins, out, p: 2.0 * _n(out) * len(ins)),
     )
 }  # fmt: skip

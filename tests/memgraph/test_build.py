@@ -59,7 +59,7 @@ def test_policies_under_pressure(policy, rng):
 
 def test_clean_eviction_skips_device_to_host_copy(rng):
     tg = llama_prefill("tiny", seq=32, dtype="fp16", tiles={"t": 8, "h": 2, "f": 80})
-    mg = build_memgraph(tg, 24_000)
+    mg = build_memgraph(tg, 26_000)
     assert mg.stats["n_clean_evict"] > 0
     inputs = set(np.flatnonzero(tg.kind == 0).tolist())
     assert not any(int(mg.tensor[o]) in inputs for o in np.flatnonzero(mg.kind == KIND_OFFLOAD))

@@ -49,6 +49,26 @@ def float_in(lo: float, hi: float | None = None, lo_open: bool = False):
     return parse
 
 
+def model(text: str) -> str:
+    """argparse type: a preset model name, or a Hugging Face LLaMA-family directory / config.json whose
+    config turnip can run."""
+    from turnip.compile import MODELS
+    from turnip.models import load_config
+
+    if text in MODELS:
+        return text
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a preset ({', '.join(MODELS)}) nor an existing Hugging "
+                                         "Face model directory or config.json")  # fmt: skip
+    try:
+        load_config(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+model.__name__ = "model"
+DTYPES = ["fp16", "bf16", "fp32"]
 COUNT = int_in(1, what="a whole number >= 1")
 SEED = int_in(0, what="a seed (an integer >= 0)")
 GPUS = int_in(1, MAX_GPUS, what="a GPU count (1..8)")
@@ -77,8 +97,10 @@ def parse_tiles(items: list[str], model: str) -> dict | None:
 
     if not items:
         return None
+    from turnip.models import llama_config
+
     names = ", ".join(f"{n} ({what})" for n, what in LLAMA_TILES.items())
-    if not model.startswith("llama-"):
+    if llama_config(model) is None:
         raise CliError(f"--tile applies to llama-* models only; {model} has fixed tiles (drop --tile)", USAGE)
     tiles = {}
     for item in items:
@@ -148,14 +170,14 @@ def _fmt_tiles(tiles: dict) -> str:
 
 
 def guard(model: str, seq: int, gpus: int, dtype: str, tiles: dict | None, layers: int | None, budget: int,
-          force: bool, extra_nbytes=None, quiet: bool = False):  # fmt: skip
+          force: bool, extra_nbytes=None, quiet: bool = False, head: str | None = None):  # fmt: skip
     """Estimate what compiling would cost and refuse (exit 1) when it is too large, unless ``force``.
     Invalid model parameters are usage errors. Prints the estimate on stderr when the compile is long.
     ``extra_nbytes(estimate)``: host memory the command needs on top of the compile (a run's inputs)."""
     from turnip.compile import MAX_COMPILE_S, MAX_VERTICES, estimate
 
     try:
-        est = estimate(model, seq, gpus, dtype, tiles, layers, budget)
+        est = estimate(model, seq, gpus, dtype, tiles, layers, budget, head=head)
     except ValueError as e:
         raise CliError(f"{e}; see `turnip compile --help`", USAGE) from None
     need = est.host_nbytes + (extra_nbytes(est) if extra_nbytes else 0)

@@ -11,7 +11,8 @@ from turnip.cli import format_nbytes as _sz
 
 
 def register(sub) -> None:
-    from turnip.compile import MODELS
+    from turnip.compile import MODEL_HELP
+    from turnip.models import HEADS
 
     p = sub.add_parser(
         "compile",
@@ -21,12 +22,16 @@ def register(sub) -> None:
         "Prints vertex and edge counts, offload/reload traffic, peak memory and build time.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--model", default="llama-7b", choices=MODELS, help="computation to compile")
+    p.add_argument("--model", default="llama-7b", type=ck.model, metavar="MODEL",
+                   help=f"computation to compile: {MODEL_HELP}")
+    p.add_argument("--logits", default="auto", choices=["auto", *HEADS],
+                   help="LLaMA output: none (final hidden states), last (the last position's logits, tiled over the "
+                   "vocabulary), all (every position's); auto = last for a Hugging Face model, none for presets")
     p.add_argument("--seq", type=ck.COUNT, default=4096, help="prompt length in tokens (LLaMA prefill)")
     p.add_argument("--gpus", type=ck.GPUS, default=1, help="number of GPUs (1..8)")
     p.add_argument("--seed", type=ck.SEED, default=0, help="seed of the graph of --model random")
     p.add_argument("--budget", default="6GiB", help="GPU memory budget per GPU, e.g. 6GiB, 512MiB")
-    p.add_argument("--dtype", default="fp16", choices=["fp16", "fp32"])
+    p.add_argument("--dtype", default="fp16", choices=ck.DTYPES, help="compute dtype")
     p.add_argument("--policy", default="furthest", choices=["furthest", "lru", "largest"], help="eviction policy")
     p.add_argument("--lookahead", type=ck.COUNT, default=None, help="cap on vertices allocated ahead of execution")
     p.add_argument("--lookahead-bytes", default=None, help="cap on bytes reserved ahead of execution")
@@ -123,17 +128,19 @@ def compile_args(a, force: bool = False, extra_nbytes=None, budget_flag: str = "
     tiles = ck.parse_tiles(a.tile, a.model)
     layers = getattr(a, "layers", None)
     if layers is not None:
-        from turnip.models import LLAMA
+        from turnip.models import llama_config
 
-        if not a.model.startswith("llama-"):
-            raise ck.CliError(f"--layers applies to llama-* models only, not {a.model}; drop --layers", ck.USAGE)
-        n = LLAMA[a.model[6:]].n_layers
+        cfg = llama_config(a.model)
+        if cfg is None:
+            raise ck.CliError(f"--layers applies to LLaMA models only, not {a.model}; drop --layers", ck.USAGE)
+        n = cfg.n_layers
         if layers > n:
             raise ck.CliError(f"--layers {layers}: {a.model} has {n} layers; use 1..{n}", ck.USAGE)
     budget = ck.nbytes(a.budget, budget_flag, minimum=1)
     ck.nbytes(a.resident, "--resident", auto=True)
     ck.nbytes(getattr(a, "workspace", "auto"), "--workspace", auto=True)
-    est = ck.guard(a.model, a.seq, a.gpus, a.dtype, tiles, layers, budget, force, extra_nbytes)
+    est = ck.guard(a.model, a.seq, a.gpus, a.dtype, tiles, layers, budget, force, extra_nbytes,
+                   head=getattr(a, "logits", None))
     return tiles, budget, est
 
 
@@ -144,7 +151,7 @@ def build_plan(a, tiles, budget, est, config=None, seed: int = 0, label: str = "
 
     with Heartbeat(f"{label}: lowering ~{est.vertices:,} vertices", est.lower_s):
         tg = make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles, seed=seed, n_layers=getattr(a, "layers", None),
-                            budget_nbytes=budget)  # fmt: skip
+                            budget_nbytes=budget, head=getattr(a, "logits", None))  # fmt: skip
     with Progress(tg.n, f"{label}: build") as bar:
         mg = build_with_resident(tg, budget, config, a.resident, progress=bar.update,
                                  workspace=getattr(a, "workspace", "auto"))  # fmt: skip

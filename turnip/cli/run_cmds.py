@@ -10,7 +10,8 @@ from turnip.cli import format_nbytes as _sz
 
 
 def register(sub) -> None:
-    from turnip.compile import MODELS
+    from turnip.compile import MODEL_HELP
+    from turnip.models import HEADS
     from turnip.runtime import BACKENDS
     from turnip.sched import POLICIES
 
@@ -18,18 +19,28 @@ def register(sub) -> None:
         "run",
         help="execute a plan on GPUs (cuda) or on the CPU (cpu) with the real runtime",
         description="Compile a model (or load PLAN, a file from `turnip compile -o` with its taskgraph) and "
-        "run it for real with the same scheduler core the simulator drives. Weights are random (--seed) or "
-        "read from --weights (a .safetensors file with turnip or Hugging Face LLaMA names; see "
-        "docs/runtime.md). Prints time to first token (the prefill makespan), bytes moved, GPU busy "
-        "fraction, host cost per vertex and the plan's lower bound next to the measured time.",
+        "run it for real with the same scheduler core the simulator drives. --model may be a Hugging Face "
+        "LLaMA-family directory (config.json and safetensors, sharded or not): its weights are read tensor by "
+        "tensor and, with --prompt (needs the tokenizers package and the directory's tokenizer.json) or "
+        "--prompt-ids, it prints the next token and the top-5 logits. Presets run random weights (--seed) or "
+        "--weights (a .safetensors file with turnip or Hugging Face LLaMA names; see docs/runtime.md). Prints "
+        "time to first token (the prefill makespan), load time, bytes moved, GPU busy fraction, host cost per "
+        "vertex and the plan's lower bound next to the measured time.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("plan", nargs="?", metavar="PLAN", help="plan file (default: compile --model ...)")
-    p.add_argument("--model", default="llama-tiny", choices=MODELS)
-    p.add_argument("--seq", type=ck.COUNT, default=64, help="prompt length in tokens")
+    p.add_argument("--model", default="llama-tiny", type=ck.model, metavar="MODEL", help=MODEL_HELP)
+    p.add_argument("--seq", type=ck.COUNT, default=64, help="prompt length in tokens (random ids; a --prompt sets it)")
+    p.add_argument("--prompt", metavar="TEXT", help="prompt text, tokenized with the model directory's tokenizer.json")
+    p.add_argument("--prompt-ids", metavar="FILE.npy", help="prompt token ids: a 1-D integer .npy file")
+    p.add_argument("--logits", default="auto", choices=["auto", *HEADS],
+                   help="LLaMA output: none (final hidden states), last (next-token logits), all (every "
+                   "position's); auto = last for a Hugging Face model, none for presets")
+    p.add_argument("--all-logits", action="store_true", help="same as --logits all")
     p.add_argument("--gpus", type=ck.GPUS, default=1, help="GPUs (1..8)")
     p.add_argument("--budget", default="6GiB", help="GPU memory budget per GPU")
-    p.add_argument("--dtype", default="fp16", choices=["fp16", "fp32"])
+    p.add_argument("--dtype", default="fp16", choices=ck.DTYPES,
+                   help="compute dtype (weights on disk in another dtype are converted as they load)")
     p.add_argument("--resident", default="0", help="bytes of inputs kept on the GPU across runs, or 'auto'")
     p.add_argument("--tile", action="append", default=[], metavar="DIM=SIZE",
                    help="tile size override (llama-*): t, h, f or kv, as in `turnip compile`")
@@ -77,29 +88,77 @@ def _plan(a):
     return tg, mg, {"model": a.model, "seq": a.seq, "gpus": a.gpus, "budget": a.budget, "budget_nbytes": budget}
 
 
-def _inputs(a, tg):
+def _checkpoint(a):
+    """The Hugging Face checkpoint of ``--model`` when it is a directory holding weights, else None."""
+    from pathlib import Path
+
+    from turnip.checkpoint import Checkpoint, has_weights
+
+    if a.plan or a.weights or not Path(a.model).is_dir() or not has_weights(a.model):
+        return None
+    return Checkpoint(a.model)
+
+
+def _prompt_ids(a):
+    """Token ids of --prompt / --prompt-ids (None: random ids of --seq tokens)."""
+    import numpy as np
+
+    if a.prompt_ids:
+        ck.input_file(a.prompt_ids, "--prompt-ids", "pass a 1-D integer .npy file of token ids")
+        try:
+            ids = np.load(a.prompt_ids, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise ck.CliError(f"--prompt-ids {a.prompt_ids}: not a .npy file ({e})", ck.USAGE) from None
+        if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
+            raise ck.CliError(f"--prompt-ids {a.prompt_ids}: need a non-empty 1-D integer array, got "
+                              f"{ids.dtype} {ids.shape}", ck.USAGE)  # fmt: skip
+        return ids.astype(np.int64)
+    if a.prompt is not None:
+        tok = _tokenizer(a, required=True)
+        ids = np.array(tok.encode(a.prompt).ids, dtype=np.int64)
+        if ids.size == 0:
+            raise ck.CliError("--prompt gives no tokens; pass some text", ck.USAGE)
+        return ids
+    return None
+
+
+def _tokenizer(a, required: bool = False):
+    """The model directory's tokenizer (the ``tokenizers`` package), or None when there is none."""
+    from pathlib import Path
+
+    d = Path(a.model) if Path(a.model).is_dir() else Path(a.model).parent
+    f = d / "tokenizer.json"
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        if required:
+            raise ck.CliError("--prompt needs the tokenizers package (pip install tokenizers); or pass token ids "
+                              "with --prompt-ids", ck.USAGE) from None  # fmt: skip
+        return None
+    if not f.is_file():
+        if required:
+            raise ck.CliError(f"--prompt needs {f}; this model has no tokenizer.json, pass --prompt-ids", ck.USAGE)
+        return None
+    return Tokenizer.from_file(str(f))
+
+
+def _inputs(a, tg, ids=None, ckpt=None):
     """The run's inputs as a stream of (logical name, array), one tensor at a time (random weights of
-    ``--seed``, or ``--weights`` read tensor by tensor), or for a non-LLaMA graph {input tensor: array}."""
+    ``--seed``, a checkpoint's or ``--weights`` read tensor by tensor), or for a non-LLaMA graph {input
+    tensor: array}. ``ids``: the prompt (the embedded prompt ``x0`` is gathered from the embedding table)."""
     import numpy as np
 
     from turnip.runtime.weights import iter_random_inputs, iter_weights, logical_inputs
 
-    if "ids" not in logical_inputs(tg):  # not a LLaMA: the test inputs of the reference interpreter
+    if "x0" not in logical_inputs(tg):  # not a LLaMA: the test inputs of the reference interpreter
         from turnip.memgraph.interp import random_inputs
 
         return random_inputs(tg, np.random.default_rng(a.seed))
-    if not a.weights:
-        return iter_random_inputs(tg, a.seed)
-    from turnip.models import LLAMA
-
-    heads = LLAMA[tg.meta["model"].split("-", 1)[1]].n_heads
-    ids = ((k, x) for k, x in iter_random_inputs(tg, a.seed) if k == "ids")  # only ids are made, lazily
-    return _chain(ids, iter_weights(tg, a.weights, heads))
-
-
-def _chain(*streams):
-    for s in streams:
-        yield from s
+    if ckpt is not None:
+        return ckpt.iter_inputs(tg, ids=ids, seed=a.seed)
+    if a.weights:
+        return iter_weights(tg, a.weights, ids=ids)
+    return iter_random_inputs(tg, a.seed, ids=ids)
 
 
 def _write_inputs(a, tg, be, source) -> dict | None:
@@ -139,8 +198,12 @@ def _check_args(a) -> None:
     if a.weights:
         ck.input_file(a.weights, "--weights", "pass a .safetensors file (turnip or Hugging Face LLaMA names)")
         _check_safetensors(a.weights)
-        if a.plan is None and not a.model.startswith("llama-"):
-            raise ck.CliError(f"--weights applies to llama-* models only, not {a.model}; drop --weights", ck.USAGE)
+        from turnip.models import llama_config
+
+        if a.plan is None and llama_config(a.model) is None:
+            raise ck.CliError(f"--weights applies to LLaMA models only, not {a.model}; drop --weights", ck.USAGE)
+    if a.prompt is not None and a.prompt_ids:
+        raise ck.CliError("pass --prompt or --prompt-ids, not both", ck.USAGE)
     if a.plan and a.tile:
         raise ck.CliError("--tile applies when compiling --model, not to a plan file (its tiles are fixed); drop "
                           "--tile or compile the plan again with them", ck.USAGE)  # fmt: skip
@@ -172,9 +235,18 @@ def cmd_run(a) -> int:
     from turnip.runtime import execute, open_backend
 
     _check_args(a)
+    if a.all_logits:
+        a.logits = "all"
+    ids = _prompt_ids(a)
+    if ids is not None:
+        a.seq = int(ids.size)
+    ckpt = _checkpoint(a)
     t0 = time.perf_counter()
     tg, mg, meta = _plan(a)
-    source = _inputs(a, tg)
+    if ids is not None and tg.meta.get("seq", ids.size) != ids.size:
+        raise ck.CliError(f"the prompt has {ids.size} tokens but {a.plan} was compiled for {tg.meta['seq']}; "
+                          "compile it for this length or run --model directly", ck.USAGE)  # fmt: skip
+    source = _inputs(a, tg, ids, ckpt)
     t_plan = time.perf_counter() - t0
     bound = _bound(mg, a.profile)
     opts = {"chaos": a.chaos} if a.backend == "cpu" else {"fast": not a.numba_kernels, "bound": not a.numba_launch,
@@ -185,6 +257,8 @@ def cmd_run(a) -> int:
         try:
             values = _write_inputs(a, tg, be, source)
         except (ValueError, KeyError, OSError) as e:
+            if ckpt is not None:
+                raise ck.CliError(f"--model {a.model}: {e}", ck.FAILED) from None
             if not a.weights:
                 raise
             raise ck.CliError(f"--weights {a.weights} cannot be used: {e}; pass a .safetensors file with this "
@@ -200,6 +274,8 @@ def cmd_run(a) -> int:
                 bar.update(i + 1)
         outs = be.read_outputs()
     _report(rows, bound, res, int(mg.stats.get("resident_input_nbytes", 0)))
+    if "logits" in tg.meta.get("output_blocks", {}):
+        _report_logits(a, tg, outs)
     ok = True
     if a.check:
         from turnip.memgraph.interp import evaluate_taskgraph
@@ -222,6 +298,24 @@ def cmd_run(a) -> int:
         raise ck.CliError("--check failed: the outputs differ from the numpy evaluation of the taskgraph beyond the "
                           "tolerance; rerun with --debug and report it with the command line", ck.FAILED)  # fmt: skip
     return 0
+
+
+def _report_logits(a, tg, outs) -> None:
+    """The next token (the last position's argmax) and the top-5 logits, with text when a tokenizer is there."""
+    import numpy as np
+
+    from turnip.memgraph.interp import assemble
+
+    logits = assemble(tg, outs, "logits").astype(np.float32)
+    last = logits[-1]
+    top = np.argsort(-last, kind="stable")[:5]
+    tok = _tokenizer(a) if a.plan is None else None
+
+    def text(i: int) -> str:
+        return f" {tok.decode([int(i)])!r}" if tok is not None else ""
+
+    print(f"next token           {int(top[0])}{text(top[0])}")
+    print("top-5 logits         " + ", ".join(f"{int(i)}{text(i)} {last[i]:.3f}" for i in top))
 
 
 def _rel(x, y) -> float:
