@@ -5,9 +5,11 @@ by a preceding GEMM so host launch cost does not show), host time per launch, ac
 (contractions) or GB/s (bytes of inputs + output, each once), and the fraction of the ceilings measured
 in the same run (fp16/fp32 cuBLAS GEMM 8192^3, device-to-device copy counted read + write) and of the
 FACTS.md ceilings. Contractions are also timed through the numba GEMM (numba/cuBLAS time ratio), and
-every op with a PyTorch equivalent is timed in PyTorch on the same stream and buffers.
+every op with a PyTorch equivalent is timed in PyTorch on the same stream and buffers. The cases include
+grouped-query attention, LLaMA-3 rope scaling and row slices (LLaMA-3-8B head counts); ``--dtypes`` may
+add bf16 (its GEMM ceiling is then measured too).
 
-    PYTHONPATH=. python benchmarks/kernel_speed.py --tokens 2048 --out kernels.csv
+    PYTHONPATH=. python benchmarks/kernel_speed.py --tokens 2048 --fast --dtypes fp16,bf16 --out kernels.csv
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from cuda_kernels.kernels import prepare
 from tests.cuda_kernels.cases import NP_DTYPE, Case, for_dtype, llama_cases, make_inputs
 from turnip import ops
 
-FACTS = {"gemm_fp16_tflops": 740.0, "gemm_fp32_tflops": 52.0, "hbm_copy_gbps": 2900.0}
+FACTS = {"gemm_fp16_tflops": 740.0, "gemm_bf16_tflops": 740.0, "gemm_fp32_tflops": 52.0, "hbm_copy_gbps": 2900.0}
 L2_BYTES = 200 << 20  # rotate input sets until one pass touches more than this
 
 
@@ -71,6 +73,8 @@ def nbytes_moved(case: Case, dtype: str) -> int:
         n = int(np.prod(shp))
         if case.op == "embed" and not kind.startswith("ids"):
             n = case.out_shape[0] * case.out_shape[1]  # rows gathered
+        if case.op == "rows":
+            n = int(np.prod(case.out_shape))  # the slice only
         total += n * (4 if kind.startswith("ids") or case.op == "mix" else isz)
     return total + int(np.prod(case.out_shape)) * (4 if case.op == "mix" else isz)
 
@@ -84,18 +88,22 @@ def torch_fn(case: Case, torch):
     if case.op == "sdpa" and not p.get("partial"):
         tk = p.get("tk", case.in_shapes[1][0])
         causal = p["q_off"] - p["k_off"] < tk - 1
+        gqa = len(case.in_shapes[0]) == 4 or case.in_shapes[0][1] != case.in_shapes[1][1]
+        kw = {"enable_gqa": True} if gqa else {}
 
         def sdpa(o, x):
-            q, k, v = (y.permute(1, 0, 2)[None] for y in (x[0], x[1][:tk], x[2][:tk]))
+            q = x[0].reshape(x[0].shape[0], -1, x[0].shape[-1])
+            q, k, v = (y.permute(1, 0, 2)[None] for y in (q, x[1][:tk], x[2][:tk]))
             mask = None
             if causal:  # bottom-right: the key range ends where the query block ends
                 mask = torch.ones(q.shape[2], tk, dtype=torch.bool, device=o.device).tril_(tk - q.shape[2])
-            r = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=p["scale"])
-            o.copy_(r[0].permute(1, 0, 2))
+            r = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=p["scale"], **kw)
+            o.copy_(r[0].permute(1, 0, 2).reshape(o.shape))
 
         return sdpa
     ops = {
         "concat": lambda o, x: torch.cat(x, 0, out=o),
+        "rows": lambda o, x: o.copy_(x[0][p["start"] : p["stop"]]),
         "add_n": lambda o, x: torch.add(x[0], x[1], out=o),
         "mul": lambda o, x: torch.mul(x[0], x[1], out=o),
         "scale": lambda o, x: torch.mul(x[0], p["alpha"], out=o),
@@ -144,6 +152,13 @@ def main(argv=None) -> int:
     fx = [c.to_device(rng.standard_normal((n32, n32), dtype=np.float32)) for _ in range(2)]
     fo = c.device_array((n32, n32), np.float32)
     ceil["fp32"] = 2 * n32**3 / b.time(lambda s, i: f32(s, fo, fx))[0] / 1e6
+    if "bf16" in a.dtypes.split(","):
+        bf = NP_DTYPE["bf16"]
+        g16 = prepare("einsum", [(n16, n16)] * 2, (n16, n16), "bf16", {"subscripts": "td,df->tf"})
+        gx = [c.to_device(rng.standard_normal((n16, n16), dtype=np.float32).astype(bf)) for _ in range(2)]
+        go = c.device_array((n16, n16), bf)
+        ceil["bf16"] = 2 * n16**3 / b.time(lambda s, i: g16(s, go, gx))[0] / 1e6
+        print(f"bf16 GEMM ceiling this run: {ceil['bf16']:.0f} TFLOP/s")
     src, dst = c.device_array(ncopy, np.uint8), c.device_array(ncopy, np.uint8)
     ceil["copy"] = 2 * ncopy / b.time(lambda s, i: dst.copy_to_device(src, stream=s))[0] / 1e3
     print(f"ceilings this run: fp16 GEMM {ceil['fp16']:.0f} TFLOP/s, fp32 GEMM {ceil['fp32']:.1f} TFLOP/s, "
@@ -204,8 +219,7 @@ def bench_case(b: Bench, case: Case, dtype: str, rng, ceil, torch, torch_stream,
     tf = torch_fn(case, torch) if torch is not None and torch_stream is not None else None
     row.update(torch_us="", torch_over_ours="")
     if tf is not None:
-        tsets = [(torch.as_tensor(o, device="cuda"), [torch.as_tensor(x, device="cuda") for x in ins])
-                 for o, ins in sets]
+        tsets = [(_torch(torch, o), [_torch(torch, x) for x in ins]) for o, ins in sets]
         if case.op == "embed":
             tsets = [(o, [x[0].long(), x[1]]) for o, x in tsets]
 
@@ -216,6 +230,13 @@ def bench_case(b: Bench, case: Case, dtype: str, rng, ceil, torch, torch_stream,
         tus, _ = b.time(run_torch, n_sets)
         row.update(torch_us=round(tus, 1), torch_over_ours=round(tus / us, 2))
     return row
+
+
+def _torch(torch, x):
+    """A torch view of a numba device array (bf16 through its int16 bits: no bfloat16 typestr)."""
+    if x.dtype == NP_DTYPE.get("bf16"):
+        return torch.as_tensor(x.view(np.int16), device="cuda").view(torch.bfloat16)
+    return torch.as_tensor(x, device="cuda")
 
 
 def fmt(r: dict) -> str:

@@ -59,11 +59,12 @@ def _nbtypes():
 
 
 def array_type(np_dtype, ndim: int):
-    """numba type of a C-contiguous device array."""
+    """numba type of a C-contiguous device array (bfloat16, which numba does not know, as its uint16 bits:
+    the kernels convert with ``codegen``'s ``BF2F`` / ``F2BF``)."""
     t = _nbtypes()
     scalar = {
         "float16": t.float16, "float32": t.float32, "float64": t.float64,
-        "int32": t.int32, "int64": t.int64,
+        "int32": t.int32, "int64": t.int64, "uint16": t.uint16, "bfloat16": t.uint16,
     }[np.dtype(np_dtype).name]
     return t.Array(scalar, ndim, "C")
 

@@ -8,6 +8,11 @@ sources are compiled once per distinct text (``jit`` caches them). Inside kernel
 Thread layout of elementwise kernels (ranks 1-3 of the output, indices named ``a, b, c``): the last
 axis ``c`` runs over ``blockIdx.x * blockDim.x + threadIdx.x`` with a grid-stride loop, ``b`` is
 ``blockIdx.y`` and ``a`` is ``blockIdx.z``. RMSNorm runs one block per row of the last axis.
+
+bf16 (``bf16=True`` in the generators): numba has no bfloat16 arrays, so bf16 operands arrive as uint16
+views of their bits; loads convert with ``BF2F`` (the bits shifted into a float32) and stores with ``F2BF``
+(round to nearest even, NaN kept NaN), device functions defined once here. The fp16/fp32 sources are the
+same text as without the option.
 """
 
 from __future__ import annotations
@@ -27,6 +32,33 @@ _NAMES = ("a", "b", "c")
 _MAX_GRID_YZ = 65535
 _MAX_GRID_X = 1 << 20
 _SOURCES: dict[str, object] = {}
+_BF16_SOURCE = """
+def BF2F(u):
+    t = cuda.local.array(1, np.uint32)
+    t[0] = np.uint32(u) << np.uint32(16)
+    return t.view(np.float32)[0]
+
+
+def F2BF(f):
+    t = cuda.local.array(1, np.float32)
+    t[0] = f
+    b = t.view(np.uint32)[0]
+    if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16(0x7FC0)
+    return np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+"""
+_BF16_FUNCS: dict[str, object] = {}
+
+
+def bf16_functions() -> dict[str, object]:
+    """The device functions ``BF2F`` (uint16 bits -> float32) and ``F2BF`` (float32 -> uint16 bits, round
+    to nearest even); a one-element local array viewed as the other type is the bit cast (registers only
+    on a device, numpy under the simulator)."""
+    if not _BF16_FUNCS:
+        ns = {"np": np, "cuda": cuda()}
+        exec(compile(_BF16_SOURCE, "<cuda_kernels:bf16>", "exec"), ns)  # noqa: S102 - fixed source
+        _BF16_FUNCS.update({k: cuda().jit(device=True)(ns[k]) for k in ("BF2F", "F2BF")})
+    return _BF16_FUNCS
 
 
 def jit(src: str, name: str = "kern"):
@@ -34,6 +66,8 @@ def jit(src: str, name: str = "kern"):
     d = _SOURCES.get(src)
     if d is None:
         ns = {"np": np, "math": math, "cuda": cuda()}
+        if "BF2F(" in src or "F2BF(" in src:
+            ns.update(bf16_functions())
         exec(compile(src, f"<cuda_kernels:{name}>", "exec"), ns)  # noqa: S102 - generated source
         d = cuda().jit(ns[name])
         _SOURCES[src] = d
@@ -90,8 +124,9 @@ def _suffix(text: str, u: int) -> str:
 
 
 def elementwise_source(n_in: int, ndim: int, loads: list[str], expr: str, n_scalars: int = 0,
-                       pre: tuple[str, ...] = (), unrolled: int | None = None) -> str:
-    """Kernel ``kern(out, x0.., s0..)`` writing ``out[a, b, c] = expr`` after ``v_k = loads[k]``.
+                       pre: tuple[str, ...] = (), unrolled: int | None = None, bf16: bool = False) -> str:
+    """Kernel ``kern(out, x0.., s0..)`` writing ``out[a, b, c] = expr`` after ``v_k = loads[k]`` (``bf16``:
+    ``out`` holds bf16 bits and the float32 ``expr`` is rounded into it).
 
     Each thread handles ``unrolled`` elements ``c = base + u * blockDim.x`` of the last axis."""
     U = unroll() if unrolled is None else unrolled
@@ -116,13 +151,23 @@ def elementwise_source(n_in: int, ndim: int, loads: list[str], expr: str, n_scal
     for u in range(U):
         body += [f"        c = base + {u} * bd", "        if c < n:"]
         body += [f"            {_suffix(p, u)}" for p in pre]
-        body += [f"            out[{', '.join(names)}] = {_suffix(expr, u)}"]
+        body += [f"            out[{', '.join(names)}] = {st(_suffix(expr, u), bf16)}"]
     body += ["        base += step", ""]
     return "\n".join(body)
 
 
-def load(k: int, index: str) -> str:
-    return f"np.float32(x{k}[{index}])"
+def ld(element: str, bf16: bool = False) -> str:
+    """A float32 expression of the array element ``element`` (bf16: its uint16 bits, converted)."""
+    return f"BF2F({element})" if bf16 else f"np.float32({element})"
+
+
+def st(value: str, bf16: bool = False) -> str:
+    """What to store for the float32 expression ``value`` (bf16: its rounded bits)."""
+    return f"F2BF({value})" if bf16 else value
+
+
+def load(k: int, index: str, bf16: bool = False) -> str:
+    return ld(f"x{k}[{index}]", bf16)
 
 
 def block_for(n: int, cap: int = 256) -> int:
@@ -148,7 +193,7 @@ def row_block() -> int:
     return 32 if simulating() else 256
 
 
-def rmsnorm_source(ndim: int, block: int) -> str:
+def rmsnorm_source(ndim: int, block: int, bf16: bool = False) -> str:
     """One block per row of the last axis: ``kern(out, x, w, eps)``, a shared-memory tree reduction of
     the sum of squares (no warp shuffles, so the simulator runs it), then the scaled row."""
     if ndim not in (2, 3):
@@ -162,68 +207,82 @@ def rmsnorm_source(ndim: int, block: int) -> str:
           "    while j0 < n:"]
     for u in range(U):
         L += [f"        w{u} = ZERO", f"        j = j0 + {u * block}", "        if j < n:",
-              f"            v = np.float32(x[{xi}])", f"            w{u} = v * v"]
+              f"            v = {ld(f'x[{xi}]', bf16)}", f"            w{u} = v * v"]
     L += [f"        acc = acc + w{u}" for u in range(U)]
     L += [f"        j0 += {block * U}", "    sh[t] = acc", "    cuda.syncthreads()", f"    s = {block // 2}",
           "    while s > 0:", "        if t < s:", "            sh[t] = sh[t] + sh[t + s]",
           "        cuda.syncthreads()",
           "        s //= 2", "    r = ONE / math.sqrt(sh[0] / np.float32(n) + eps)", "    j = t", "    while j < n:",
-          f"        out[{xi}] = np.float32(x[{xi}]) * r * np.float32(w[j])", f"        j += {block}"]
+          f"        out[{xi}] = {st(ld(f'x[{xi}]', bf16) + ' * r * ' + ld('w[j]', bf16), bf16)}",
+          f"        j += {block}"]
     return "\n".join(L) + "\n"
 
 
 ROTARY_HEADS_PER_THREAD = 4
 
 
-def rotary_source(heads_per_thread: int = ROTARY_HEADS_PER_THREAD) -> str:
+def rotary_source(heads_per_thread: int = ROTARY_HEADS_PER_THREAD, scaled: bool = False,
+                  bf16: bool = False) -> str:
     """Grid (ceil(dh/2 / block), t, ceil(h / heads_per_thread)); one angle per thread, applied to
-    ``heads_per_thread`` heads. The angle is reduced to [-pi, pi] in float64, then cos/sin in float32."""
+    ``heads_per_thread`` heads. The angle is reduced to [-pi, pi] in float64, then cos/sin in float32.
+    ``kern(out, x, pos_off, theta)``; ``scaled`` adds LLaMA-3 rope scaling of the frequency (in float64):
+    ``kern(out, x, pos_off, theta, factor, low, high, orig)``."""
     H = heads_per_thread
-    L = ["def kern(out, x, pos_off, theta):", "    half = x.shape[2] // 2",
+    L = [f"def kern(out, x, pos_off, theta{', factor, low, high, orig' if scaled else ''}):",
+         "    half = x.shape[2] // 2",
          "    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x", "    a = cuda.blockIdx.y",
          f"    b0 = cuda.blockIdx.z * {H}", "    if c < half:",
-         "        inv = 1.0 / math.pow(theta, (2.0 * c) / x.shape[2])",
-         "        ang = (pos_off + a) * inv",
+         "        inv = 1.0 / math.pow(theta, (2.0 * c) / x.shape[2])"]
+    if scaled:  # turnip.reference.rope_inv_freq, element by element
+        L += ["        wl = 6.283185307179586 / inv", "        if wl > orig / low:", "            inv = inv / factor",
+              "        elif not (wl < orig / high):", "            sm = (orig / wl - low) / (high - low)",
+              "            inv = (1.0 - sm) * inv / factor + sm * inv"]
+    L += ["        ang = (pos_off + a) * inv",
          "        ang = ang - 6.283185307179586 * math.floor(ang / 6.283185307179586 + 0.5)",
          "        r = np.float32(ang)", "        cs = math.cos(r)", "        sn = math.sin(r)"]
     for u in range(H):
         L += [f"        p{u} = np.float32(0.0)", f"        q{u} = np.float32(0.0)",
-              f"        if b0 + {u} < x.shape[1]:", f"            p{u} = np.float32(x[a, b0 + {u}, c])",
-              f"            q{u} = np.float32(x[a, b0 + {u}, c + half])"]
+              f"        if b0 + {u} < x.shape[1]:", f"            p{u} = {ld(f'x[a, b0 + {u}, c]', bf16)}",
+              f"            q{u} = {ld(f'x[a, b0 + {u}, c + half]', bf16)}"]
     for u in range(H):
-        L += [f"        if b0 + {u} < x.shape[1]:", f"            out[a, b0 + {u}, c] = p{u} * cs - q{u} * sn",
-              f"            out[a, b0 + {u}, c + half] = q{u} * cs + p{u} * sn"]
+        L += [f"        if b0 + {u} < x.shape[1]:",
+              f"            out[a, b0 + {u}, c] = {st(f'p{u} * cs - q{u} * sn', bf16)}",
+              f"            out[a, b0 + {u}, c + half] = {st(f'q{u} * cs + p{u} * sn', bf16)}"]
     return "\n".join(L) + "\n"
 
 
 
-def sdpa_source(dh: int, partial: bool) -> str:
+def sdpa_source(dh: int, partial: bool, group: int = 1, bf16: bool = False) -> str:
     """Fused causal attention, the portable (and simulator) path: one thread per (query row, head),
     online softmax over the visible keys, the row's output accumulated in ``dh`` float32 registers.
     ``kern(o, lse, q, k, v, scale, diag, tk)``: query i sees keys j < min(tk, diag + 1 + i) (``diag`` =
-    q_off - k_off when causal, else tk); grid (ceil(tq / block), h). Correct, not fast: the GPU's fast
-    path is cuDNN (``cuda_kernels.cudnn_sdpa``)."""
+    q_off - k_off when causal, else tk); grid (ceil(tq / block), h). Query head hh reads key/value head
+    hh // ``group`` (grouped-query attention; q, o (tq, h, dh), k, v (tk, h / group, dh)). Correct, not
+    fast: the GPU's fast path is cuDNN (``cuda_kernels.cudnn_sdpa``)."""
+    kv = "hh" if group == 1 else "kh"
     L = ["def kern(o, lse, q, k, v, scale, diag, tk):", _CONSTS.rstrip("\n"),
          "    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x", "    hh = cuda.blockIdx.y",
+         *([] if group == 1 else [f"    kh = hh // {group}"]),
          "    if i < q.shape[0]:", f"        acc = cuda.local.array({dh}, np.float32)",
          f"        for d in range({dh}):", "            acc[d] = ZERO",
          "        m = NEG_INF", "        l = ZERO", "        nvis = diag + 1 + i", "        if nvis > tk:",
          "            nvis = tk", "        for j in range(nvis):", "            s = ZERO",
-         f"            for d in range({dh}):", "                s += np.float32(q[i, hh, d]) * np.float32(k[j, hh, d])",
+         f"            for d in range({dh}):",
+         f"                s += {ld('q[i, hh, d]', bf16)} * {ld(f'k[j, {kv}, d]', bf16)}",
          "            s = s * scale", "            if s > m:", "                c = math.exp(m - s)",
          "                l = l * c", f"                for d in range({dh}):",
          "                    acc[d] = acc[d] * c",
          "                m = s", "            p = math.exp(s - m)", "            l += p",
-         f"            for d in range({dh}):", "                acc[d] += p * np.float32(v[j, hh, d])",
+         f"            for d in range({dh}):", f"                acc[d] += p * {ld(f'v[j, {kv}, d]', bf16)}",
          "        inv = ZERO", "        if l > ZERO:", "            inv = ONE / l",
-         f"        for d in range({dh}):", "            o[i, hh, d] = acc[d] * inv"]
+         f"        for d in range({dh}):", f"            o[i, hh, d] = {st('acc[d] * inv', bf16)}"]
     if partial:
         L += ["        if l > ZERO:", "            lse[hh, i] = m + math.log(l)", "        else:",
               "            lse[hh, i] = NEG_INF"]
     return "\n".join(L) + "\n"
 
 
-def combine_source(n: int) -> str:
+def combine_source(n: int, bf16: bool = False) -> str:
     """Merge ``n`` attention partials: ``kern(out, o0, l0, o1, l1, ...)``, out (tq, h, dh) and each
     o_j (tq, h, dh), l_j (h, tq) float32; thread layout of the elementwise kernels (c = head dim)."""
     args = ", ".join(f"o{j}, l{j}" for j in range(n))
@@ -235,6 +294,6 @@ def combine_source(n: int) -> str:
     L += ["        if not (m > NEG_INF and m < POS_INF):", "            m = ZERO", "        tot = ZERO",
           "        acc = ZERO"]
     for j in range(n):
-        L += [f"        w = math.exp(x{j} - m)", "        tot += w", f"        acc += w * np.float32(o{j}[a, b, c])"]
-    L += ["        if tot > ZERO:", "            acc = acc / tot", "        out[a, b, c] = acc"]
+        L += [f"        w = math.exp(x{j} - m)", "        tot += w", f"        acc += w * {ld(f'o{j}[a, b, c]', bf16)}"]
+    L += ["        if tot > ZERO:", "            acc = acc / tot", f"        out[a, b, c] = {st('acc', bf16)}"]
     return "\n".join(L) + "\n"

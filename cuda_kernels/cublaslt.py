@@ -9,8 +9,8 @@ keeps the 64-byte ``cublasLtMatmulAlgo_t`` and the workspace that algorithm need
 ``LtGemm.bind(c, a, b)`` fixes the device pointers (the einsum's output, first and second input) and
 returns a ``LibCall``: ``call(ctx)`` issues ``cublasLtMatmul`` with the stream slot's cuBLASLt handle
 (``ctx.handles['cublaslt']``, from ``lt_handle_create``), workspace and stream; every other argument is a
-ctypes object built at bind time. Inputs and output are fp16 (CUDA_R_16F) or fp32 (CUDA_R_32F);
-accumulation is CUBLAS_COMPUTE_32F (no TF32) with fp32 alpha/beta (beta = 0).
+ctypes object built at bind time. Inputs and output are fp16 (CUDA_R_16F), bf16 (CUDA_R_16BF) or fp32
+(CUDA_R_32F); accumulation is CUBLAS_COMPUTE_32F (no TF32) with fp32 alpha/beta (beta = 0).
 
 Host cost (H100, CUDA 13.1, ``benchmarks/cublaslt_speed.py``): ``cublasLtMatmul`` itself takes ~12-17 us per
 call (the 16-argument ctypes call is ~2 us of that; the heuristic's other algorithms cost the same), so
@@ -46,6 +46,7 @@ _SIZE = ctypes.c_size_t
 # cudaDataType_t (library_types.h)
 CUDA_R_32F = 0
 CUDA_R_16F = 2
+CUDA_R_16BF = 14
 # cublasComputeType_t (cublas_api.h): plain fp32 accumulation; CUBLAS_COMPUTE_32F_FAST_TF32 would be 77
 CUBLAS_COMPUTE_32F = 68
 # cublasOperation_t (cublas_api.h)
@@ -73,8 +74,8 @@ STATUS_NAMES = {
     16: "CUBLAS_STATUS_LICENSE_ERROR",
 }
 
-LT_DTYPE = {"fp16": CUDA_R_16F, "fp32": CUDA_R_32F}
-ITEMSIZE = {"fp16": 2, "fp32": 4}
+LT_DTYPE = {"fp16": CUDA_R_16F, "fp32": CUDA_R_32F, "bf16": CUDA_R_16BF}
+ITEMSIZE = {"fp16": 2, "fp32": 4, "bf16": 2}
 
 
 class _Algo(ctypes.Structure):

@@ -1,9 +1,12 @@
 """Fused attention through cuDNN's SDPA (``nvidia-cudnn-frontend``) on raw device pointers.
 
-One cuDNN graph per distinct (query rows, key rows, key rows allocated, heads, head dim, mask, stats),
-built once per process (first build ~1 s, later ones ~0.05 s) and cached. Tiles are in turnip's
-(tokens, heads, head dim) layout: cuDNN sees dims (1, h, s, d) with strides (s*h*d, d, h*d, 1), so a key
-range is read in place, its first ``tk`` rows only. Masks: ``none`` (every key visible to every query) and
+One cuDNN graph per distinct (query rows, key rows, key rows allocated, query heads, key/value heads, head
+dim, dtype, mask, stats), built once per process (first build ~1 s, later ones ~0.05 s) and cached. Tiles
+are in turnip's (tokens, heads, head dim) layout: cuDNN sees dims (1, h, s, d) with strides (s*h*d, d,
+h*d, 1), so a key range is read in place, its first ``tk`` rows only. Grouped-query attention: K and V
+have ``hk`` heads (h a multiple of hk), which cuDNN shares among consecutive query heads (query head i
+reads key/value head i // (h / hk), turnip's order); a query tile (t, hk, r, dh) is (t, h, dh) in memory.
+fp16 and bf16 tensors, float32 accumulation. Masks: ``none`` (every key visible to every query) and
 ``bottom_right`` (query i sees keys j <= i + tk - tq: the key range ends where the query block ends).
 Log-sum-exp statistics (float32, (h, tq)) are written only for partial outputs.
 
@@ -20,6 +23,7 @@ import math
 from cuda_kernels import _numba
 from cuda_kernels.launch import LibCall
 
+DTYPES = {"fp16": "HALF", "bf16": "BFLOAT16"}  # turnip dtype -> cudnn.data_type member
 _GRAPHS: dict = {}
 _BUILD_HANDLE = None
 
@@ -82,8 +86,8 @@ class CudnnSdpa:
     """A built SDPA graph for one tile shape; ``bind`` fixes the pointers."""
 
     def __init__(self, tq: int, tk: int, tk_alloc: int, h: int, dh: int, dtype: str, scale: float, mode: str,
-                 stats: bool):  # fmt: skip
-        key = (tq, tk, tk_alloc, h, dh, dtype, float(scale), mode, stats)
+                 stats: bool, hk: int | None = None):  # fmt: skip
+        key = (tq, tk, tk_alloc, h, dh, dtype, float(scale), mode, stats, h if hk is None else int(hk))
         hit = _GRAPHS.get(key)
         if hit is None:
             hit = _GRAPHS[key] = _build(*key)
@@ -104,19 +108,22 @@ class CudnnSdpa:
         return LibCall(run, self.ws_nbytes, "cudnn-sdpa", lib="cudnn")
 
 
-def _build(tq, tk, tk_alloc, h, dh, dtype, scale, mode, stats):
+def _build(tq, tk, tk_alloc, h, dh, dtype, scale, mode, stats, hk):
     import cudnn
 
-    if dtype != "fp16":
-        raise ValueError(f"cuDNN SDPA path is fp16 only, not {dtype}")
-    dt = cudnn.data_type.HALF
+    if dtype not in DTYPES:
+        raise ValueError(f"cuDNN SDPA path is {'/'.join(DTYPES)} only, not {dtype}")
+    if h % hk:
+        raise ValueError(f"cuDNN SDPA: {h} query heads are not a multiple of {hk} key/value heads")
+    dt = getattr(cudnn.data_type, DTYPES[dtype])
     g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
                       compute_data_type=cudnn.data_type.FLOAT, handle=_build_handle())  # fmt: skip
 
-    def tile(name, s, alloc):
-        return g.tensor(name=name, dim=[1, h, s, dh], stride=[alloc * h * dh, dh, h * dh, 1], data_type=dt)
+    def tile(name, s, alloc, heads):
+        return g.tensor(name=name, dim=[1, heads, s, dh], stride=[alloc * heads * dh, dh, heads * dh, 1],
+                        data_type=dt)
 
-    Q, K, V = tile("Q", tq, tq), tile("K", tk, tk_alloc), tile("V", tk, tk_alloc)
+    Q, K, V = tile("Q", tq, tq, h), tile("K", tk, tk_alloc, hk), tile("V", tk, tk_alloc, hk)
     kw = {"name": "sdpa", "q": Q, "k": K, "v": V, "attn_scale": float(scale), "generate_stats": stats}
     if mode == "bottom_right":
         kw["use_causal_mask_bottom_right"] = True
@@ -132,7 +139,9 @@ def _build(tq, tk, tk_alloc, h, dh, dtype, scale, mode, stats):
     return g, (Q, K, V, O, S if stats else None)
 
 
-def supports(tq: int, tk: int, h: int, dh: int, dtype: str, params: dict) -> bool:
-    """Whether this tile can take the cuDNN path (fp16, head dim a multiple of 8 up to 256, a cuDNN mask)."""
-    return (usable() and dtype == "fp16" and dh % 8 == 0 and dh <= 256 and tq > 0 and tk > 0
+def supports(tq: int, tk: int, h: int, dh: int, dtype: str, params: dict, hk: int | None = None) -> bool:
+    """Whether this tile can take the cuDNN path (fp16 or bf16, head dim a multiple of 8 up to 256, key/value
+    heads dividing the query heads, a cuDNN mask)."""
+    return (usable() and dtype in DTYPES and dh % 8 == 0 and dh <= 256 and tq > 0 and tk > 0
+            and (hk is None or 0 < hk and h % hk == 0)
             and mask_mode(tq, tk, params) is not None and math.isfinite(params.get("scale", 1.0)))  # fmt: skip

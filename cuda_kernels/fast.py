@@ -8,19 +8,21 @@ accesses when every pointer is 16-byte aligned and the extents allow it, else th
 computes grid/block once and packs the parameters: the returned ``RawLaunch`` is issued with
 ``cuda_kernels.launch.launch_raw(raw, stream)``.
 
-Ops (semantics of ``turnip.reference``; fp16 = IEEE half, fp32 = float; C-contiguous arrays; computed
-in fp32 and rounded once to the output dtype):
+Ops (semantics of ``turnip.reference``; fp16 = IEEE half, bf16 = bfloat16, fp32 = float; C-contiguous
+arrays; computed in fp32 and rounded once (to nearest even) to the output dtype):
 
   rmsnorm   x (..., d), w (d,) -> x / sqrt(mean(x^2) + eps) * w   (params: eps, default 1e-5)
-  rotary    x (t, h, dh), dh even, rotate-half, angle (pos_off + token) * theta^(-2i/dh)
-            (params: pos_off, theta default 10000)
+  rotary    x (t, h, dh) or (t, ..., dh) (middle axes are heads), dh even, rotate-half, angle
+            (pos_off + token) * inv_freq_i, inv_freq_i = theta^(-2i/dh) with LLaMA-3 scaling when rope_factor
+            is set (params: pos_off, theta default 10000, rope_factor, rope_low, rope_high, rope_orig)
   silu_mul  (gate, up) -> silu(gate) * up;   silu (x);   mul (a, b);   scale (x; params: alpha)
   add_n     2..4 same-shaped inputs -> sum (in input order);   sum_into (acc, x): acc += x in place
   embed     ids (t,) int32, table (V, d) -> out[i, :] = table[ids[i], :]
             (a negative id counts from the end, as in numpy; ids out of range are clamped)
 
 Kernel design (all in ``_SOURCE``; one module per process, compiled on first use for the device current
-then, and cached; CuPy also caches the binary on disk):
+then, and cached; CuPy also caches the binary on disk). Element types: ``float``, ``unsigned short`` (fp16
+bits) and ``fk_bf16`` (bf16 bits in a struct of its own, so templates tell it from fp16):
 
 * Elementwise (``ew_kernel<T, V, OP, NIN>``): the arrays are flat; a grid-stride loop over 16-byte vectors
   (V = 8 halves or 4 floats) with ``FK_U`` = 4 independent vectors per input in flight per thread
@@ -39,9 +41,10 @@ then, and cached; CuPy also caches the binary on disk):
   (tb * h * half / V <= ``ROTARY_PAIRS_PER_BLOCK`` pair vectors: 2 per thread, 4 at most in flight);
   it issues its loads of x1 and x2 (16 bytes each) first, then builds the chunk's cos/sin table in shared
   memory (a thread per V consecutive frequencies of a token: inv_freq = exp2(-i * 2 log2(theta) / dh),
-  then a running product, and the angle in double; the angle reduced to [-pi, pi] in double, then
-  ``sincosf``), one barrier, then rotates and stores. In-chunk indices are 32-bit, divided by
-  multiply-high constants from the host (``fastdiv``). The vector variant needs half % V == 0.
+  then a running product, rope scaling applied to each (``fk_rope_scale``), and the angle in double; the
+  angle reduced to [-pi, pi] in double, then ``sincosf``), one barrier, then rotates and stores. In-chunk
+  indices are 32-bit, divided by multiply-high constants from the host (``fastdiv``). The vector variant
+  needs half % V == 0. A 4-D tile (t, hk, r, dh) is (t, hk * r, dh) in memory.
 * embed (``embed_kernel<E>``): one block per gathered row (grid-stride over rows), row copied with the
   widest word E in {16, 8, 4, 2} bytes that divides the row and both pointers, 4 words in flight.
 
@@ -61,7 +64,7 @@ from cuda_kernels.launch import RawLaunch, raw_launch
 __all__ = ["FastKernel", "Plan", "fast_kernel", "last_error", "OPS"]
 
 OPS = ("rmsnorm", "rotary", "silu_mul", "silu", "mul", "scale", "add_n", "sum_into", "embed")
-DTYPES = {"fp16": ("unsigned short", 2), "fp32": ("float", 4)}
+DTYPES = {"fp16": ("unsigned short", 2), "fp32": ("float", 4), "bf16": ("fk_bf16", 2)}
 THREADS = 256  # block size of the elementwise and warp-per-row kernels
 UNROLL = 4  # FK_U in the source: independent 16-byte accesses per thread (and per input) in flight
 BLOCKS_PER_SM = 32  # elementwise grid-stride grids: at most this many 256-thread blocks per SM
@@ -79,8 +82,13 @@ _EMBED_WORDS = ((16, "uint4"), (8, "uint2"), (4, "unsigned int"), (2, "unsigned 
 
 _SOURCE = r"""
 // Fast memory-bound kernels of cuda_kernels/fast.py. No headers: fp16 is carried as its bit pattern
-// (unsigned short) and converted with cvt; everything else is an NVRTC builtin.
+// (unsigned short) and converted with cvt, bf16 as its bit pattern in fk_bf16 (shift to float, cvt.rn back);
+// everything else is an NVRTC builtin.
 #define FK_U 4
+
+struct fk_bf16 {
+  unsigned short b;
+};
 
 __device__ __forceinline__ float fk_h2f(unsigned short h) {
   float f;
@@ -93,6 +101,19 @@ __device__ __forceinline__ unsigned short fk_f2h(float f) {
   return h;
 }
 
+__device__ __forceinline__ float fk_b2f(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
+__device__ __forceinline__ unsigned short fk_f2b(float f) {  // round to nearest even, NaN stays NaN
+#if __CUDA_ARCH__ >= 800
+  unsigned short b;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+  return b;
+#else
+  const unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
+}
+
 template <class T> struct Cvt;
 template <> struct Cvt<float> {
   static __device__ __forceinline__ float get(float v) { return v; }
@@ -101,6 +122,14 @@ template <> struct Cvt<float> {
 template <> struct Cvt<unsigned short> {
   static __device__ __forceinline__ float get(unsigned short v) { return fk_h2f(v); }
   static __device__ __forceinline__ unsigned short put(float f) { return fk_f2h(f); }
+};
+template <> struct Cvt<fk_bf16> {
+  static __device__ __forceinline__ float get(fk_bf16 v) { return fk_b2f(v.b); }
+  static __device__ __forceinline__ fk_bf16 put(float f) {
+    fk_bf16 r;
+    r.b = fk_f2b(f);
+    return r;
+  }
 };
 
 // V consecutive elements of T held in one register pack: a 16-byte uint4 (V = 16 / sizeof(T)) or one T.
@@ -136,6 +165,35 @@ template <> struct Vec<unsigned short, 8> {
   }
   static __device__ __forceinline__ unsigned int pack2(const float* f) {
     return (unsigned int)fk_f2h(f[0]) | ((unsigned int)fk_f2h(f[1]) << 16);
+  }
+  static __device__ __forceinline__ void unpack(raw v, float* f) {
+    unpack2(v.x, f); unpack2(v.y, f + 2); unpack2(v.z, f + 4); unpack2(v.w, f + 6);
+  }
+  static __device__ __forceinline__ raw pack(const float* f) {
+    return make_uint4(pack2(f), pack2(f + 2), pack2(f + 4), pack2(f + 6));
+  }
+};
+template <> struct Vec<fk_bf16, 1> {  // __ldg has no overload for the struct: load its bits
+  typedef fk_bf16 raw;
+  static __device__ __forceinline__ raw ld(const fk_bf16* p) {
+    fk_bf16 r;
+    r.b = __ldg(reinterpret_cast<const unsigned short*>(p));
+    return r;
+  }
+  static __device__ __forceinline__ void st(fk_bf16* p, raw v) { *p = v; }
+  static __device__ __forceinline__ void unpack(raw v, float* f) { f[0] = fk_b2f(v.b); }
+  static __device__ __forceinline__ raw pack(const float* f) { return Cvt<fk_bf16>::put(f[0]); }
+};
+template <> struct Vec<fk_bf16, 8> {
+  typedef uint4 raw;
+  static __device__ __forceinline__ raw ld(const fk_bf16* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+  static __device__ __forceinline__ void st(fk_bf16* p, raw v) { *reinterpret_cast<uint4*>(p) = v; }
+  static __device__ __forceinline__ void unpack2(unsigned int w, float* f) {
+    f[0] = __uint_as_float(w << 16);
+    f[1] = __uint_as_float(w & 0xffff0000u);
+  }
+  static __device__ __forceinline__ unsigned int pack2(const float* f) {
+    return (unsigned int)fk_f2b(f[0]) | ((unsigned int)fk_f2b(f[1]) << 16);
   }
   static __device__ __forceinline__ void unpack(raw v, float* f) {
     unpack2(v.x, f); unpack2(v.y, f + 2); unpack2(v.z, f + 4); unpack2(v.w, f + 6);
@@ -363,14 +421,14 @@ __global__ void __launch_bounds__(256) rms_generic(T* out, const T* x, const T* 
     T* orow = out + r * d;
     float ss = 0.f;
     for (long long j = lane; j < d; j += 32) {
-      const float f = Cvt<T>::get(__ldg(xr + j));
+      const float f = Cvt<T>::get(Vec<T, 1>::ld(xr + j));
       ss = fmaf(f, f, ss);
     }
     ss = fk_warp_sum(ss);
     const float inv = 1.0f / sqrtf(ss / (float)d + eps);
     for (long long j = lane; j < d; j += 32) {
-      const float f = Cvt<T>::get(__ldg(xr + j));
-      orow[j] = Cvt<T>::put(f * inv * Cvt<T>::get(__ldg(w + j)));
+      const float f = Cvt<T>::get(Vec<T, 1>::ld(xr + j));
+      orow[j] = Cvt<T>::put(f * inv * Cvt<T>::get(Vec<T, 1>::ld(w + j)));
     }
   }
 }
@@ -383,16 +441,28 @@ __device__ __forceinline__ unsigned fk_div(unsigned n, unsigned long long md) {
   return m ? (__umulhi(n, m) >> (unsigned)(md >> 32)) : n;
 }
 
+// LLaMA-3 rope scaling of one frequency (turnip.reference.rope_inv_freq), in double: wavelengths longer than
+// orig / low divided by factor, shorter than orig / high kept, those between blended.
+__device__ __forceinline__ double fk_rope_scale(double inv, double factor, double low, double high, double orig) {
+  const double wl = 6.283185307179586 / inv;
+  if (wl > orig / low) return inv / factor;
+  if (wl < orig / high) return inv;
+  const double smooth = (orig / wl - low) / (high - low);
+  return (1.0 - smooth) * inv / factor + smooth * inv;
+}
+
 // x, out (ntok, nh, 2 * half). A block takes tb tokens at a time; pair vector p (V elements of x1 and
 // the matching V of x2) -> q = p / hv = token-in-chunk * nh + head, iv = p % hv. Dynamic shared memory:
 // the chunk's cos[tb * half] and sin[tb * half] (float). A thread builds V consecutive entries of one
 // token: inv_freq_i0 = theta^(-2 i0 / dh) = exp2(-i0 * step) (step = 2 log2(theta) / dh, from the host),
 // the next ones times exp2(-step), all in double; angle in double, reduced to [-pi, pi] in double, then
-// sincosf. div_hv, div_nh: fk_div constants of hv = half / V and nh.
+// sincosf. div_hv, div_nh: fk_div constants of hv = half / V and nh. rope_factor != 0: each inv_freq goes
+// through fk_rope_scale (rope_low, rope_high, rope_orig) before it multiplies the position.
 template <class T, int V>
 __global__ void __launch_bounds__(256) rotary_kernel(T* out, const T* x, long long ntok, long long nh, long long half,
                                                      long long tb, long long pos_off, double step, long long div_hv,
-                                                     long long div_nh) {
+                                                     long long div_nh, double rope_factor, double rope_low,
+                                                     double rope_high, double rope_orig) {
   typedef Vec<T, V> W;
   typedef typename W::raw R;
   extern __shared__ float rot_smem[];
@@ -436,7 +506,8 @@ __global__ void __launch_bounds__(256) rotary_kernel(T* out, const T* x, long lo
       float cs[V], sn[V];
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const double ang = pos * inv;
+        const double ang =
+            pos * (rope_factor != 0.0 ? fk_rope_scale(inv, rope_factor, rope_low, rope_high, rope_orig) : inv);
         const double kq = rint(ang * 0.15915494309189535);  // 1 / (2 pi)
         double rr = fma(-kq, 6.283185307179586, ang);       // 2 pi = hi + lo (Cody-Waite)
         rr = fma(-kq, 2.4492935982947064e-16, rr);
@@ -533,7 +604,7 @@ SIGNATURES = {
     "rms_warp": "pppqqf",
     "rms_block": "pppqqf",
     "rms_generic": "pppqqf",
-    "rotary_kernel": "ppqqqqqdqq",
+    "rotary_kernel": "ppqqqqqdqqdddd",
     "embed_kernel": "pppqqq",
 }
 
@@ -716,7 +787,7 @@ class FastKernel:
         return Plan(f"rms_generic<{self.ctype}>", (grid,), (THREADS,), 0, args, False)
 
     def _plan_rotary(self, out_ptr, in_ptrs) -> Plan:
-        t, h, dh = self.out_shape
+        t, h, dh = self.out_shape[0], math.prod(self.out_shape[1:-1]), self.out_shape[-1]
         half = dh // 2
         vec = half % _vec(self.dtype) == 0 and out_ptr % 16 == 0 and in_ptrs[0] % 16 == 0
         v = _vec(self.dtype) if vec else 1
@@ -727,7 +798,7 @@ class FastKernel:
         grid = min(nchunk, _sm_count() * BLOCKS_PER_SM)  # one block per chunk on 7B tiles
         args = (_p(out_ptr), _p(in_ptrs[0]), _q(t), _q(h), _q(half), _q(tb), _q(int(self.params.get("pos_off", 0))),
                 ctypes.c_double(2.0 * math.log2(float(self.params.get("theta", 10000.0))) / dh),
-                _q(fastdiv(half // v)), _q(fastdiv(h)))
+                _q(fastdiv(half // v)), _q(fastdiv(h)), *map(ctypes.c_double, rope_params(self.params)))
         return Plan(f"rotary_kernel<{self.ctype}, {v}>", (grid,), (ROTARY_THREADS,), shmem, args, vec)
 
     def _plan_embed(self, out_ptr, in_ptrs) -> Plan:
@@ -748,6 +819,16 @@ def fastdiv(d: int) -> int:
         return 0
     p = 31 + (d - 1).bit_length()  # 31 + ceil(log2 d)
     return ((1 << p) + d - 1) // d | (p - 32) << 32
+
+
+def rope_params(params: dict) -> tuple[float, float, float, float]:
+    """(factor, low, high, orig) of LLaMA-3 rope scaling (``turnip.reference.rope_inv_freq``: params
+    ``rope_factor``, ``rope_low``, ``rope_high``, ``rope_orig``); all 0 when ``rope_factor`` is absent or
+    falsy (plain theta^(-2i/dh)). ``KeyError`` if a factor comes without the other three."""
+    factor = params.get("rope_factor")
+    if not factor:
+        return (0.0, 0.0, 0.0, 0.0)
+    return (float(factor), float(params["rope_low"]), float(params["rope_high"]), float(params["rope_orig"]))
 
 
 def _rotary_tb_smem(half: int) -> int:
@@ -782,9 +863,13 @@ def _build(op: str, in_shapes, out_shape, dtype: str, params: dict | None) -> Fa
               and in_shapes[1] == (out_shape[-1],))
         return fk if ok else None
     if op == "rotary":
-        ok = (len(in_shapes) == 1 and len(out_shape) == 3 and in_shapes[0] == out_shape
-              and out_shape[2] % 2 == 0 and _rotary_tb_smem(out_shape[2] // 2) >= 1
-              and out_shape[1] * out_shape[2] * ROTARY_PAIRS_PER_BLOCK < 2**31)  # 32-bit in-chunk indices
+        try:
+            rope_params(params)
+        except (KeyError, TypeError, ValueError):
+            return None
+        ok = (len(in_shapes) == 1 and len(out_shape) >= 3 and in_shapes[0] == out_shape
+              and out_shape[-1] % 2 == 0 and _rotary_tb_smem(out_shape[-1] // 2) >= 1
+              and math.prod(out_shape[1:]) * ROTARY_PAIRS_PER_BLOCK < 2**31)  # 32-bit in-chunk indices
         return fk if ok else None
     if op == "embed":
         ok = (len(in_shapes) == 2 and len(in_shapes[0]) == 1 and len(in_shapes[1]) == 2 and in_shapes[1][0] > 0

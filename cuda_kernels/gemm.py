@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cuda_kernels import _numba
+from cuda_kernels.codegen import ld, st
 
 _TM = _TN = 64
 _TK = 16
@@ -87,10 +88,10 @@ def _merged_stride(group: tuple, letters: str, size: dict):
 
 # cuBLAS enums
 _OP_N, _OP_T = 0, 1
-_R_16F, _R_32F = 2, 0
+_R_16F, _R_32F, _R_16BF = 2, 0, 14
 _COMPUTE_32F = 68
 _GEMM_DEFAULT = -1
-CUBLAS_DTYPE = {"fp16": _R_16F, "fp32": _R_32F}
+CUBLAS_DTYPE = {"fp16": _R_16F, "fp32": _R_32F, "bf16": _R_16BF}
 
 
 def cublas_layout(p: EinsumPlan):
@@ -235,10 +236,11 @@ def _decompose(var: str, letters: tuple, prefix: str) -> list[str]:
     return out
 
 
-def numba_gemm_source(p: EinsumPlan) -> str:
+def numba_gemm_source(p: EinsumPlan, bf16: bool = False) -> str:
     """64x64 output tile per 16x16-thread block, 4x4 outputs per thread, k in steps of 16.
 
-    ``kern(a, b, out, alpha, S_<letter>...)``; grid (ceil(N/64), ceil(M/64), batch)."""
+    ``kern(a, b, out, alpha, S_<letter>...)``; grid (ceil(N/64), ceil(M/64), batch). ``bf16``: the
+    operands and output are bf16 bits (``codegen.ld`` / ``codegen.st``)."""
     letters = sorted(p.size)
     args = ["a", "b", "out", "alpha", *(f"S_{c}" for c in letters)]
     M = " * ".join(f"S_{c}" for c in p.m) or "1"
@@ -268,7 +270,7 @@ def numba_gemm_source(p: EinsumPlan) -> str:
           "            if mi < M and ki < K:"]
     L += ["                " + s for s in _decompose("mi", p.m, "m_") + _decompose("ki", p.k, "k_")]
     env_a = {**{c: f"m_{c}" for c in p.m}, **{c: f"k_{c}" for c in p.k}}
-    L += [f"                v = np.float32(a[{idx(p.a, env_a)}])", "            sa[kk, mm] = v"]
+    L += [f"                v = {ld(f'a[{idx(p.a, env_a)}]', bf16)}", "            sa[kk, mm] = v"]
     if b_n_fast:
         L += ["            kk = q // 64", "            nn = q % 64"]
     else:
@@ -277,7 +279,7 @@ def numba_gemm_source(p: EinsumPlan) -> str:
           "            if ni < N and ki < K:"]
     L += ["                " + s for s in _decompose("ni", p.n, "n_") + _decompose("ki", p.k, "k_")]
     env_b = {**{c: f"n_{c}" for c in p.n}, **{c: f"k_{c}" for c in p.k}}
-    L += [f"                v = np.float32(b[{idx(p.b, env_b)}])", "            sb[kk, nn] = v",
+    L += [f"                v = {ld(f'b[{idx(p.b, env_b)}]', bf16)}", "            sb[kk, nn] = v",
           "        cuda.syncthreads()", "        for kk in range(16):"]
     L += [f"            a{i} = sa[kk, ty + {16 * i}]" for i in range(4)]
     L += [f"            b{j} = sb[kk, tx + {16 * j}]" for j in range(4)]
@@ -288,7 +290,7 @@ def numba_gemm_source(p: EinsumPlan) -> str:
         for j in range(4):
             L += [f"    mi = m0 + ty + {16 * i}", f"    ni = n0 + tx + {16 * j}", "    if mi < M and ni < N:"]
             L += ["        " + s for s in _decompose("mi", p.m, "m_") + _decompose("ni", p.n, "n_")]
-            L += [f"        out[{idx(p.out, env_c)}] = c{i}{j} * alpha"]
+            L += [f"        out[{idx(p.out, env_c)}] = {st(f'c{i}{j} * alpha', bf16)}"]
     return "\n".join(L) + "\n"
 
 

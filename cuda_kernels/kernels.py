@@ -9,11 +9,14 @@ it (JIT warm-up happens here), computes the launch geometry and returns a ``Laun
 - ``launcher.bind(out, ins)`` fixes the arrays once (at plan load) and returns a ``RawLaunch`` (one
   ``cuLaunchKernel``) or a ``LibCall`` (cuBLASLt, cuDNN, copies) for the runtime (``cuda_kernels.launch``).
 
-Implementations (``launcher.path``): ``cublas`` / ``cublaslt`` GEMMs, ``cudnn`` fused attention (fp16),
-``nvrtc`` hand-written CUDA C++ memory-bound kernels (``cuda_kernels.fast``; opt-in with ``fast=True``),
-``memcpy`` concatenation, and generated numba kernels (``kernel``, ``numba-gemm``) for everything else and
-as the fallback of every other path. Importing this module needs numpy only; numba is imported by
-``prepare``.
+Implementations (``launcher.path``): ``cublas`` / ``cublaslt`` GEMMs, ``cudnn`` fused attention (fp16,
+bf16; grouped-query too), ``nvrtc`` hand-written CUDA C++ memory-bound kernels (``cuda_kernels.fast``;
+opt-in with ``fast=True``), ``memcpy`` concatenation and row slices, and generated numba kernels
+(``kernel``, ``numba-gemm``) for everything else and as the fallback of every other path.
+
+Dtypes: fp16, fp32 and, when ``ml_dtypes`` is installed, bf16 (``ml_dtypes.bfloat16`` arrays). numba has
+no bfloat16: its kernels get bf16 arrays as uint16 views of their bits and convert in the kernel
+(``codegen.bf16_functions``). Importing this module needs numpy only; numba is imported by ``prepare``.
 """
 
 from __future__ import annotations
@@ -25,9 +28,22 @@ import numpy as np
 from cuda_kernels import codegen as cg
 from cuda_kernels import gemm as gm
 from cuda_kernels._numba import Compiled, array_type, scalar_type
+from cuda_kernels.fast import rope_params
 from cuda_kernels.launch import LibCall, launch_raw
 
+
+def _bf16_type():
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return ml_dtypes.bfloat16
+
+
 DTYPES = {"fp16": np.float16, "fp32": np.float32}
+_BF16 = _bf16_type()
+if _BF16 is not None:
+    DTYPES["bf16"] = _BF16
 GEMM_MODES = ("auto", "cublas", "cublaslt", "numba")
 DEFAULT_WS_NBYTES = 1 << 20  # workspace per stream slot a launch may use (a plan's, at run time)
 
@@ -71,7 +87,7 @@ def prepare(op: str, in_shapes: Sequence[tuple], out_shape: tuple, dtype: str, p
     if op not in _BUILDERS:
         raise KernelPrepareError(f"unknown op {op!r}; known: {sorted(_BUILDERS)}")
     if dtype not in DTYPES:
-        raise KernelPrepareError(f"{op}: dtype {dtype!r} not in {sorted(DTYPES)}")
+        raise KernelPrepareError(f"{op}: dtype {dtype!r} not in {sorted(DTYPES)} (bf16 needs ml_dtypes)")
     if gemm not in GEMM_MODES:
         raise KernelPrepareError(f"{op}: gemm={gemm!r} not in {GEMM_MODES}")
     try:
@@ -109,18 +125,30 @@ def _noop_bind(out, ins) -> LibCall:
     return LibCall(_noop, 0, "empty")
 
 
-def _kern(k: Compiled, args_of: Callable) -> tuple[Callable, Callable]:
-    """(run, bind) of one numba kernel whose arguments are ``args_of(out, ins)``."""
+def _bits(a):
+    """A bf16 device array as the uint16 array of its bits (how numba kernels take bf16); others as they are."""
+    return a.view(np.uint16) if _BF16 is not None and getattr(a, "dtype", None) == _BF16 else a
+
+
+def _kern(k: Compiled, args_of: Callable, bits: bool = False) -> tuple[Callable, Callable]:
+    """(run, bind) of one numba kernel whose arguments are ``args_of(out, ins)`` (``bits``: bf16 arrays
+    among them are passed as their uint16 bits)."""
+    if bits:
+        typed = args_of
+
+        def args_of(out, ins):
+            return tuple(_bits(a) for a in typed(out, ins))
+
     return (lambda stream, out, ins: k.launch(stream, args_of(out, ins))), (lambda out, ins: k.bind(args_of(out, ins)))
 
 
-def _ew(src: str, out_shape, argtypes, scalars=()) -> tuple[Callable, Callable]:
+def _ew(src: str, out_shape, argtypes, scalars=(), bits: bool = False) -> tuple[Callable, Callable]:
     if any(e == 0 for e in out_shape):
         return _noop, _noop_bind
     grid, block = cg.elementwise_geometry(out_shape, per_thread=cg.unroll())
     k = Compiled(cg.jit(src), argtypes, grid, block)
     sc = tuple(scalars)
-    return _kern(k, lambda out, ins: (out, *ins, *sc))
+    return _kern(k, lambda out, ins: (out, *ins, *sc), bits)
 
 
 def _simple(n_in: int, expr: str, n_scalars: int = 0, pre: tuple = ()):
@@ -128,13 +156,13 @@ def _simple(n_in: int, expr: str, n_scalars: int = 0, pre: tuple = ()):
 
     def build(in_shapes, out_shape, dtype, params, opts):
         _need(len(in_shapes) == n_in if n_in else len(in_shapes) >= 1, f"expects {n_in or '>=1'} inputs")
-        nd = len(out_shape)
-        loads = [cg.load(k, cg.broadcast_index(s, out_shape)) for k, s in enumerate(in_shapes)]
+        nd, bf = len(out_shape), dtype == "bf16"
+        loads = [cg.load(k, cg.broadcast_index(s, out_shape), bf) for k, s in enumerate(in_shapes)]
         ex = expr(len(in_shapes)) if callable(expr) else expr
-        src = cg.elementwise_source(len(in_shapes), nd, loads, ex, n_scalars, pre)
+        src = cg.elementwise_source(len(in_shapes), nd, loads, ex, n_scalars, pre, bf16=bf)
         scal = [np.float32(params["alpha"])] if n_scalars else []
         types = [_arr(dtype, nd), *(_arr(dtype, s) for s in in_shapes), *[scalar_type("f4")] * n_scalars]
-        run, bind = _ew(src, out_shape, types, scal)
+        run, bind = _ew(src, out_shape, types, scal, bf)
         return "kernel", run, 0, bind
 
     return build
@@ -191,9 +219,10 @@ def _gemm(plan: gm.EinsumPlan, in_shapes, out_shape, dtype, alpha: float, opts: 
     sizes = tuple(plan.size[c] for c in gm.gemm_letters(plan))
     types = [_arr(dtype, in_shapes[0]), _arr(dtype, in_shapes[1]), _arr(dtype, out_shape),
              scalar_type("f4"), *[scalar_type("i8")] * len(sizes)]
-    k = Compiled(cg.jit(gm.numba_gemm_source(plan)), types, grid, block)
+    bf = dtype == "bf16"
+    k = Compiled(cg.jit(gm.numba_gemm_source(plan, bf)), types, grid, block)
     a32 = np.float32(alpha)
-    return ("numba-gemm", *_kern(k, lambda out, ins: (ins[0], ins[1], out, a32, *sizes)))
+    return ("numba-gemm", *_kern(k, lambda out, ins: (ins[0], ins[1], out, a32, *sizes), bf))
 
 
 def _lt(layout, dtype: str, alpha: float, opts: dict):
@@ -223,20 +252,30 @@ def _einsum(in_shapes, out_shape, dtype, params, opts):
 def _sdpa(in_shapes, out_shape, dtype, params, opts):
     from cuda_kernels import cudnn_sdpa
 
-    _need(len(in_shapes) == 3 and all(len(s) == 3 for s in in_shapes), "sdpa takes q, k, v of rank 3")
-    (tq, h, dh), (tk_all, _, _) = in_shapes[0], in_shapes[1]
+    _need(len(in_shapes) == 3 and len(in_shapes[0]) in (3, 4) and len(in_shapes[1]) == len(in_shapes[2]) == 3,
+          "sdpa takes q (tq, h, dh) or (tq, hk, r, dh), k and v (tk, hk, dh)")
+    qs, (tk_all, hk, dk) = in_shapes[0], in_shapes[1]
+    tq, h, dh = qs[0], int(np.prod(qs[1:-1], dtype=np.int64)), qs[-1]
+    _need(dk == dh and in_shapes[2] == in_shapes[1] and 0 < hk and h % hk == 0 and (len(qs) == 3 or qs[1] == hk),
+          f"q {qs}, k and v {in_shapes[1:]}: head dims differ or query heads are not key/value heads * r")
     tk = int(params.get("tk", tk_all))
     partial = bool(params.get("partial", False))
     n_o = tq * h * dh
-    _need(out_shape == ((n_o + h * tq * 4 // np.dtype(DTYPES[dtype]).itemsize,) if partial else (tq, h, dh)),
+    _need(out_shape == ((n_o + h * tq * 4 // np.dtype(DTYPES[dtype]).itemsize,) if partial else qs),
           f"output {out_shape} does not match q {in_shapes[0]} (partial={partial})")
     lse_off = n_o * np.dtype(DTYPES[dtype]).itemsize
     scale = float(params["scale"])
     g = None
-    if cudnn_sdpa.supports(tq, tk, h, dh, dtype, params):
+    if cudnn_sdpa.supports(tq, tk, h, dh, dtype, params, hk):
         mode = cudnn_sdpa.mask_mode(tq, tk, params)
-        g = cudnn_sdpa.CudnnSdpa(tq, tk, tk_all, h, dh, dtype, scale, mode, partial)
-        if g.ws_nbytes > opts["ws_nbytes"]:  # the plan keeps too little scratch: the portable kernel
+        try:
+            g = cudnn_sdpa.CudnnSdpa(tq, tk, tk_all, h, dh, dtype, scale, mode, partial, hk)
+        except Exception as e:  # noqa: BLE001 - a graph cuDNN will not build: the portable kernel, said loudly
+            import warnings
+
+            warnings.warn(f"sdpa q {qs} k {in_shapes[1]} {dtype}: cuDNN graph failed ({e!r}); using the portable "
+                          "kernel (slow)", stacklevel=2)
+        if g is not None and g.ws_nbytes > opts["ws_nbytes"]:  # too little scratch in the plan: portable kernel
             g = None
     if g is not None:
 
@@ -252,14 +291,20 @@ def _sdpa(in_shapes, out_shape, dtype, params, opts):
     block = cg.block_for(tq, 128)
     types = [_arr(dtype, 3), _arr("fp32", 2), _arr(dtype, 3), _arr(dtype, 3), _arr(dtype, 3),
              scalar_type("f4"), scalar_type("i8"), scalar_type("i8")]
-    k = Compiled(cg.jit(cg.sdpa_source(dh, partial)), types, (-(-tq // block), h), (block,))
+    bf = dtype == "bf16"
+    k = Compiled(cg.jit(cg.sdpa_source(dh, partial, h // hk, bf)), types, (-(-tq // block), h), (block,))
     s32 = np.float32(scale)
+    flat = len(qs) == 4  # grouped-query tiles (tq, hk, r, dh): the kernel sees (tq, h, dh) views
 
     def args_of(out, ins):
-        o, lse = _split_partial(out, tq, h, dh) if partial else (out, _dummy_lse(out))
-        return (o, lse, ins[0], ins[1], ins[2], s32, diag, tk)
+        q = ins[0].reshape(tq, h, dh) if flat else ins[0]
+        if partial:
+            o, lse = _split_partial(out, tq, h, dh)
+        else:
+            o, lse = (out.reshape(tq, h, dh) if flat else out), _dummy_lse(out)
+        return (o, lse, q, ins[1], ins[2], s32, diag, tk)
 
-    run, bind = _kern(k, args_of)
+    run, bind = _kern(k, args_of, bf)
     return "kernel", run, 0, bind
 
 
@@ -303,16 +348,19 @@ def standalone_context(stream, ws_nbytes: int, lib: str | None = None):
 
 def _attn_combine(in_shapes, out_shape, dtype, params, opts):
     tq, h, dh = int(params["tq"]), int(params["h"]), int(params["dh"])
-    _need(out_shape == (tq, h, dh) and len(in_shapes) >= 1, "attn_combine: output (tq, h, dh) of >= 1 partials")
-    n = len(in_shapes)
-    grid, block = cg.elementwise_geometry(out_shape)
+    r = int(params.get("r", 1))  # grouped-query: output (tq, h / r, r, dh), the same memory as (tq, h, dh)
+    _need(r >= 1 and h % r == 0 and out_shape == ((tq, h, dh) if r == 1 else (tq, h // r, r, dh))
+          and len(in_shapes) >= 1, "attn_combine: output (tq, h, dh) (r > 1: (tq, h / r, r, dh)) of >= 1 partials")
+    n, bf = len(in_shapes), dtype == "bf16"
+    grid, block = cg.elementwise_geometry((tq, h, dh))
     types = [_arr(dtype, 3)] + [_arr(dtype, 3), _arr("fp32", 2)] * n
-    k = Compiled(cg.jit(cg.combine_source(n)), types, grid, block)
+    k = Compiled(cg.jit(cg.combine_source(n, bf)), types, grid, block)
 
     def args_of(out, ins):
-        return (out, *(v for x in ins for v in _split_partial(x, tq, h, dh)))
+        o = out if r == 1 else out.reshape(tq, h, dh)
+        return (o, *(v for x in ins for v in _split_partial(x, tq, h, dh)))
 
-    run, bind = _kern(k, args_of)
+    run, bind = _kern(k, args_of, bf)
     return "kernel", run, 0, bind
 
 
@@ -326,29 +374,51 @@ def _concat(in_shapes, out_shape, dtype, params, opts):
 
     def run(stream, out, ins):
         for x, r0, r1 in zip(ins, rows, rows[1:], strict=False):
-            if r1 > r0:
-                out[r0:r1].copy_to_device(x, stream=stream)
+            if r1 > r0:  # bf16 as uint16 bits: the simulator's copy cannot cast bfloat16
+                _bits(out[r0:r1]).copy_to_device(_bits(x), stream=stream)
 
     def bind(out, ins):
-        from cuda_kernels.launch import driver
-
-        f = driver().cuMemcpyDtoDAsync_v2
         base = _ptr(out)
-        chunks = [(base + r0 * row_nbytes, _ptr(x), (r1 - r0) * row_nbytes)
-                  for x, r0, r1 in zip(ins, rows, rows[1:], strict=False) if r1 > r0]  # fmt: skip
-
-        def copy(ctx) -> None:
-            for d, s, nb in chunks:
-                r = f(d, s, nb, ctx.stream)
-                if r:
-                    raise RuntimeError(f"cuMemcpyDtoDAsync: CUDA error {r}")
-
-        return LibCall(copy, 0, "memcpy", capturable=True)
+        return _memcpy([(base + r0 * row_nbytes, _ptr(x), (r1 - r0) * row_nbytes)
+                        for x, r0, r1 in zip(ins, rows, rows[1:], strict=False) if r1 > r0])  # fmt: skip
 
     return "memcpy", run, 0, bind
 
 
-# ---------------------------------------------------------------- rows, norms, rotary, gather
+def _memcpy(chunks: list[tuple[int, int, int]]) -> LibCall:
+    """A capturable ``LibCall`` of device-to-device copies ``(dst, src, nbytes)`` on the slot's stream."""
+    from cuda_kernels.launch import driver
+
+    f = driver().cuMemcpyDtoDAsync_v2
+
+    def copy(ctx) -> None:
+        for d, s, nb in chunks:
+            r = f(d, s, nb, ctx.stream)
+            if r:
+                raise RuntimeError(f"cuMemcpyDtoDAsync: CUDA error {r}")
+
+    return LibCall(copy, 0, "memcpy", capturable=True)
+
+
+def _rows(in_shapes, out_shape, dtype, params, opts):
+    a, b = int(params["start"]), int(params["stop"])
+    _need(len(in_shapes) == 1 and len(in_shapes[0]) >= 1 and 0 <= a < b <= in_shapes[0][0]
+          and out_shape == (b - a, *in_shapes[0][1:]),
+          "rows takes x (t, ...) and 0 <= start < stop <= t -> (stop - start, ...)")
+    row_nbytes = int(np.prod(out_shape[1:], dtype=np.int64)) * np.dtype(DTYPES[dtype]).itemsize
+    nbytes = (b - a) * row_nbytes
+
+    def run(stream, out, ins):
+        if nbytes:
+            _bits(out).copy_to_device(_bits(ins[0][a:b]), stream=stream)
+
+    def bind(out, ins):
+        return _memcpy([(_ptr(out), _ptr(ins[0]) + a * row_nbytes, nbytes)]) if nbytes else _noop_bind(out, ins)
+
+    return "memcpy", run, 0, bind
+
+
+# ---------------------------------------------------------------- norms, rotary, gather
 
 
 def _rmsnorm(in_shapes, out_shape, dtype, params, opts):
@@ -357,34 +427,40 @@ def _rmsnorm(in_shapes, out_shape, dtype, params, opts):
     nd, blk = len(out_shape), cg.row_block()
     rows = int(np.prod(out_shape[:-1], dtype=np.int64))
     types = [_arr(dtype, nd), _arr(dtype, nd), _arr(dtype, 1), scalar_type("f4")]
-    k = Compiled(cg.jit(cg.rmsnorm_source(nd, blk)), types, (rows,), (blk,))
+    bf = dtype == "bf16"
+    k = Compiled(cg.jit(cg.rmsnorm_source(nd, blk, bf)), types, (rows,), (blk,))
     eps = np.float32(params.get("eps", 1e-5))
-    run, bind = _kern(k, lambda out, ins: (out, ins[0], ins[1], eps))
+    run, bind = _kern(k, lambda out, ins: (out, ins[0], ins[1], eps), bf)
     return "kernel", run, 0, bind
 
 
 def _rotary(in_shapes, out_shape, dtype, params, opts):
-    _need(len(in_shapes) == 1 and len(out_shape) == 3 and in_shapes[0] == out_shape and out_shape[2] % 2 == 0,
-          "rotary takes x (t, h, dh) with even dh")
-    t, h, dh = out_shape
+    _need(len(in_shapes) == 1 and len(out_shape) >= 3 and in_shapes[0] == out_shape and out_shape[-1] % 2 == 0,
+          "rotary takes x (t, h, dh) or (t, ..., dh) with even dh")
+    t, h, dh = out_shape[0], int(np.prod(out_shape[1:-1], dtype=np.int64)), out_shape[-1]
     (gx,), block = cg.elementwise_geometry((dh // 2,))
     grid = (gx, t, -(-h // cg.ROTARY_HEADS_PER_THREAD))
     _need(t <= 65535, f"rotary tile of {t} tokens exceeds the grid limit 65535")
-    types = [_arr(dtype, 3), _arr(dtype, 3), scalar_type("i8"), scalar_type("f8")]
-    k = Compiled(cg.jit(cg.rotary_source()), types, grid, block)
-    sc = (int(params["pos_off"]), float(params.get("theta", 10000.0)))
-    run, bind = _kern(k, lambda out, ins: (out, ins[0], *sc))
+    rope = rope_params(params)
+    scaled, bf = rope[0] != 0.0, dtype == "bf16"
+    types = [_arr(dtype, 3), _arr(dtype, 3), scalar_type("i8"), scalar_type("f8"), *[scalar_type("f8")] * (4 * scaled)]
+    k = Compiled(cg.jit(cg.rotary_source(scaled=scaled, bf16=bf)), types, grid, block)
+    sc = (int(params["pos_off"]), float(params.get("theta", 10000.0)), *(rope if scaled else ()))
+    if len(out_shape) == 3:
+        run, bind = _kern(k, lambda out, ins: (out, ins[0], *sc), bf)
+    else:  # middle axes flattened into heads: (t, h, dh) views
+        run, bind = _kern(k, lambda out, ins: (out.reshape(t, h, dh), ins[0].reshape(t, h, dh), *sc), bf)
     return "kernel", run, 0, bind
 
 
 def _embed(in_shapes, out_shape, dtype, params, opts):
     (t,), (_, d) = in_shapes
     _need(out_shape == (t, d), "embed takes ids (t,) and table (V, d) -> (t, d)")
-    src = cg.elementwise_source(2, 2, [], "x1[x0[b], c]")
+    src = cg.elementwise_source(2, 2, [], "x1[x0[b], c]")  # a copy: bf16 rows move as their uint16 bits
     by_itemsize = {}
     for ids in ("int32", "int64"):
         types = [_arr(dtype, 2), _arr(ids, 1), _arr(dtype, 2)]
-        by_itemsize[np.dtype(ids).itemsize] = _ew(src, out_shape, types)
+        by_itemsize[np.dtype(ids).itemsize] = _ew(src, out_shape, types, bits=dtype == "bf16")
     (r4, b4), (r8, b8) = by_itemsize[4], by_itemsize[8]
 
     def run(stream, out, ins):
@@ -409,11 +485,11 @@ def _mix(in_shapes, out_shape, dtype, params, opts):
         if int(np.prod(s, dtype=np.int64)) == 0:
             loads.append("ZERO")
             continue
-        loads.append(cg.load(k, cg.flat_index(f"c % x{k}.size", len(s), f"x{k}")))
+        loads.append(cg.load(k, cg.flat_index(f"c % x{k}.size", len(s), f"x{k}"), dtype == "bf16"))
         terms.append(f"np.float32({k + 1}.0) * v{k}")
     src = cg.elementwise_source(len(in_shapes), 1, loads, f"HALF * math.tanh({' + '.join(terms)})")
     types = [_arr("fp32", 1), *(_arr(dtype, s) for s in in_shapes)]
-    run, bind = _ew(src, out_shape, types)
+    run, bind = _ew(src, out_shape, types, bits=dtype == "bf16")
     return "kernel", run, 0, bind
 
 
@@ -422,6 +498,7 @@ _BUILDERS: dict[str, Callable] = {
     "sdpa": _sdpa,
     "attn_combine": _attn_combine,
     "concat": _concat,
+    "rows": _rows,
     "add_n": _simple(0, lambda n: " + ".join(f"v{k}" for k in range(n))),
     "mul": _simple(2, "v0 * v1"),
     "scale": _simple(1, "v0 * s0", n_scalars=1),

@@ -2,7 +2,8 @@
 
 Shared by the kernel tests and ``benchmarks/kernel_speed.py``. ``make_inputs`` draws fresh random inputs
 (never zeros); ``reference_f64`` evaluates the numpy reference in float64 (the references compute in
-float32 by design; the checks compare kernels against float64).
+float32 by design; the checks compare kernels against float64). bf16 (``ml_dtypes.bfloat16``) is in
+``NP_DTYPE`` when ml_dtypes is installed (``DTYPES`` lists the dtypes to test).
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from turnip import reference
 from turnip.reference import partial_len
 
 NP_DTYPE = {"fp16": np.float16, "fp32": np.float32}
+try:
+    import ml_dtypes
+
+    NP_DTYPE["bf16"] = ml_dtypes.bfloat16
+except ImportError:  # bf16 cases are not generated
+    pass
+DTYPES = tuple(NP_DTYPE)
 
 
 @dataclass(frozen=True)
@@ -33,10 +41,16 @@ class Case:
         return self.op == "einsum"
 
 
+LLAMA3_ROPE = {"theta": 500000.0, "rope_factor": 8.0, "rope_low": 1.0, "rope_high": 4.0, "rope_orig": 8192}
+
+
 def llama_cases(t: int, hidden: int = 4096, ffn: int = 11008, heads: int = 32, dh: int = 128,
                 vocab: int = 32000) -> list[Case]:
-    """One instance per op at a token tile of ``t`` (LLaMA-7B widths by default)."""
+    """One instance per op at a token tile of ``t`` (LLaMA-7B widths by default), plus grouped-query
+    attention, rope scaling at positions up to 32768 + t and row slices (LLaMA-3-8B: 8 key/value heads)."""
     h, d, f = heads, hidden, ffn
+    hk = max(1, h // 4)
+    r = h // hk
     sc = 1.0 / math.sqrt(dh)
     n_part = partial_len(t, h, dh, np.float16)
     return [
@@ -51,7 +65,16 @@ def llama_cases(t: int, hidden: int = 4096, ffn: int = 11008, heads: int = 32, d
              _sdpa(sc, t, 0, t, partial=True)),
         Case("attn_combine", "attn_combine", ((n_part,), (n_part,)), (t, h, dh),
              {"tq": t, "h": h, "dh": dh, "itemsize": 2}, ("partial", "partial")),
+        Case("sdpa_gqa", "sdpa", ((t, hk, r, dh), (t, hk, dh), (t, hk, dh)), (t, hk, r, dh), _sdpa(sc, t, 0, t)),
+        Case("sdpa_gqa_range", "sdpa", ((t, hk, r, dh), (2 * t, hk, dh), (2 * t, hk, dh)), (t, hk, r, dh),
+             _sdpa(sc, t, t, 2 * t)),
+        Case("sdpa_gqa_partial", "sdpa", ((t, hk, r, dh), (t, hk, dh), (t, hk, dh)), (n_part,),
+             _sdpa(sc, t, t, t, partial=True)),
+        Case("attn_combine_gqa", "attn_combine", ((n_part,), (n_part,)), (t, hk, r, dh),
+             {"tq": t, "h": h, "dh": dh, "itemsize": 2, "r": r}, ("partial", "partial")),
         Case("concat", "concat", ((t, h, dh), (t // 2, h, dh)), (t + t // 2, h, dh)),
+        Case("rows_last", "rows", ((t, d),), (1, d), {"start": t - 1, "stop": t}),
+        Case("rows", "rows", ((t, hk, dh),), (t // 2, hk, dh), {"start": t // 4, "stop": t // 4 + t // 2}),
         Case("add_n", "add_n", ((t, h, dh), (t, h, dh)), (t, h, dh)),
         Case("mul", "mul", ((t, f), (t, f)), (t, f)),
         Case("scale", "scale", ((t, d),), (t, d), {"alpha": 0.125}),
@@ -59,6 +82,8 @@ def llama_cases(t: int, hidden: int = 4096, ffn: int = 11008, heads: int = 32, d
         Case("silu_mul", "silu_mul", ((t, f), (t, f)), (t, f)),
         Case("rmsnorm", "rmsnorm", ((t, d), (d,)), (t, d), {"eps": 1e-5}),
         Case("rotary", "rotary", ((t, h, dh),), (t, h, dh), {"pos_off": t, "theta": 10000.0}),
+        Case("rotary_llama3_q", "rotary", ((t, hk, r, dh),), (t, hk, r, dh), {"pos_off": 32768} | LLAMA3_ROPE),
+        Case("rotary_llama3_k", "rotary", ((t, hk, dh),), (t, hk, dh), {"pos_off": 32768} | LLAMA3_ROPE),
         Case("embed", "embed", ((t,), (vocab, d)), (t, d), {}, (f"ids:{vocab}", "normal")),
         Case("sum_into", "sum_into", ((t, d), (t, d)), (t, d)),
         Case("mix", "mix", ((t * d,), (t * d // 2,), (1000,)), (t * d,), {"n_out": t * d}),
@@ -69,6 +94,7 @@ def tiny_cases() -> list[Case]:
     """Simulator-sized instances (a few hundred threads each), covering odd extents and offsets."""
     t, h, dh, d, f = 5, 2, 8, 12, 20
     n_part = partial_len(t, h, dh, np.float16)
+    n_part4 = partial_len(t, 4, dh, np.float16)  # grouped-query: 4 query heads on 2 key/value heads
     return [
         Case("gemm_nn", "einsum", ((t, d), (d, f)), (t, f), {"subscripts": "td,df->tf"}),
         Case("gemm_scaled_nt", "einsum", ((t, d), (f, d)), (t, f), {"subscripts": "td,fd->tf", "scale": 0.5}),
@@ -84,9 +110,19 @@ def tiny_cases() -> list[Case]:
              _sdpa(0.35, t, 0, 4, k_off=2, partial=True)),
         Case("sdpa_nocausal", "sdpa", ((t, h, dh), (3, h, dh), (3, h, dh)), (t, h, dh),
              {"scale": 0.2, "causal": False, "q_off": 0, "k_off": 0, "tk": 3}),
+        Case("sdpa_gqa", "sdpa", ((t, 2, 2, dh), (9, 2, dh), (9, 2, dh)), (t, 2, 2, dh), _sdpa(0.35, t, 2, 7)),
+        Case("sdpa_mqa", "sdpa", ((t, 1, 3, dh), (4, 1, dh), (4, 1, dh)), (t, 1, 3, dh), _sdpa(0.35, t, 9, 4)),
+        Case("sdpa_gqa_flat_q", "sdpa", ((t, 4, dh), (t, h, dh), (t, h, dh)), (t, 4, dh),
+             _sdpa(0.35, t, 3, t, k_off=3)),
+        Case("sdpa_gqa_partial", "sdpa", ((t, 2, 2, dh), (4, 2, dh), (4, 2, dh)), (n_part4,),
+             _sdpa(0.35, t, 0, 4, k_off=2, partial=True)),
         Case("attn_combine", "attn_combine", ((n_part,),) * 3, (t, h, dh), {"tq": t, "h": h, "dh": dh, "itemsize": 2},
              ("partial", "partial", "partial")),
+        Case("attn_combine_gqa", "attn_combine", ((n_part4,),) * 2, (t, 2, 2, dh),
+             {"tq": t, "h": 4, "dh": dh, "itemsize": 2, "r": 2}, ("partial", "partial")),
         Case("concat", "concat", ((t, h, dh), (2, h, dh), (1, h, dh)), (t + 3, h, dh)),
+        Case("rows", "rows", ((t, h, dh),), (2, h, dh), {"start": 1, "stop": 3}),
+        Case("rows_last", "rows", ((t, d),), (1, d), {"start": t - 1, "stop": t}),
         Case("add_n", "add_n", ((t, h, dh), (t, h, dh)), (t, h, dh)),
         Case("mul", "mul", ((t, f), (t, f)), (t, f)),
         Case("mul_bcast", "mul", ((t, f), (f,)), (t, f)),
@@ -95,6 +131,8 @@ def tiny_cases() -> list[Case]:
         Case("silu_mul", "silu_mul", ((t, f), (t, f)), (t, f)),
         Case("rmsnorm", "rmsnorm", ((t, d), (d,)), (t, d), {"eps": 1e-5}),
         Case("rotary", "rotary", ((t, h, dh),), (t, h, dh), {"pos_off": 1000, "theta": 10000.0}),
+        Case("rotary_gqa", "rotary", ((t, 1, 3, dh),), (t, 1, 3, dh), {"pos_off": 7, "theta": 10000.0}),
+        Case("rotary_llama3", "rotary", ((t, 2, 3, dh),), (t, 2, 3, dh), {"pos_off": 32763} | LLAMA3_ROPE),
         Case("embed", "embed", ((t,), (11, d)), (t, d), {}, ("ids:11", "normal")),
         Case("sum_into", "sum_into", ((t, d), (t, d)), (t, d)),
         Case("mix", "mix", ((30,), (7,), (0,), (2, 3)), (40,), {"n_out": 40}),
@@ -112,7 +150,7 @@ def for_dtype(case: Case, dtype: str) -> Case:
     if "itemsize" not in case.params:
         return case
     p = case.params
-    tq, h, dh = (p["tq"], p["h"], p["dh"]) if case.op == "attn_combine" else case.in_shapes[0]
+    tq, h, dh = (p["tq"], p["h"], p["dh"]) if case.op == "attn_combine" else q_dims(case.in_shapes[0])
     old, new = partial_len(tq, h, dh, np.float16), partial_len(tq, h, dh, NP_DTYPE[dtype])
 
     def fix(s):
@@ -120,6 +158,16 @@ def for_dtype(case: Case, dtype: str) -> Case:
 
     return Case(case.name, case.op, tuple(fix(s) for s in case.in_shapes), fix(case.out_shape),
                 p | {"itemsize": np.dtype(NP_DTYPE[dtype]).itemsize}, case.kinds)
+
+
+def q_dims(q_shape: tuple) -> tuple[int, int, int]:
+    """(tq, h, dh) of a query tile (tq, h, dh) or grouped (tq, hk, r, dh): h counts query heads."""
+    return q_shape[0], math.prod(q_shape[1:-1]), q_shape[-1]
+
+
+def is_float(dtype) -> bool:
+    """float16/32/64 or bfloat16 (whose numpy kind is 'V')."""
+    return np.dtype(dtype).kind == "f" or np.dtype(dtype) == NP_DTYPE.get("bf16", np.float16)
 
 
 def make_inputs(case: Case, dtype: str, rng: np.random.Generator) -> list[np.ndarray]:
@@ -151,7 +199,7 @@ def make_inputs(case: Case, dtype: str, rng: np.random.Generator) -> list[np.nda
 
 def reference_f64(case: Case, xs: list[np.ndarray]) -> np.ndarray:
     """The reference evaluated in float64 on the same (already rounded) inputs."""
-    up = [_repack_f64(case, x) if k == "partial" else x.astype(np.float64) if x.dtype.kind == "f" else x
+    up = [_repack_f64(case, x) if k == "partial" else x.astype(np.float64) if is_float(x.dtype) else x
           for k, x in zip(case.kinds or ("normal",) * len(xs), xs, strict=True)]
     with mock.patch.object(reference, "_f32", lambda x: x.astype(np.float64, copy=False)):
         return np.asarray(reference.run_reference(case.op, up, case.params), dtype=np.float64)
@@ -162,7 +210,7 @@ def decoded(case: Case, x: np.ndarray) -> np.ndarray:
     on the buffer's dtype), anything else as it is."""
     if case.op != "sdpa" or not case.params.get("partial"):
         return x
-    tq, h, dh = case.in_shapes[0]
+    tq, h, dh = q_dims(case.in_shapes[0])
     o, lse = reference.split_partial(x, tq, h, dh)
     return np.concatenate([o.astype(np.float64).ravel(), lse.astype(np.float64).ravel()])
 
@@ -190,4 +238,4 @@ def rel_error(out: np.ndarray, ref: np.ndarray) -> float:
     return float(num / den) if den > 0 else float(num)
 
 
-TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2}
+TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 2e-2}

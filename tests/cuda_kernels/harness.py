@@ -29,15 +29,30 @@ def out_dtype(case: Case, dtype: str):
     return np.float32 if case.op == "mix" else NP_DTYPE[dtype]
 
 
+def to_device(c, x: np.ndarray):
+    """``c.to_device(x)``; bf16 (``ml_dtypes``, which numba's host copies cannot take) moves as its uint16
+    bits and is viewed back as bf16 on the device."""
+    if x.dtype.name == "bfloat16":
+        return c.to_device(np.ascontiguousarray(x).view(np.uint16)).view(x.dtype)
+    return c.to_device(x)
+
+
+def to_host(d) -> np.ndarray:
+    """``d.copy_to_host()``, bf16 through its uint16 bits."""
+    if d.dtype.name == "bfloat16":
+        return d.view(np.uint16).copy_to_host().view(d.dtype)
+    return d.copy_to_host()
+
+
 def setup(case: Case, dtype: str, rng: np.random.Generator, gemm: str = "auto") -> Prepared:
     c = cuda()
     case = for_dtype(case, dtype)
     xs = make_inputs(case, dtype, rng)
-    ins = [c.to_device(x) for x in xs]
+    ins = [to_device(c, x) for x in xs]
     if case.op == "sum_into":
         out = ins[0]
     else:
-        out = c.to_device(np.full(case.out_shape, np.nan, dtype=out_dtype(case, dtype)))
+        out = to_device(c, np.full(case.out_shape, np.nan, dtype=out_dtype(case, dtype)))
     lau = prepare(case.op, case.in_shapes, case.out_shape, "fp32" if case.op == "mix" else dtype,
                   case.params, gemm=gemm)
     return Prepared(case, dtype, lau, xs, ins, out)
@@ -50,7 +65,7 @@ def check(case: Case, dtype: str, rng: np.random.Generator, gemm: str = "auto") 
     stream = cuda().stream()
     p.launcher(stream, p.out, p.ins)
     stream.synchronize()
-    return rel_error(decoded(p.case, p.out.copy_to_host()), decoded(p.case, ref)), p.launcher.path
+    return rel_error(decoded(p.case, to_host(p.out)), decoded(p.case, ref)), p.launcher.path
 
 
 def check_bound(case: Case, dtype: str, rng: np.random.Generator, fast: bool = False,
@@ -77,4 +92,4 @@ def check_bound(case: Case, dtype: str, rng: np.random.Generator, fast: bool = F
     else:
         assert launch_raw(b, int(stream.handle)) == 0
     stream.synchronize()
-    return rel_error(decoded(p.case, p.out.copy_to_host()), decoded(p.case, ref)), lau.path
+    return rel_error(decoded(p.case, to_host(p.out)), decoded(p.case, ref)), lau.path

@@ -1,8 +1,8 @@
 """cuBLASLt GEMM path (``cuda_kernels.cublaslt``).
 
 ``unit``: argument construction against a fake cuBLASLt (every call recorded), the loader's error, and the
-enum values against the installed CUDA headers when there are any. ``gpu``: the einsums turnip emits, fp16 and
-fp32 with alpha != 1, against float64 numpy on fresh random inputs with NaN-poisoned outputs; two streams
+enum values against the installed CUDA headers when there are any. ``gpu``: the einsums turnip emits, fp16, bf16
+and fp32 with alpha != 1, against float64 numpy on fresh random inputs with NaN-poisoned outputs; two streams
 with separate workspaces agree bitwise."""
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ def test_signatures_are_declared(monkeypatch):
 def test_enum_values():
     """The values from the CUDA 12.6 / 13 headers (also cross-checked by ``test_enums_match_installed_header``)."""
     assert (cublaslt.CUDA_R_32F, cublaslt.CUDA_R_16F, cublaslt.CUBLAS_COMPUTE_32F) == (0, 2, 68)
+    assert cublaslt.CUDA_R_16BF == 14 and cublaslt.LT_DTYPE["bf16"] == 14
     assert (cublaslt.CUBLAS_OP_N, cublaslt.CUBLAS_OP_T) == (0, 1)
     assert (cublaslt.CUBLASLT_MATMUL_DESC_TRANSA, cublaslt.CUBLASLT_MATMUL_DESC_TRANSB) == (3, 4)
     assert cublaslt.CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT == 5
@@ -164,7 +165,7 @@ def test_enums_match_installed_header():
                        "CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES", "CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES",
                        "CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES"],
         "cublas_api.h": ["CUBLAS_COMPUTE_32F", "CUBLAS_OP_N", "CUBLAS_OP_T"],
-        "library_types.h": ["CUDA_R_16F", "CUDA_R_32F"],
+        "library_types.h": ["CUDA_R_16F", "CUDA_R_32F", "CUDA_R_16BF"],
     }
     checked = 0
     for header, consts in names.items():
@@ -300,7 +301,13 @@ def test_loader_error_names_what_was_tried(monkeypatch):
 # ---------------------------------------------------------------------------------------------- gpu tier
 
 NP_DTYPE = {"fp16": np.float16, "fp32": np.float32}
-TOL = {"fp16": 1e-2, "fp32": 1e-5}
+TOL = {"fp16": 1e-2, "fp32": 1e-5, "bf16": 2e-2}
+try:
+    import ml_dtypes
+
+    NP_DTYPE["bf16"] = ml_dtypes.bfloat16
+except ImportError:
+    pass
 T, D, H, E, F = 300, 256, 4, 64, 688
 CASES = [
     ("td,dhe->the", (T, D), (D, H, E), (T, H, E)),
@@ -336,6 +343,23 @@ def _rel(got, ref):
     return float(np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref))
 
 
+def _dev(cp, x):
+    """A device copy (CuPy has no bfloat16: bf16 travels as its uint16 bits)."""
+    return cp.asarray(x.view(np.uint16) if x.dtype == NP_DTYPE.get("bf16") else x)
+
+
+def _poisoned(cp, shape, dtype):
+    """A device array of NaNs in ``dtype`` (bf16: the bits 0x7fc0)."""
+    if dtype == "bf16":
+        return cp.full(shape, 0x7FC0, dtype=cp.uint16)
+    return cp.full(shape, cp.nan, dtype=NP_DTYPE[dtype])
+
+
+def _host(cp, out, dtype):
+    got = cp.asnumpy(out)
+    return got.view(NP_DTYPE["bf16"]) if dtype == "bf16" else got
+
+
 class _Slot:
     """A stream slot: CuPy stream, its own workspace and cuBLASLt handle, as a ``StreamContext``."""
 
@@ -351,7 +375,7 @@ class _Slot:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("dtype", list(NP_DTYPE))
 @pytest.mark.parametrize("subscripts,a_shape,b_shape,out_shape", CASES,
                          ids=[f"{c[0]}-{c[3]}" for c in CASES])
 def test_lt_gemm_matches_float64(subscripts, a_shape, b_shape, out_shape, dtype, rng):
@@ -365,13 +389,13 @@ def test_lt_gemm_matches_float64(subscripts, a_shape, b_shape, out_shape, dtype,
         for _ in range(2):  # twice, fresh inputs and fresh poison each time
             a, b = _inputs(rng, a_shape, b_shape, dtype)
             ref = alpha * np.einsum(subscripts, a.astype(np.float64), b.astype(np.float64))
-            da, db = cp.asarray(a), cp.asarray(b)
-            out = cp.full(out_shape, cp.nan, dtype=NP_DTYPE[dtype])
+            da, db = _dev(cp, a), _dev(cp, b)
+            out = _poisoned(cp, out_shape, dtype)
             cp.cuda.Device().synchronize()
             lc = g.bind(out.data.ptr, da.data.ptr, db.data.ptr)
             lc(slot.ctx)
             slot.stream.synchronize()
-            got = cp.asnumpy(out)
+            got = _host(cp, out, dtype)
             assert np.isfinite(got).all(), f"{int((~np.isfinite(got)).sum())} outputs not written"
             err = _rel(got, ref)
             assert err <= TOL[dtype], f"{subscripts} {dtype} {g.what}: relative error {err:.3g}"

@@ -1,11 +1,12 @@
 """Fast CUDA C++ kernels (``cuda_kernels.fast``).
 
 ``unit`` tests (no GPU, no CuPy): coverage decisions, kernel variant and geometry choice, parameter packing
-against the C signatures in the source. ``gpu`` tests: every op in fp16 and fp32 at LLaMA-7B tiles and at
-awkward shapes, launched through ``launch_raw(fast_kernel(...).bind(...), stream)`` on a non-blocking CuPy
-stream; fresh random inputs, NaN-poisoned outputs, relative error against the float64 reference
-(bit-exact against ``turnip.reference`` where the op is one fp32 operation per element), and misaligned
-pointers (one element off: 2 bytes in fp16) through the scalar variants.
+against the C signatures in the source. ``gpu`` tests: every op in fp16, bf16 and fp32 at LLaMA-7B tiles
+(and LLaMA-3 rotary tiles: grouped-query q, rope scaling, positions past 32768) and at awkward shapes,
+launched through ``launch_raw(fast_kernel(...).bind(...), stream)`` on a non-blocking CuPy stream; fresh
+random inputs, NaN-poisoned outputs, relative error against the float64 reference (bit-exact against
+``turnip.reference`` where the op is one fp32 operation per element), and misaligned pointers (one element
+off: 2 bytes in fp16 and bf16) through the scalar variants.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import numpy as np
 import pytest
 
 from cuda_kernels import fast
-from tests.cuda_kernels.cases import NP_DTYPE, TOLERANCE, Case, make_inputs, reference_f64, rel_error
+from tests.cuda_kernels.cases import LLAMA3_ROPE, NP_DTYPE, TOLERANCE, Case, make_inputs, reference_f64, rel_error
 from turnip import reference
 
-DTYPES = ("fp16", "fp32")
+DTYPES = tuple(NP_DTYPE)  # fp16, fp32 and bf16 (with ml_dtypes)
 INNER = (1, 7, 130, 4100)
 T = 4096  # tokens of the LLaMA-7B tiles
 EXACT = frozenset({"mul", "scale", "add_n", "sum_into", "embed"})  # one fp32 op per element (or a copy)
@@ -37,6 +38,8 @@ def tile_cases(t: int = T) -> list[Case]:
     return [
         Case("rmsnorm_7b", "rmsnorm", ((t, 4096), (4096,)), (t, 4096), {"eps": 1e-5}),
         Case("rotary_7b", "rotary", ((t, 16, 128),), (t, 16, 128), {"pos_off": t, "theta": 10000.0}),
+        Case("rotary_llama3_q", "rotary", ((t, 8, 4, 128),), (t, 8, 4, 128), {"pos_off": 32768} | LLAMA3_ROPE),
+        Case("rotary_llama3_k", "rotary", ((t, 8, 128),), (t, 8, 128), {"pos_off": 32768} | LLAMA3_ROPE),
         _ew("silu_mul_7b", "silu_mul", (t, 5504), 2),
         _ew("add_n_7b", "add_n", (t, 4096), 2),
         Case("embed_7b", "embed", ((t,), (32000, 4096)), (t, 4096), {}, ("ids:32000", "normal")),
@@ -66,6 +69,11 @@ def awkward_cases() -> list[Case]:
                           {"pos_off": pos, "theta": 10000.0}))
     cases.append(Case("rotary_theta5e5", "rotary", ((65, 8, 128),), (65, 8, 128), {"pos_off": 8000, "theta": 5e5}))
     cases.append(Case("rotary_default_theta", "rotary", ((6, 2, 32),), (6, 2, 32), {"pos_off": 2}))
+    for shape, pos in (((7, 2, 3, 130), 32700), ((5, 1, 4, 16), 0), ((9, 3, 64), 100000)):
+        cases.append(Case(f"rotary_rope_{'x'.join(map(str, shape))}", "rotary", (shape,), shape,
+                          {"pos_off": pos} | LLAMA3_ROPE))
+    cases.append(Case("rotary_rope_factor_0", "rotary", ((5, 2, 32),), (5, 2, 32),
+                      {"pos_off": 9, "theta": 10000.0, "rope_factor": 0, "rope_low": 1.0}))
     return cases
 
 
@@ -80,6 +88,7 @@ def misaligned_cases() -> list[Case]:
         Case("rmsnorm_64", "rmsnorm", ((37, 64), (64,)), (37, 64), {"eps": 1e-5}),
         Case("rmsnorm_4096", "rmsnorm", ((37, 4096), (4096,)), (37, 4096), {"eps": 1e-5}),
         Case("rotary", "rotary", ((37, 4, 128),), (37, 4, 128), {"pos_off": 3, "theta": 10000.0}),
+        Case("rotary_llama3", "rotary", ((37, 2, 4, 128),), (37, 2, 4, 128), {"pos_off": 32768} | LLAMA3_ROPE),
         Case("embed", "embed", ((9,), (50, 4096)), (9, 4096), {}, ("ids:50", "normal")),
     ]
 
@@ -328,7 +337,20 @@ def test_bind_packs_params(fake_device):
     vals = [ctypes.cast(raw.params[i], ctypes.POINTER(_CT[k]))[0] for i, k in enumerate(sig)]
     vals = [v.value if isinstance(v, ctypes.c_void_p) else v for v in vals]
     assert vals == [0x7000_0000, 0x7100_0000, 37, 3, 8, p.args[5].value, 5, 2 * math.log2(500000.0) / 16,
-                    fast.fastdiv(8 // 4), fast.fastdiv(3)]
+                    fast.fastdiv(8 // 4), fast.fastdiv(3), 0.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.unit
+def test_rotary_grouped_tile_and_rope_scaling_params(fake_device):
+    """A (t, hk, r, dh) tile is planned as (t, hk * r, dh); rope scaling parameters are packed last."""
+    fk = fast._build("rotary", [(37, 2, 4, 16)], (37, 2, 4, 16), "bf16", {"pos_off": 32768} | LLAMA3_ROPE)
+    p = fk.plan(0x7000_0000, [0x7100_0000])
+    assert p.name == "rotary_kernel<fk_bf16, 8>" and p.vector
+    assert [a.value for a in p.args[2:5]] == [37, 8, 8] and p.args[6].value == 32768
+    assert p.args[7].value == pytest.approx(2 * math.log2(500000.0) / 16)
+    assert [a.value for a in p.args[10:]] == [8.0, 1.0, 4.0, 8192.0]
+    plain = fast._build("rotary", [(37, 8, 16)], (37, 8, 16), "bf16", {"pos_off": 32768, "theta": 500000.0})
+    assert [a.value for a in plain.plan(0x7000_0000, [0x7100_0000]).args[:10]] == [a.value for a in p.args[:10]]
 
 
 @pytest.mark.unit
@@ -360,7 +382,11 @@ def test_coverage():
     assert b("add_n", [(4, 8)] * 5, (4, 8), "fp32", {}) is None
     assert b("add_n", [(4, 8)], (4, 8), "fp32", {}) is None
     assert b("scale", [(4, 8)], (4, 8), "fp32", {}) is None  # alpha missing
-    assert b("silu", [(4, 8)], (4, 8), "bf16", {}) is None
+    assert b("silu", [(4, 8)], (4, 8), "bf16", {}) is not None
+    assert b("silu", [(4, 8)], (4, 8), "fp8", {}) is None
+    assert b("rotary", [(4, 2, 3, 8)], (4, 2, 3, 8), "bf16", {"pos_off": 0}) is not None  # grouped-query q
+    assert b("rotary", [(4, 8)], (4, 8), "fp32", {"pos_off": 0}) is None  # no head axis
+    assert b("rotary", [(4, 2, 8)], (4, 2, 8), "fp32", {"pos_off": 0, "rope_factor": 8.0}) is None  # no rope_low..
     assert b("silu", [(0, 8)], (0, 8), "fp16", {}) is None
     assert b("einsum", [(4, 8), (8, 4)], (4, 4), "fp16", {"subscripts": "ij,jk->ik"}) is None
     assert b("embed", [(9,), (50, 8)], (9, 8), "fp16", {}) is not None

@@ -1,20 +1,21 @@
-"""Every kernel under the CUDA simulator, tiny shapes, against the float64 reference."""
+"""Every kernel under the CUDA simulator, tiny shapes, against the float64 reference: fp32, fp16 and bf16
+(numba kernels on the bits of bf16 arrays), grouped-query attention, rope scaling, row slices."""
 
 import pytest
 
-from tests.cuda_kernels.cases import TOLERANCE, tiny_cases
+from tests.cuda_kernels.cases import DTYPES, TOLERANCE, tiny_cases
 
 pytestmark = pytest.mark.cudasim
 
 CASES = tiny_cases()
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_kernel_matches_reference(case, dtype, rng):
     from tests.cuda_kernels.harness import check
 
-    if case.op == "mix" and dtype == "fp16":
+    if case.op == "mix" and dtype != "fp32":
         pytest.skip("mix is defined on float32 vectors")
     err, path = check(case, dtype, rng)
     assert path != "cublas"

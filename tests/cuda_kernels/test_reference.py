@@ -106,3 +106,42 @@ def test_float64_reference_agrees_with_float32_reference(case):
 def test_llama_cases_cover_every_op():
     assert {c.op for c in llama_cases(16)} == set(R.REFERENCE)
     assert {c.op for c in tiny_cases()} == set(R.REFERENCE)
+
+
+def test_grouped_query_attention_is_attention_over_repeated_key_heads():
+    """q (t, hk, r, dh) against k, v (t, hk, dh) is multi-head attention with each key/value head repeated r
+    times in place (query head i reads key head i // r), partials and their combine included."""
+    rng = np.random.default_rng(5)
+    t, hk, r, dh = 6, 2, 3, 4
+    q = rng.standard_normal((t, hk, r, dh), dtype=np.float32)
+    k, v = (rng.standard_normal((t, hk, dh), dtype=np.float32) for _ in range(2))
+    p = {"scale": 0.5, "causal": True, "q_off": 0, "k_off": 0}
+    want = R.sdpa([q.reshape(t, hk * r, dh), np.repeat(k, r, axis=1), np.repeat(v, r, axis=1)], p)
+    np.testing.assert_allclose(R.sdpa([q, k, v], p), want.reshape(t, hk, r, dh), rtol=1e-6)
+    pp = p | {"partial": True, "itemsize": 4}
+    parts = [R.sdpa([q, k[a:b], v[a:b]], pp | {"k_off": a}) for a, b in ((0, 2), (2, 6))]
+    merged = R.attn_combine(parts, {"tq": t, "h": hk * r, "dh": dh, "itemsize": 4, "r": r})
+    np.testing.assert_allclose(merged, want.reshape(t, hk, r, dh), rtol=1e-5, atol=1e-6)
+
+
+def test_rope_scaling_off_is_plain_rotary_and_on_keeps_high_frequencies():
+    x = np.random.default_rng(6).standard_normal((3, 2, 2, 16), dtype=np.float32)
+    plain = R.rotary([x], {"pos_off": 40, "theta": 500000.0})
+    off = R.rotary([x], {"pos_off": 40, "theta": 500000.0, "rope_factor": 0, "rope_low": 1.0})
+    np.testing.assert_array_equal(plain, off)
+    np.testing.assert_allclose(plain, R.rotary([x.reshape(3, 4, 16)], {"pos_off": 40, "theta": 500000.0})
+                               .reshape(x.shape))
+    p = {"theta": 500000.0, "rope_factor": 8.0, "rope_low": 1.0, "rope_high": 4.0, "rope_orig": 8192}
+    inv, scaled = R.rope_inv_freq(16, {"theta": 500000.0}), R.rope_inv_freq(16, p)
+    wl = 2 * np.pi / inv
+    np.testing.assert_array_equal(scaled[wl < 2048], inv[wl < 2048])
+    np.testing.assert_allclose(scaled[wl > 8192], inv[wl > 8192] / 8.0)
+    mid = (wl >= 2048) & (wl <= 8192)
+    assert mid.any() and np.all((scaled[mid] < inv[mid]) & (scaled[mid] > inv[mid] / 8.0))
+
+
+def test_rows_is_a_contiguous_slice():
+    x = np.arange(24, dtype=np.float16).reshape(4, 3, 2)
+    out = R.rows([x], {"start": 3, "stop": 4})
+    assert out.flags.c_contiguous and out.shape == (1, 3, 2)
+    np.testing.assert_array_equal(out, x[3:4])
