@@ -1,5 +1,8 @@
-"""Weights: random logical inputs, the numpy safetensors reader, Hugging Face names and layouts."""
+"""Weights: random logical inputs, the numpy safetensors reader, Hugging Face names and layouts, bf16."""
 
+import json
+
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -7,7 +10,9 @@ from turnip.models import llama_prefill
 from turnip.runtime.weights import (
     from_hf,
     hf_name,
+    hf_shape,
     load_weights,
+    logical_inputs,
     random_inputs_for,
     read_safetensors,
     tile_inputs,
@@ -17,65 +22,81 @@ from turnip.runtime.weights import (
 pytestmark = pytest.mark.cpu_runtime
 
 
+def to_hf(w: dict) -> dict:
+    """Our logical weights as a Hugging Face state dict (2-D projections; x0 is not a weight)."""
+    return {hf_name(k): np.ascontiguousarray(v.reshape(hf_shape(k, v.shape))) for k, v in w.items() if k != "x0"}
+
+
 def test_random_inputs_cover_every_tile():
     tg = llama_prefill("tiny", 64)
     w = random_inputs_for(tg, 3)
-    assert w["ids"].dtype == np.int32 and w["ids"].max() < 64
+    assert "ids" not in w and w["x0"].shape == (64, 64) and w["x0"].dtype == np.float16
+    assert abs(float(w["x0"].astype(np.float32).std()) - 0.02) < 0.005
     assert abs(float(w["L0.wq"].astype(np.float32).std()) - 0.02) < 0.005
+    assert abs(float(w["L1.attn_norm"].astype(np.float32).mean()) - 1.0) < 0.05
     tiles = tile_inputs(tg, w)
     assert set(tiles) == set(np.flatnonzero(tg.kind == 0).tolist())
     assert np.array_equal(random_inputs_for(tg, 3)["L1.w_up"], w["L1.w_up"])
+    wb = random_inputs_for(llama_prefill("tiny-gqa", 16, dtype="bf16", head="last"), 3)
+    assert {x.dtype for x in wb.values()} == {np.dtype(ml_dtypes.bfloat16)} and wb["L0.wq"].shape == (2, 2, 16, 64)
 
 
 def test_safetensors_round_trip(tmp_path):
-    xs = {"a": np.arange(6, dtype=np.float16).reshape(2, 3), "b": np.array([1, 2], dtype=np.int32)}
+    xs = {"a": np.arange(6, dtype=np.float16).reshape(2, 3), "b": np.array([1, 2], dtype=np.int32),
+          "c": np.array([[1.5, -2.0]], dtype=ml_dtypes.bfloat16)}  # fmt: skip
     write_safetensors(tmp_path / "x.safetensors", xs)
     back = read_safetensors(tmp_path / "x.safetensors")
-    assert set(back) == {"a", "b"} and all(np.array_equal(back[k], xs[k]) for k in xs)
+    assert set(back) == set(xs) and all(back[k].dtype == xs[k].dtype and np.array_equal(back[k], xs[k]) for k in xs)
+    header = json.loads((tmp_path / "x.safetensors").read_bytes()[8:].split(b"}}")[0] + b"}}")
+    assert header["c"]["dtype"] == "BF16"
 
 
-def test_bf16_is_read_as_float32(tmp_path):
-    import json
-
-    vals = np.array([1.5, -2.0], dtype=np.float32)
+def test_bf16_is_read_as_bfloat16(tmp_path):
+    vals = np.array([1.5, -2.0, 3e38], dtype=np.float32)
     raw = (vals.view(np.uint32) >> 16).astype("<u2").tobytes()
-    h = json.dumps({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}).encode()
+    h = json.dumps({"w": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 6]}}).encode()
     (tmp_path / "b.safetensors").write_bytes(len(h).to_bytes(8, "little") + h + raw)
-    assert np.array_equal(read_safetensors(tmp_path / "b.safetensors")["w"], vals)
+    got = read_safetensors(tmp_path / "b.safetensors")["w"]
+    truncated = (vals.view(np.uint32) >> 16 << 16).view(np.float32)  # the bytes written: the top halves
+    assert got.dtype == ml_dtypes.bfloat16 and np.array_equal(got.astype(np.float32), truncated)
 
 
-def test_hugging_face_names_and_layouts(tmp_path):
-    tg = llama_prefill("tiny", 64)
-    ours = {k: v for k, v in random_inputs_for(tg, 0).items() if k != "ids"}
-    d, H = 64, 4
-    hf = {}
+@pytest.mark.parametrize("model", ["tiny", "tiny-gqa"])
+def test_hugging_face_names_and_layouts(tmp_path, model):
+    """Every weight is its Hugging Face tensor reshaped; a file with either set of names loads, x0 is the
+    embedding table's rows of the token ids."""
+    tg = llama_prefill(model, 16, head="all")
+    ours = random_inputs_for(tg, 0)
+    hf = to_hf(ours)
     for k, v in ours.items():
-        what = k.split(".", 1)[-1]
-        if what in ("wq", "wk", "wv"):
-            hv = v.reshape(d, -1).T  # (H*e, d) like q_proj.weight
-        elif what == "wo":
-            hv = v.reshape(-1, d).T  # (d, H*e) like o_proj.weight
-        elif what.startswith("w_"):
-            hv = v.T
-        else:
-            hv = v
-        hf[hf_name(k)] = np.ascontiguousarray(hv)
-        assert np.array_equal(from_hf(k, hf[hf_name(k)], H), v)
+        if k != "x0":
+            assert np.shares_memory(from_hf(k, hf[hf_name(k)], v.shape), hf[hf_name(k)])  # a view: no copy
+            assert np.array_equal(from_hf(k, hf[hf_name(k)], v.shape), v)
     assert hf_name("L1.wq") == "model.layers.1.self_attn.q_proj.weight"
+    assert (hf_name("lm_head"), hf_name("tok_embed")) == ("lm_head.weight", "model.embed_tokens.weight")
+    with pytest.raises(KeyError, match="x0"):
+        hf_name("x0")
+    assert hf_shape("L0.wq", (2, 2, 16, 64)) == (64, 64) and hf_shape("L0.wo", (64, 2, 2, 16)) == (64, 64)
+    with pytest.raises(ValueError, match="q_proj"):
+        from_hf("L0.wq", np.zeros((64, 64)).T.reshape(64, 4, 16), (4, 16, 64))
+    table = ours.get("tok_embed", ours.get("lm_head"))
+    hf.setdefault("model.embed_tokens.weight", table)
+    ids = np.arange(16) * 5 % len(table)
     write_safetensors(tmp_path / "hf.safetensors", hf)
-    got = load_weights(tg, tmp_path / "hf.safetensors", H)
-    assert all(np.array_equal(got[k], ours[k]) for k in ours)
-    write_safetensors(tmp_path / "ours.safetensors", ours)
-    got = load_weights(tg, tmp_path / "ours.safetensors", H)
+    got = load_weights(tg, tmp_path / "hf.safetensors", ids=ids)
+    assert set(got) == set(ours) and np.array_equal(got["x0"], table[ids])
+    assert all(np.array_equal(got[k], ours[k]) for k in ours if k != "x0")
+    write_safetensors(tmp_path / "ours.safetensors", ours)  # our names, x0 included
+    got = load_weights(tg, tmp_path / "ours.safetensors")
     assert all(np.array_equal(got[k], ours[k]) for k in ours)
 
 
 def test_streamed_weights_equal_the_dict_of_weights(tmp_path):
     """write_streaming fills the host input region exactly as write_inputs of all tiles at once, from random
-    weights and from a Hugging Face-named safetensors file read one tensor at a time."""
+    inputs and from a Hugging Face-named safetensors file read one tensor at a time."""
     from turnip.compile import build_with_resident
     from turnip.runtime import open_backend
-    from turnip.runtime.weights import hf_name, iter_random_inputs, iter_weights, write_streaming
+    from turnip.runtime.weights import iter_random_inputs, iter_weights, write_streaming
 
     tg = llama_prefill("tiny", 64)
     mg = build_with_resident(tg, 1 << 20)
@@ -84,24 +105,37 @@ def test_streamed_weights_equal_the_dict_of_weights(tmp_path):
         a.write_inputs(tile_inputs(tg, w))
         assert write_streaming(b, tg, iter_random_inputs(tg, 5)) == sum(x.nbytes for x in w.values())
         np.testing.assert_array_equal(a.host[0], b.host[0])
-    hf = {}
-    for name, x in w.items():
-        if name == "ids":
-            continue
-        what = name.split(".", 1)[-1]
-        if what in ("wq", "wk", "wv"):
-            x = x.reshape(x.shape[0], -1).T
-        elif what == "wo":
-            x = x.reshape(-1, x.shape[-1]).T
-        elif what in ("w_gate", "w_up", "w_down"):
-            x = x.T
-        hf[hf_name(name)] = np.ascontiguousarray(x)
+    table = (np.random.default_rng(0).standard_normal((64, 64)) * 0.02).astype(np.float16)
+    hf = to_hf(w) | {"model.embed_tokens.weight": table}  # no head: the table is only for x0
     write_safetensors(tmp_path / "hf.safetensors", hf)
+    ids = np.arange(64)[::-1] % 64
     with open_backend("cpu", mg) as a, open_backend("cpu", mg) as b:
-        a.write_inputs(tile_inputs(tg, w))
-        b.write_inputs(tile_inputs(tg, {"ids": w["ids"]}))
-        write_streaming(b, tg, iter_weights(tg, tmp_path / "hf.safetensors", 4))
+        a.write_inputs(tile_inputs(tg, w | {"x0": hf["model.embed_tokens.weight"][ids]}))
+        write_streaming(b, tg, iter_weights(tg, tmp_path / "hf.safetensors", ids=ids))
         np.testing.assert_array_equal(a.host[0], b.host[0])
+
+
+def test_bf16_taskgraph_runs_on_the_cpu_backend():
+    """A bf16 plan (grouped-query attention, LM head) under a tight budget, with chaos and poisoned memory,
+    gives the taskgraph's numpy values (computed in float32 per op, stored as bf16)."""
+    from turnip.compile import build_with_resident
+    from turnip.memgraph.interp import assemble, evaluate_taskgraph
+    from turnip.runtime import execute, open_backend
+    from turnip.runtime.weights import iter_random_inputs, write_streaming
+
+    tg = llama_prefill("tiny-gqa", 32, dtype="bf16", head="all")
+    mg = build_with_resident(tg, 32 * 1024)
+    assert mg.count(3) > 0, "the budget forces offloads"
+    w = random_inputs_for(tg, 2)
+    want = evaluate_taskgraph(tg, tile_inputs(tg, w))
+    with open_backend("cpu", mg, chaos=0.3, poison=True) as be:
+        write_streaming(be, tg, iter_random_inputs(tg, 2))
+        for seed in range(3):
+            execute(mg, be, "nondet", seed=seed)
+            got = assemble(tg, be.read_outputs(), "logits")  # {output tensor: tile}
+            assert got.dtype == ml_dtypes.bfloat16
+            ref = assemble(tg, want, "logits").astype(np.float32)
+            np.testing.assert_allclose(got.astype(np.float32), ref, rtol=0.02, atol=0.01 * np.abs(ref).max())
 
 
 def test_streamed_weights_keep_one_copy_in_host_memory():
@@ -131,3 +165,28 @@ print((peak - base) / weights)
                       .stdout.split()[-1]) for m in ("stream", "dict")}  # fmt: skip
     assert ratio["stream"] <= 1.2, ratio
     assert ratio["dict"] >= 1.6, ratio  # the check can tell the two apart
+
+
+def test_logical_inputs_of_a_llama_have_no_ids():
+    lg = logical_inputs(llama_prefill("tiny-gqa", 8, head="last"))
+    assert "ids" not in lg and lg["x0"][0] == (8, 64) and lg["tok_embed"][0] == (96, 64)
+
+
+def test_random_x0_of_token_ids_is_rows_of_the_random_table():
+    """With token ids, x0 is their rows of the random embedding table (tok_embed where the model has one),
+    the same rows whatever the prompt."""
+    from turnip.runtime.weights import iter_random_inputs
+
+    tg = llama_prefill("tiny-gqa", 8, head="last")  # tied: tok_embed is an input
+    ids = np.array([5, 0, 95, 5, 7, 7, 1, 2])
+    w = dict(iter_random_inputs(tg, 1, ids=ids))
+    assert np.array_equal(w["x0"], w["tok_embed"][ids]) and w["x0"].dtype == np.float16
+    assert abs(float(w["tok_embed"].astype(np.float32).std()) - 0.02) < 0.005
+    other = dict(iter_random_inputs(llama_prefill("tiny", 4), 1, ids=[5, 5, 3, 0]))["x0"]  # no table input
+    assert np.array_equal(other[0], other[1]) and not np.array_equal(other[0], other[2])
+    again = dict(iter_random_inputs(llama_prefill("tiny", 4), 1, ids=[3, 9, 5, 1]))["x0"]
+    assert np.array_equal(again[2], other[0]) and np.array_equal(again[0], other[2])
+    with pytest.raises(ValueError, match=r"id 96 at position 1 is outside \[0, 96\)"):
+        dict(iter_random_inputs(tg, 1, ids=[0, 96, 0, 0, 0, 0, 0, 0]))
+    with pytest.raises(ValueError, match="3 token ids"):
+        dict(iter_random_inputs(tg, 1, ids=[0, 1, 2]))

@@ -8,6 +8,7 @@ lost offload shows up as wrong numbers.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from turnip.memgraph.plan import (
@@ -20,7 +21,7 @@ from turnip.memgraph.plan import (
 )
 from turnip.reference import run_reference
 
-NP_DTYPE = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32}
+NP_DTYPE = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16, "fp32": np.float32, "int32": np.int32}
 
 
 def random_inputs(tg, rng: np.random.Generator) -> dict[int, np.ndarray]:

@@ -30,7 +30,7 @@ import numpy as np
 KIND_INPUT, KIND_KERNEL, KIND_TRANSFER, KIND_OFFLOAD, KIND_RELOAD = 0, 1, 2, 3, 4
 KIND_NAMES = ("input", "kernel", "transfer", "offload", "reload")
 DEP_DATA, DEP_MEMORY = 0, 1
-DTYPE_NBYTES = {"fp16": 2, "fp32": 4, "int32": 4}
+DTYPE_NBYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "int32": 4}
 
 
 def csr(lists: list[list[int]], dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,8 @@ State it owns: per virtual GPU one ``uint8`` arena of exactly the budget; a host
 offload region (``turnip.runtime.layout``); per vertex a closure over prebuilt typed views (built here,
 at plan load: a run creates no view and allocates no buffer); one worker thread per stream slot
 (``streams_per_gpu`` per GPU), each with its own queue, so vertices on different slots really run at once;
-one completion queue read by the driver loop.
+one completion queue read by the driver loop. Tiles are typed fp16, bf16 (``ml_dtypes.bfloat16``), fp32 or
+int32 (``weights.NP_OF``); the numpy references compute half precisions in float32.
 
 ``poison=True`` fills the arenas and the offload region with 0xFF bytes (NaN as floats) before every
 run, so a vertex that reads bytes nothing wrote in this run gives NaN. Chaos (``chaos=p``): with
@@ -28,7 +29,8 @@ from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL, KIND_OFFLOAD, KIND_REL
 from turnip.reference import run_reference
 from turnip.runtime.backend import check_ready
 from turnip.runtime.errors import VertexFailed
-from turnip.runtime.layout import HOST_INPUT, buffer_view, input_vertices, output_sources, plan_layout
+from turnip.runtime.layout import HOST_INPUT, input_vertices, output_sources, plan_layout
+from turnip.runtime.weights import NP_OF
 
 
 class CpuBackend:
@@ -76,7 +78,7 @@ class CpuBackend:
 
     def _view(self, mem: np.ndarray, off: int, v: int) -> np.ndarray:
         self.views_built += 1
-        return buffer_view(mem, off, self.mg.shape[v], self.mg.dtype[v])
+        return _typed_view(mem, off, self.mg.shape[v], self.mg.dtype[v])
 
     def buf(self, b: int) -> np.ndarray:
         """Typed view of the buffer created by vertex ``b`` in its GPU's arena (built once)."""
@@ -115,7 +117,7 @@ class CpuBackend:
         for t, vs in self._inputs.items():
             if t in values:
                 v = vs[0]
-                dst = buffer_view(self.host[HOST_INPUT], self.lay.host_offset[v], self.mg.shape[v], self.mg.dtype[v])
+                dst = _typed_view(self.host[HOST_INPUT], self.lay.host_offset[v], self.mg.shape[v], self.mg.dtype[v])
                 dst[...] = np.asarray(values[t]).reshape(dst.shape)
                 self._written.add(t)
         self._load_resident()
@@ -235,6 +237,12 @@ class CpuBackend:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _typed_view(mem: np.ndarray, off: int, shape, dtype: str) -> np.ndarray:
+    """Typed view of ``mem[off:]`` (a uint8 arena or host region): ``layout.buffer_view`` with bf16 too."""
+    dt = np.dtype(NP_OF[dtype])
+    return mem[off : off + int(np.prod(shape)) * dt.itemsize].view(dt).reshape(shape)
 
 
 class _Copy:

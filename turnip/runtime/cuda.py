@@ -297,7 +297,10 @@ class CudaBackend:
                 out[t] = buffer_view(self.host_off, self.lay.host_offset[o], self.mg.shape[o], self.mg.dtype[o]).copy()
             else:
                 self._set_ctx(self.lay.gpu[o])
-                out[t] = self.view(o).copy_to_host()
+                d = self.view(o)
+                # numba's host copies cannot take ml_dtypes' bfloat16: bf16 moves as its uint16 bits
+                bf16 = d.dtype.name == "bfloat16"
+                out[t] = d.view(np.uint16).copy_to_host().view(d.dtype) if bf16 else d.copy_to_host()
         return out
 
     # ------------------------------------------------------------------ runs

@@ -1,46 +1,61 @@
-"""Model inputs: logical tensors (``ids``, ``tok_embed``, ``L0.wq`` ...) to the taskgraph's input tiles.
+"""Model inputs: logical tensors (``x0``, ``L0.wq`` ...) to the taskgraph's input tiles.
 
-- ``random_inputs_for(tg, seed)``: random token ids and weights, quickly even for 7B shapes: values are cut
-  from one seeded pool of normal numbers at random offsets (weights scaled by 0.02, norm weights near 1);
-  ``iter_random_inputs`` yields them one tensor at a time and ``write_streaming`` writes such a stream
-  into a loaded backend (peak host memory: the pinned input region plus one tensor).
+- ``random_inputs_for(tg, seed)``: random inputs, quickly even for 7B shapes: values are cut from one
+  seeded pool of normal numbers at random offsets (the embedded prompt ``x0`` and weights scaled by 0.02,
+  norm weights near 1); ``iter_random_inputs`` yields them one tensor at a time and ``write_streaming``
+  writes such a stream into a loaded backend (peak host memory: the pinned input region plus one tensor).
 - ``read_safetensors(path)``: a numpy-only reader of the safetensors format (8-byte little-endian header
-  length, JSON header of ``dtype``/``shape``/``data_offsets``, raw little-endian data), memory-mapped.
-- ``from_hf_names(tensors, n_layers)``: Hugging Face LLaMA names and layouts to ours (below).
+  length, JSON header of ``dtype``/``shape``/``data_offsets``, raw little-endian data), memory-mapped;
+  BF16 reads as ``ml_dtypes.bfloat16`` and ``write_safetensors`` writes it back as BF16.
+- ``hf_name`` / ``hf_shape`` / ``from_hf``: Hugging Face LLaMA names and layouts to ours (below).
+- ``iter_weights(tg, path)``: a single ``.safetensors`` file with either set of names, one tensor at a time
+  (``turnip.checkpoint.Checkpoint`` reads it; it also reads sharded Hugging Face model directories).
 - ``tile_inputs(tg, logical)``: {taskgraph input tensor: tile} as views, ready for ``write_inputs``.
 
-Tensor names a safetensors file may use (either set; shapes for d model width, H heads of e = d / H,
-f FFN width, V vocabulary):
+Logical inputs of a LLaMA-family model (d model width, H query heads, Hk key/value heads, r = H / Hk,
+e head dim, f FFN width, V vocabulary). Every weight is the Hugging Face tensor reshaped (same bytes):
 
 | ours | shape | Hugging Face | conversion |
 |---|---|---|---|
-| ``tok_embed`` | (V, d) | ``model.embed_tokens.weight`` | as is |
+| ``x0`` | (seq, d) | rows of ``model.embed_tokens.weight`` (V, d) picked by token ids | host gather |
 | ``L{i}.attn_norm`` | (d,) | ``model.layers.{i}.input_layernorm.weight`` | as is |
-| ``L{i}.wq`` / ``wk`` / ``wv`` | (d, H, e) | ``...self_attn.q_proj.weight`` (H*e, d) ... | ``W.T.reshape(d, H, e)`` |
-| ``L{i}.wo`` | (H, e, d) | ``...self_attn.o_proj.weight`` (d, H*e) | ``W.T.reshape(H, e, d)`` |
+| ``L{i}.wq`` | (H, e, d); GQA (Hk, r, e, d) | ``...self_attn.q_proj.weight`` (H*e, d) | reshape |
+| ``L{i}.wk`` / ``wv`` | (Hk, e, d) | ``...self_attn.k_proj.weight`` / ``v_proj`` (Hk*e, d) | reshape |
+| ``L{i}.wo`` | (d, H, e); GQA (d, Hk, r, e) | ``...self_attn.o_proj.weight`` (d, H*e) | reshape |
 | ``L{i}.ffn_norm`` | (d,) | ``...post_attention_layernorm.weight`` | as is |
-| ``L{i}.w_gate`` / ``w_up`` | (d, f) | ``...mlp.gate_proj.weight`` / ``up_proj`` (f, d) | ``W.T`` |
-| ``L{i}.w_down`` | (f, d) | ``...mlp.down_proj.weight`` (d, f) | ``W.T`` |
+| ``L{i}.w_gate`` / ``w_up`` | (f, d) | ``...mlp.gate_proj.weight`` / ``up_proj`` | as is |
+| ``L{i}.w_down`` | (d, f) | ``...mlp.down_proj.weight`` | as is |
 | ``final_norm`` | (d,) | ``model.norm.weight`` | as is |
+| ``lm_head`` | (V, d) | ``lm_head.weight`` | as is |
+| ``tok_embed`` | (V, d) | ``model.embed_tokens.weight`` (the LM head when embeddings are tied) | as is |
 
-``ids`` (token ids, int32) is not a weight: it is drawn at random unless given.
+Compute dtypes (``tg.dtype`` of an input vertex): fp16, bf16 (``ml_dtypes.bfloat16``), fp32, int32.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
-_ST_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64,
-              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BF16": np.uint16, "BOOL": np.bool_}  # fmt: skip
-NP_OF = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32}
+_ST_DTYPES = {"F16": np.float16, "BF16": ml_dtypes.bfloat16, "F32": np.float32, "F64": np.float64,
+              "I32": np.int32, "I64": np.int64, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+              "BOOL": np.bool_}  # fmt: skip
+NP_OF = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16, "fp32": np.float32, "int32": np.int32}
 
 
 def logical_inputs(tg) -> dict[str, tuple]:
     """Logical input name -> (shape, [(block starts, taskgraph input vertex), ...])."""
     return tg.meta.get("input_blocks", {})
+
+
+def compute_dtype(tg, name: str) -> np.dtype:
+    """The numpy dtype the taskgraph computes logical input ``name`` in."""
+    return np.dtype(NP_OF[tg.dtype[logical_inputs(tg)[name][1][0][1]]])
 
 
 def tile_inputs(tg, logical: dict) -> dict[int, np.ndarray]:
@@ -58,36 +73,72 @@ def tile_inputs(tg, logical: dict) -> dict[int, np.ndarray]:
     return out
 
 
-def random_inputs_for(tg, seed: int = 0, pool_elems: int = 1 << 22) -> dict[str, np.ndarray]:
-    """Random logical inputs for a taskgraph: ids below the vocabulary, weights ~0.02 * N(0, 1), norm
-    weights 1 + 0.1 * N(0, 1). Each tensor is a slice of a seeded normal pool at a random offset."""
-    return dict(iter_random_inputs(tg, seed, pool_elems))
+def random_inputs_for(tg, seed: int = 0, pool_elems: int = 1 << 22, ids=None) -> dict[str, np.ndarray]:
+    """Random logical inputs for a taskgraph: ``x0`` and weights ~0.02 * N(0, 1), norm weights
+    1 + 0.1 * N(0, 1), int32 inputs below the vocabulary. Each tensor is a slice of a seeded normal pool at
+    a random offset (``x0`` of token ``ids``: rows of the random embedding table, see below)."""
+    return dict(iter_random_inputs(tg, seed, pool_elems, ids))
 
 
-def iter_random_inputs(tg, seed: int = 0, pool_elems: int = 1 << 22):
-    """``random_inputs_for`` one logical tensor at a time: (name, array) pairs, each made when asked for."""
+def iter_random_inputs(tg, seed: int = 0, pool_elems: int = 1 << 22, ids=None):
+    """``random_inputs_for`` one logical tensor at a time: (name, array) pairs, each made when asked for.
+    The embedding table (``tok_embed``) is a random table whose row r is cut at an offset drawn for r, so
+    with ``ids`` (token ids, one per row of ``x0``) ``x0`` is those rows of the same table: a token embeds
+    the same way for a seed whatever the prompt."""
     rng = np.random.default_rng(seed)
     z = rng.standard_normal(pool_elems).astype(np.float32)
     z = np.concatenate([z, z])  # any offset below pool_elems has pool_elems values after it
     pools: dict = {}
     lg = logical_inputs(tg)
-    vocab = lg["tok_embed"][0][0] if "tok_embed" in lg else 1
+    vocab = next((lg[k][0][0] for k in ("tok_embed", "lm_head") if k in lg), None)
+    x0 = (tg.meta.get("embed") or {}).get("input")
+    if ids is not None:
+        if x0 not in lg:
+            raise ValueError("token ids were given but the taskgraph has no embedded input (tg.meta['embed'])")
+        ids = check_ids(ids, vocab, f"token ids for {x0!r}")
+        if ids.shape != (lg[x0][0][0],):
+            raise ValueError(f"{ids.size} token ids (shape {ids.shape}); {x0!r} takes {lg[x0][0][0]} (the "
+                             "taskgraph's sequence length)")  # fmt: skip
+    n_rows = vocab if vocab is not None else int(ids.max()) + 1 if ids is not None and ids.size else 0
+    row_off = np.random.default_rng([seed, 1]).integers(pool_elems, size=n_rows)  # the table's rows
     for name, (shape, blocks) in lg.items():
-        dt = NP_OF[tg.dtype[blocks[0][1]]]
+        dt = np.dtype(NP_OF[tg.dtype[blocks[0][1]]])
         if dt == np.int32:
-            yield name, rng.integers(0, vocab, size=shape, dtype=np.int32)
+            yield name, rng.integers(0, vocab or 1, size=shape, dtype=np.int32)
             continue
         norm = name.endswith("norm")
         pool = pools.get((dt, norm))
         if pool is None:
             pool = pools[(dt, norm)] = (1.0 + 0.1 * z if norm else 0.02 * z).astype(dt)
-        size = int(np.prod(shape))
+        if name == "tok_embed" or name == x0 and ids is not None:
+            rows = row_off if name == "tok_embed" else row_off[ids]
+            x = np.empty(shape, dtype=dt)
+            for i, o in enumerate(rows.tolist()):
+                x[i] = pool[o : o + shape[1]]
+            yield name, x
+            continue
+        size = math.prod(shape)
         x = np.empty(size, dtype=dt)
         for i in range(0, size, pool_elems):
             m = min(pool_elems, size - i)
             o = int(rng.integers(pool_elems))
             x[i : i + m] = pool[o : o + m]
         yield name, x.reshape(shape)
+
+
+def check_ids(ids, n_rows: int | None, what: str, error: type[Exception] = ValueError) -> np.ndarray:
+    """Token ids as int64, after checking they are integers in [0, n_rows) (``error`` names the first bad
+    one); ``n_rows`` None: only below zero is out of range."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        raise error(f"{what}: ids must be integers, got dtype {ids.dtype}")
+    flat = ids.reshape(-1)
+    bad = np.flatnonzero((flat < 0) | (flat >= (n_rows if n_rows is not None else np.iinfo(np.int64).max)))
+    if bad.size:
+        i = int(bad[0])
+        raise error(f"{what}: id {int(flat[i])} at position {i} is outside [0, {n_rows}) ({bad.size} ids out of "
+                    "range)")  # fmt: skip
+    return ids.astype(np.int64, copy=False)
 
 
 def write_streaming(backend, tg, tensors) -> int:
@@ -103,8 +154,15 @@ def write_streaming(backend, tg, tensors) -> int:
     return n
 
 
+def st_dtype(code: str) -> np.dtype | None:
+    """The numpy dtype of a safetensors dtype code (``F16``, ``BF16`` ...), or None if unsupported."""
+    t = _ST_DTYPES.get(code)
+    return None if t is None else np.dtype(t)
+
+
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-    """All tensors of a ``.safetensors`` file as read-only memory-mapped numpy arrays (bf16 -> float32)."""
+    """All tensors of a ``.safetensors`` file as read-only memory-mapped numpy arrays (BF16 as
+    ``ml_dtypes.bfloat16``). Little-endian hosts only, like the format's data."""
     path = Path(path)
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
@@ -114,73 +172,42 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if info["dtype"] not in _ST_DTYPES:
+        dt = st_dtype(info["dtype"])
+        if dt is None:
             raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
         a, b = info["data_offsets"]
-        x = mm[8 + n + a : 8 + n + b].view(np.dtype(_ST_DTYPES[info["dtype"]]).newbyteorder("<"))
-        if info["dtype"] == "BF16":
-            x = (x.astype(np.uint32) << 16).view(np.float32)
-        out[name] = x.reshape(info["shape"])
+        out[name] = mm[8 + n + a : 8 + n + b].view(dt).reshape(info["shape"])
     return out
 
 
-def iter_safetensors(path: str | Path, names=None):
-    """(name, array) of the tensors of a ``.safetensors`` file (those in ``names`` if given, in file
-    order), each read from disk into its own array when asked for: unlike ``read_safetensors`` nothing
-    stays mapped, so a loader holds one tensor at a time. bf16 is widened to float32."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-        items = [(k, v) for k, v in header.items() if k != "__metadata__"]
-        items.sort(key=lambda kv: kv[1]["data_offsets"][0])
-        for name, info in items:
-            if names is not None and name not in names:
-                continue
-            if info["dtype"] not in _ST_DTYPES:
-                raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-            a, b = info["data_offsets"]
-            x = np.empty((b - a) // np.dtype(_ST_DTYPES[info["dtype"]]).itemsize, _ST_DTYPES[info["dtype"]])
-            f.seek(8 + n + a)
-            if f.readinto(memoryview(x).cast("B")) != b - a:
-                raise ValueError(f"{path}: tensor {name!r} is cut short (file truncated?)")
-            if info["dtype"] == "BF16":
-                x = (x.astype(np.uint32) << 16).view(np.float32)
-            yield name, x.reshape(info["shape"])
-
-
-def iter_weights(tg, path: str | Path, n_heads: int):
-    """The logical weights of ``tg`` from a safetensors file with our names or Hugging Face LLaMA names,
-    one tensor at a time (converted to our layout), for ``write_streaming``."""
-    names = [k for k in logical_inputs(tg) if k != "ids"]
-    with open(path, "rb") as f:
-        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-    if all(k in header for k in names):
-        yield from iter_safetensors(path, set(names))
-        return
-    ours = {hf_name(k): k for k in names}
-    missing = [k for k in ours if k not in header]
-    if missing:
-        raise KeyError(f"no tensor {missing[0]!r} (for {ours[missing[0]]!r}) in {path}")
-    for hf, x in iter_safetensors(path, set(ours)):
-        yield ours[hf], np.ascontiguousarray(from_hf(ours[hf], x, n_heads))
-
-
-def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
-    """Write numpy arrays as a ``.safetensors`` file (for tests and for exporting random weights)."""
-    names = {np.dtype(v): k for k, v in _ST_DTYPES.items() if k != "BF16"}
-    header, off = {}, 0
-    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    for k, v in arrays.items():
-        header[k] = {"dtype": names[v.dtype], "shape": list(v.shape), "data_offsets": [off, off + v.nbytes]}
-        off += v.nbytes
+def write_safetensors(
+    path: str | Path, tensors: dict[str, np.ndarray], metadata: dict | None = None, dtype=None
+) -> int:
+    """Write numpy arrays as a ``.safetensors`` file (bfloat16 as BF16); ``metadata``: string pairs for the
+    header's ``__metadata__`` (``transformers`` wants ``{"format": "pt"}``); ``dtype``: cast every tensor to
+    it (one tensor at a time) on the way. Returns the bytes of tensor data written."""
+    names = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
+    header: dict = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}} if metadata else {}
+    off = 0
+    for k, v in tensors.items():
+        dt = np.dtype(v.dtype if dtype is None else dtype)
+        if dt not in names:
+            raise ValueError(f"tensor {k!r}: dtype {dt} has no safetensors code")
+        n = math.prod(v.shape) * dt.itemsize
+        header[k] = {"dtype": names[dt], "shape": list(v.shape), "data_offsets": [off, off + n]}
+        off += n
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
     with open(path, "wb") as f:
         f.write(len(h).to_bytes(8, "little"))
         f.write(h)
-        for v in arrays.values():
-            f.write(v.tobytes())
+        for v in tensors.values():
+            x = np.ascontiguousarray(v, dtype=dtype).reshape(-1)
+            f.write(memoryview(x.view(np.uint8)))
+            del x
+        f.flush()
+        os.fsync(f.fileno())
+    return off
 
 
 _HF_LAYER = {
@@ -194,47 +221,62 @@ _HF_LAYER = {
     "w_up": "mlp.up_proj.weight",
     "w_down": "mlp.down_proj.weight",
 }
+_HF_TOP = {"tok_embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight", "lm_head": "lm_head.weight"}
 
 
 def hf_name(ours: str) -> str:
-    """Our logical name -> the Hugging Face LLaMA parameter name."""
-    if ours == "tok_embed":
-        return "model.embed_tokens.weight"
-    if ours == "final_norm":
-        return "model.norm.weight"
-    layer, what = ours.split(".", 1)
+    """Our logical name -> the Hugging Face LLaMA parameter name (``KeyError`` for ``x0``, which is
+    gathered from rows of ``model.embed_tokens.weight``, and for names that are not LLaMA weights)."""
+    if ours in _HF_TOP:
+        return _HF_TOP[ours]
+    layer, _, what = ours.partition(".")
+    if layer[:1] != "L" or not layer[1:].isdigit() or what not in _HF_LAYER:
+        raise KeyError(f"{ours!r} is not a LLaMA weight with a Hugging Face name")
     return f"model.layers.{int(layer[1:])}.{_HF_LAYER[what]}"
 
 
-def from_hf(ours: str, w, n_heads: int):
-    """Convert one Hugging Face tensor (numpy or torch) to our layout for logical name ``ours``."""
-    what = ours.split(".", 1)[-1]
+def hf_shape(ours: str, shape) -> tuple:
+    """The shape of the Hugging Face tensor behind logical input ``ours`` of taskgraph shape ``shape``."""
+    what = ours.rsplit(".", 1)[-1]
+    shape = tuple(int(s) for s in shape)
     if what in ("wq", "wk", "wv"):
-        d = w.shape[1]
-        return w.T.reshape(d, n_heads, d // n_heads)
+        return (math.prod(shape[:-1]), shape[-1])
     if what == "wo":
-        d = w.shape[0]
-        return w.T.reshape(n_heads, d // n_heads, d)
-    if what in ("w_gate", "w_up", "w_down"):
-        return w.T
-    return w
+        return (shape[0], math.prod(shape[1:]))
+    return shape
 
 
-def from_hf_names(tensors: dict, names: list[str], n_heads: int) -> dict:
-    """Our logical tensors from a Hugging Face LLaMA state dict (only the names asked for)."""
+def from_hf(ours: str, w, shape):
+    """One Hugging Face tensor (numpy or torch) in our layout for logical input ``ours`` of taskgraph shape
+    ``shape``: a reshape (a view where the tensor is contiguous), after checking its Hugging Face shape."""
+    want = hf_shape(ours, shape)
+    if tuple(w.shape) != want:
+        raise ValueError(f"{hf_name(ours)} (for {ours}): shape {tuple(w.shape)}, the model expects {want}")
+    return w.reshape(tuple(shape))
+
+
+def from_hf_names(tensors: dict, shapes: dict[str, tuple]) -> dict:
+    """Our logical tensors from a Hugging Face LLaMA state dict: {our name: shape} -> {our name: tensor}."""
     out = {}
-    for ours in names:
+    for ours, shape in shapes.items():
         k = hf_name(ours)
         if k not in tensors:
             raise KeyError(f"no tensor {k!r} (for {ours!r}) in the weights")
-        out[ours] = from_hf(ours, tensors[k], n_heads)
+        out[ours] = from_hf(ours, tensors[k], shape)
     return out
 
 
-def load_weights(tg, path: str | Path, n_heads: int) -> dict[str, np.ndarray]:
-    """Logical weights from a safetensors file with our names or Hugging Face LLaMA names."""
-    st = read_safetensors(path)
-    names = [k for k in logical_inputs(tg) if k != "ids"]
-    if all(k in st for k in names):
-        return {k: st[k] for k in names}
-    return from_hf_names(st, names, n_heads)
+def iter_weights(tg, path: str | Path, n_heads: int | None = None, ids=None, seed: int = 0, only=None):
+    """The logical inputs of ``tg`` from one ``.safetensors`` file (our names or Hugging Face LLaMA names) or
+    a Hugging Face model directory, one tensor at a time in the compute dtype, for ``write_streaming``
+    (``turnip.checkpoint.Checkpoint.iter_inputs``). ``x0`` is the embedding table's rows of ``ids`` (random
+    ids of ``seed`` when None), or the file's own ``x0`` when it has one and no ids are given. ``n_heads``
+    is not needed any more (shapes come from ``tg``); ``only``: just these logical names."""
+    from turnip.checkpoint import Checkpoint
+
+    yield from Checkpoint(path).iter_inputs(tg, ids, seed, only)
+
+
+def load_weights(tg, path: str | Path, n_heads: int | None = None, ids=None, seed: int = 0) -> dict[str, np.ndarray]:
+    """``iter_weights`` as a dict (every tensor in memory at once: for tests and ``--check``)."""
+    return dict(iter_weights(tg, path, n_heads, ids, seed))
