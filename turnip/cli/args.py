@@ -58,8 +58,9 @@ def model(text: str) -> str:
     if text in MODELS:
         return text
     if not Path(text).exists():
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a preset ({', '.join(MODELS)}) nor an existing Hugging "
-                                         "Face model directory or config.json")  # fmt: skip
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a preset nor an existing Hugging Face model directory "
+                                         f"or config.json; pass one of {', '.join(MODELS)} or a directory with a "
+                                         "config.json")  # fmt: skip
     try:
         load_config(text)
     except ValueError as e:

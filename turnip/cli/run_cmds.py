@@ -96,7 +96,10 @@ def _checkpoint(a):
 
     if a.plan or a.weights or not Path(a.model).is_dir() or not has_weights(a.model):
         return None
-    return Checkpoint(a.model)
+    try:
+        return Checkpoint(a.model)
+    except (ValueError, OSError) as e:  # CheckpointError: one line naming the file or tensor
+        raise ck.CliError(f"--model {a.model}: {e}", ck.USAGE) from None
 
 
 def _prompt_ids(a):

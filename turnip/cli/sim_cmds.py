@@ -22,7 +22,7 @@ def register(sub) -> None:
         help="replay a plan in the discrete-event simulator",
         description="Simulate a compiled plan on a virtual GPU server (SimPy), driving the same scheduler "
         "core as real runs. PLAN is a plan file from `turnip compile -o`, or MODEL:SEQ:GPUS:BUDGET "
-        "(e.g. llama-7b:4096:1:6GiB) to compile on the fly.",
+        "(e.g. llama-7b:4096:1:6GiB; MODEL may be a Hugging Face model directory) to compile on the fly.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     s.add_argument("plan", metavar="PLAN")
@@ -76,15 +76,18 @@ def _plan(spec: str, force: bool, seed: int = 0):
     from turnip.cli.compile_cmds import build_plan, compile_args, load_plan_arg
     from turnip.compile import MODELS
 
-    if Path(spec).exists():
+    if Path(spec).is_file():
         return load_plan_arg(spec)[0], {"plan": spec}
-    parts = spec.split(":")
+    parts = spec.rsplit(":", 3)  # MODEL may be a path
     if len(parts) != 4:
         raise ck.CliError(f"{spec!r} is neither a plan file nor MODEL:SEQ:GPUS:BUDGET; pass a file written by "
                           "`turnip compile -o` or e.g. llama-7b:4096:1:6GiB", ck.USAGE)  # fmt: skip
     model, seq, gpus, budget = parts
     if model not in MODELS:
-        raise ck.CliError(f"unknown model {model!r} in {spec!r}; choose from {', '.join(MODELS)}", ck.USAGE)
+        try:
+            ck.model(model)
+        except argparse.ArgumentTypeError as e:
+            raise ck.CliError(f"model in {spec!r}: {e}", ck.USAGE) from None
     try:
         seq_n, gpus_n = ck.COUNT(seq), ck.GPUS(gpus)
     except argparse.ArgumentTypeError as e:
