@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -104,11 +103,11 @@ def hf_logits(d: Path, prompts: list[np.ndarray], dtype) -> list[np.ndarray]:
     return out
 
 
-def turnip_logits(d: Path, prompts: list[np.ndarray], budget: str, gpus: int, devices) -> tuple[list, dict]:
+def turnip_logits(d: Path, prompts: list[np.ndarray], budget: str, gpus: int, devices, dtype: str = "fp16"
+                  ) -> tuple[list, dict]:  # fmt: skip
     """Compile the directory's model for the prompts' length, load the checkpoint once, run each prompt
     (rewriting only the embedded prompt ``x0`` between them)."""
     from turnip.checkpoint import Checkpoint
-
     from turnip.compile import build_with_resident, make_taskgraph, parse_nbytes
     from turnip.memgraph.interp import assemble
     from turnip.runtime import execute, open_backend
@@ -117,7 +116,7 @@ def turnip_logits(d: Path, prompts: list[np.ndarray], budget: str, gpus: int, de
     seq = int(prompts[0].size)
     b = parse_nbytes(budget)
     t0 = time.perf_counter()
-    tg = make_taskgraph(str(d), seq, gpus, "fp16", budget_nbytes=b, head="last")
+    tg = make_taskgraph(str(d), seq, gpus, dtype, budget_nbytes=b, head="last")
     mg = build_with_resident(tg, b, None, "auto")
     info = {"compile_s": time.perf_counter() - t0, "vertices": mg.n, "tiles": json.dumps(tg.meta["tiles"])}
     ck = Checkpoint(d)
@@ -153,17 +152,18 @@ def cli_rss(d: Path, ids: np.ndarray, budget: str, tmp: Path) -> dict:
     cmd = [sys.executable, "-c", "import sys; from turnip.cli import main; sys.exit(main())", "run", "--model", str(d),
            "--backend", "cuda", "--budget", budget, "--resident", "auto", "--prompt-ids", str(p), "--repeat", "1",
            "--warmup", "0"]  # fmt: skip
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
     wall = time.perf_counter() - t
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     out = r.stdout + r.stderr
-    tok = next((int(line.split()[2]) for line in out.splitlines() if line.startswith("next token")), None)
+    lines = out.splitlines()
+    tok = next((int(line.split()[2]) for line in lines if line.startswith("next token")), None)
+    mem = next((line for line in lines if line.startswith("host memory peak")), "")
+    load = next((line for line in lines if " load " in line and "plan" in line), "")
     shards = [f.stat().st_size for f in d.glob("*.safetensors")]
-    res = {"rc": r.returncode, "next_token": tok, "wall_s": round(wall, 1),
-           "peak_rss_gib": peak / GiB if peak > before * 1024 else float("nan"),
-           "checkpoint_gib": sum(shards) / GiB, "largest_shard_gib": max(shards) / GiB}  # fmt: skip
+    res = {"rc": r.returncode, "next_token": tok, "wall_s": round(wall, 1), "host_memory": mem[len("host memory peak"):]
+           .strip(), "load_line": load.strip(), "checkpoint_gib": sum(shards) / GiB,
+           "largest_shard_gib": max(shards) / GiB}  # fmt: skip
     if r.returncode:
         res["tail"] = out[-2000:]
     return res
@@ -174,8 +174,11 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=["llama3-small"], choices=list(RECIPES))
     ap.add_argument("--gpus", nargs="+", type=int, default=[1])
     ap.add_argument("--budget", default="6GiB")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"],
+                    help="turnip's compute dtype, and the dtype of the reference the errors are taken against")
     ap.add_argument("--prompts", type=int, default=3, help="random prompts per length")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fp32", action="store_true", help="an fp32 reference for the large recipes too")
     ap.add_argument("--rss", action="store_true", help="also run the CLI in a child process (next token, peak RSS)")
     ap.add_argument("--dir", default="/tmp/hf_models", help="where the checkpoints are written")
     ap.add_argument("--out", default="benchmarks/results")
@@ -197,14 +200,15 @@ def main(argv=None) -> int:
             by_len.setdefault(s, []).extend(rng.integers(0, vocab, size=s).astype(np.int64) for _ in range(a.prompts))
         for s, prompts in by_len.items():
             prompts = prompts[: a.prompts]
-            ref16 = hf_logits(d, prompts, torch.float16)
-            ref32 = hf_logits(d, prompts, torch.float32) if s <= 4096 and vocab * 4096 < 8 * GiB else None
+            ref16 = hf_logits(d, prompts, torch.bfloat16 if a.dtype == "bf16" else torch.float16)
+            small = RECIPES[name]["cfg"]["hidden_size"] <= 1024
+            ref32 = hf_logits(d, prompts, torch.float32) if small or a.fp32 else None
             for g in a.gpus:
                 devices = list(range(g)) if n_dev >= g else [0] * g
-                outs, info = turnip_logits(d, prompts, a.budget, g, devices)
+                outs, info = turnip_logits(d, prompts, a.budget, g, devices, a.dtype)
                 for i, (o, r16) in enumerate(zip(outs, ref16, strict=True)):
                     top2 = np.sort(r16)[-2:]
-                    row = {"model": name, "seq": s, "prompt": i, "gpus": g, "devices": str(devices),
+                    row = {"model": name, "dtype": a.dtype, "seq": s, "prompt": i, "gpus": g, "devices": str(devices),
                            "budget": a.budget, "top1_turnip": int(o.argmax()), "top1_hf": int(r16.argmax()),
                            "top1_equal": bool(o.argmax() == r16.argmax()), "hf_top2_gap": float(top2[1] - top2[0]),
                            "err_vs_hf_fp16": rel(o, r16)} | info  # fmt: skip
@@ -230,6 +234,7 @@ def write(out: Path, a, rows: list[dict]) -> None:
     pd.DataFrame(rows).to_csv(out / f"{a.tag}.csv", index=False)
     cmd = "PYTHONPATH=. python " + " ".join(sys.argv)
     lines = [f"# Hugging Face checkpoints: turnip vs LlamaForCausalLM ({platform.node()})", "", f"Command: `{cmd}`", "",
+             f"Compute dtype {a.dtype}; 'HF fp16' columns: HF in that dtype.", "",
              "| model | seq | GPUs (devices) | prompt | top-1 equal | HF top-2 gap | err vs HF fp16 | err vs HF fp32 "
              "| HF fp16 err vs fp32 | TTFT ms | load s |", "|---" * 11 + "|"]  # fmt: skip
     for r in rows:
@@ -246,11 +251,11 @@ def write(out: Path, a, rows: list[dict]) -> None:
     cli = [r for r in rows if r.get("kind") == "cli"]
     if cli:
         lines += ["", "`turnip run --model DIR --prompt-ids` in a child process:", "",
-                  "| model | seq | exit | next token | HF top-1 | peak RSS GiB | checkpoint GiB | largest shard GiB "
-                  "| wall s |", "|---" * 9 + "|"]  # fmt: skip
+                  "| model | seq | exit | next token | HF top-1 | host memory peak (turnip run) | checkpoint GiB "
+                  "| largest shard GiB | wall s |", "|---" * 9 + "|"]  # fmt: skip
         for r in cli:
             lines.append(f"| {r['model']} | {r['seq']} | {r['rc']} | {r['next_token']} | {r['top1_hf']} "
-                         f"| {r['peak_rss_gib']:.2f} | {r['checkpoint_gib']:.2f} | {r['largest_shard_gib']:.2f} "
+                         f"| {r['host_memory']} | {r['checkpoint_gib']:.2f} | {r['largest_shard_gib']:.2f} "
                          f"| {r['wall_s']} |")  # fmt: skip
     (out / f"{a.tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

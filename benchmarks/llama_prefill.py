@@ -215,7 +215,7 @@ def main(argv=None) -> int:
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    a.tag = a.tag or (Path(a.config).parent.name if a.config else a.size)
+    a.tag = a.tag or (model_config(a).name.removeprefix("hf:") if a.config else a.size)
     rows = [tuple(r.split(":")) for r in a.rows]
     acc_rows = [tuple(r.split(":")) for r in a.accelerate]
     seqs = sorted({int(s) for s, _ in rows + acc_rows})

@@ -268,14 +268,15 @@ def test_every_problem_is_one_line_naming_what_is_wrong(tmp_path):
 
 def test_iterating_holds_about_one_tensor_and_its_converted_copy(tmp_path):
     """Reading 8 tensors (bf16 on disk, fp16 compute: converted through float32 chunks) never holds more
-    than a tensor, its converted copy and one chunk; without a conversion, one tensor."""
+    than a tensor, its converted copy and one chunk per conversion thread; without a conversion, one
+    tensor."""
     shp = {f"L{i}.w_up": (1024, 1024) for i in range(8)}
     rng = np.random.default_rng(0)
     write_checkpoint(tmp_path / "m", {}, {hf_name(k): rng.standard_normal(s, np.float32) for k, s in shp.items()},
                      shard_nbytes=5 << 20, dtype="bf16")  # fmt: skip
     ck = Checkpoint(tmp_path / "m")
     tensor = 1024 * 1024 * 2
-    for compute, bound in (("fp16", 2 * tensor + cp.CHUNK_ELEMS * 4), ("bf16", tensor)):
+    for compute, bound in (("fp16", 2 * tensor + cp.CONVERT_THREADS * cp.CHUNK_ELEMS * 4), ("bf16", tensor)):
         tracemalloc.start()
         try:
             base = tracemalloc.get_traced_memory()[0]

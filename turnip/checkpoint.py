@@ -26,6 +26,7 @@ import math
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from turnip.runtime.weights import (
 INDEX, SINGLE, CONFIG = "model.safetensors.index.json", "model.safetensors", "config.json"
 FLOAT_CODES = ("F16", "BF16", "F32", "F64")  # what weights may be stored as
 CHUNK_ELEMS = 1 << 18  # conversions between dtypes go through float32 chunks of this many elements
+CONVERT_THREADS = min(16, os.cpu_count() or 1)  # chunks converted at once (one float32 chunk each)
 _FP16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -269,14 +271,23 @@ def _convert(raw: np.ndarray, dt: np.dtype, h: TensorHeader, ours: str) -> np.nd
         return out
     src, dst = raw.reshape(-1), out.reshape(-1)
     narrow = dt == np.float16 and raw.dtype != np.float16
-    for i in range(0, src.size, CHUNK_ELEMS):
+
+    def chunk(i: int) -> float:  # numpy's casts release the GIL: chunks convert in parallel
         c = src[i : i + CHUNK_ELEMS].astype(np.float32)
         top = max(float(c.max()), -float(c.min())) if narrow and c.size else 0.0  # no |c| temporary
-        if top > _FP16_MAX:
-            raise CheckpointError(f"{h.file}: tensor {h.name!r} (for {ours}) has values up to {top:.3g}, beyond "
-                                  f"fp16's {_FP16_MAX:.0f}; compute in bf16 or fp32")  # fmt: skip
-        dst[i : i + CHUNK_ELEMS] = c
-        del c
+        if top <= _FP16_MAX:
+            dst[i : i + CHUNK_ELEMS] = c
+        return top
+
+    starts = range(0, src.size, CHUNK_ELEMS)
+    if len(starts) > 1:
+        with ThreadPoolExecutor(CONVERT_THREADS) as ex:
+            top = max(ex.map(chunk, starts))
+    else:
+        top = max(map(chunk, starts), default=0.0)
+    if top > _FP16_MAX:
+        raise CheckpointError(f"{h.file}: tensor {h.name!r} (for {ours}) has values up to {top:.3g}, beyond "
+                              f"fp16's {_FP16_MAX:.0f}; compute in bf16 or fp32")  # fmt: skip
     return out
 
 

@@ -136,7 +136,10 @@ def load_config(path: str | Path) -> LlamaConfig:
         raise ValueError(f"{f}: cannot read the config: {e}") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{f}: the config is not a JSON object")
-    return LlamaConfig.from_hf(cfg, name=f"hf:{(path if path.is_dir() else path.parent).name}")
+    name = path.resolve().name if path.is_dir() else path.stem
+    if name == "config":
+        name = path.resolve().parent.name
+    return LlamaConfig.from_hf(cfg, name=f"hf:{name}")
 
 
 def llama_config(model: str) -> LlamaConfig | None:

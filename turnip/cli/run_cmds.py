@@ -279,6 +279,7 @@ def cmd_run(a) -> int:
     _report(rows, bound, res, int(mg.stats.get("resident_input_nbytes", 0)))
     if "logits" in tg.meta.get("output_blocks", {}):
         _report_logits(a, tg, outs)
+    _report_host_memory(mg)
     ok = True
     if a.check:
         from turnip.memgraph.interp import evaluate_taskgraph
@@ -319,6 +320,20 @@ def _report_logits(a, tg, outs) -> None:
 
     print(f"next token           {int(top[0])}{text(top[0])}")
     print("top-5 logits         " + ", ".join(f"{int(i)}{text(i)} {last[i]:.3f}" for i in top))
+
+
+def _report_host_memory(mg) -> None:
+    """Peak resident host memory of this process next to the plan's host regions (inputs, offloads)."""
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    except (ImportError, OSError):
+        return
+    from turnip.runtime.layout import plan_layout
+
+    inputs, offloads = plan_layout(mg).host_nbytes
+    print(f"host memory peak     {_sz(peak)} (pinned inputs {_sz(inputs)}, offload region {_sz(offloads)})")
 
 
 def _rel(x, y) -> float:

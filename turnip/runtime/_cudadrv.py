@@ -26,6 +26,8 @@ _SIGS = {
     "cuMemcpyPeerAsync": [_U64, _P, _U64, _P, _SZ, _P],
     "cuMemcpyHtoD_v2": [_U64, _P, _SZ],
     "cuMemHostAlloc": [ctypes.POINTER(_P), _SZ, _U32],
+    "cuMemAlloc_v2": [ctypes.POINTER(_U64), _SZ],
+    "cuMemFree_v2": [_U64],
     "cuMemFreeHost": [_P],
     "cuCtxGetCurrent": [ctypes.POINTER(_P)],
     "cuCtxSetCurrent": [_P],
@@ -70,6 +72,12 @@ class Driver:
         p = _P()
         flags = HOSTALLOC_PORTABLE | (HOSTALLOC_WRITECOMBINED if write_combined else 0)
         self.check(self.cuMemHostAlloc(ctypes.byref(p), nbytes, flags), f"cuMemHostAlloc({nbytes} bytes)")
+        return int(p.value)
+
+    def device_alloc(self, nbytes: int) -> int:
+        """``nbytes`` of device memory in the current context (the caller frees it with ``cuMemFree_v2``)."""
+        p = _U64()
+        self.check(self.cuMemAlloc_v2(ctypes.byref(p), nbytes), f"cuMemAlloc({nbytes} bytes)")
         return int(p.value)
 
     def elapsed_ms(self, a: int, b: int) -> float:

@@ -83,11 +83,12 @@ class CudaBackend:
         self._host_ptrs: list[int] = []
         self._events: list[int] = []
         self.ctx, self.arenas, self.base, self.streams, self.hstreams = [], [], [], [], []
+        self._device_ptrs: list[tuple[int, int]] = []  # (context, pointer) of the arenas, freed at close
         self.copy_streams: list[dict] = []
         for g in range(G):
             with cuda.gpus[self.devices[g]]:
                 self.ctx.append(drv.current_context())
-                self.arenas.append(cuda.device_array(int(mg.budget_nbytes[g]), dtype=np.uint8))
+                self.arenas.append(_arena(cuda, drv, int(mg.budget_nbytes[g]), self._device_ptrs))
                 self.allocations += 1
                 self.base.append(int(self.arenas[g].__cuda_array_interface__["data"][0]))
                 ss = [cuda.stream() for _ in range(streams_per_gpu)]
@@ -471,6 +472,10 @@ class CudaBackend:
             with self.cuda.gpus[self.devices[g]]:
                 self.arenas[g] = None
                 self.cuda.current_context().deallocations.clear()
+        for ctx, ptr in self._device_ptrs:  # every GPU is idle (abort synchronised them): free the arenas
+            self.drv.cuCtxSetCurrent(ctx)
+            self.drv.cuMemFree_v2(ptr)
+        self._device_ptrs = []
         self.arenas, self.streams, self.copy_streams = [], [], []
         self.cur = -1
         for p in self._host_ptrs:
@@ -503,6 +508,24 @@ class _Ptr:
     def __init__(self, arr):
         self.device_ctypes_pointer = arr.device_ctypes_pointer
         self.shape, self.dtype = arr.shape, arr.dtype
+
+
+class _DeviceMemory:
+    """Device memory the backend allocates and frees itself (``cuMemAlloc``/``cuMemFree`` at close), shown to
+    numba through the CUDA array interface: numba's arrays over it borrow it and never free it, so a view
+    that outlives the plan (a reference cycle, a cache) cannot keep the arena's memory alive."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (nbytes,), "typestr": "|u1", "version": 3,
+                                         "strides": None}  # fmt: skip
+
+
+def _arena(cuda, drv, nbytes: int, owned: list) -> object:
+    """A uint8 device array of ``nbytes`` in the current context; (context, pointer) is appended to
+    ``owned`` for ``close`` to free."""
+    ptr = drv.device_alloc(max(1, nbytes))
+    owned.append((drv.current_context(), ptr))
+    return cuda.as_cuda_array(_DeviceMemory(ptr, nbytes))
 
 
 def _device_view(arena, off: int, nbytes: int, shape, dtype):
