@@ -6,7 +6,7 @@ bytes / HBM bandwidth)) / measured time. Dense GEMM cases give one ``einsum,*`` 
 attention exp·V product gets its own row by subscripts. A profile uses the file through
 ``kernel_calibration``.
 
-    python benchmarks/calibrate_kernels.py benchmarks/results/kernels_h100.csv sim/profiles/h100-kernels.csv
+    python benchmarks/calibrate_kernels.py benchmarks/results/kernels_h100.csv turnip/machine/profiles/h100-kernels.csv
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main() -> int:
     ap.add_argument("out", help="calibration CSV to write")
     ap.add_argument("--profile", default="h100", help="profile whose peaks define the roofline")
     a = ap.parse_args()
-    from sim.profile import load_profile
+    from turnip.machine.profile import load_profile
 
     prof = load_profile(a.profile)
     d = pd.read_csv(a.measured)

@@ -10,9 +10,9 @@ import argparse
 import time
 
 from sim.engine import simulate
-from sim.profile import h100
 from sim.timing import TimingModel
 from turnip.compile import compile_model
+from turnip.machine.profile import h100
 from turnip.sched import Scheduler
 
 TARGET_VERTICES_PER_S = 100_000

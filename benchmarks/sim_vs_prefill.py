@@ -26,8 +26,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="path without suffix: writes .csv and .md")
     a = ap.parse_args(argv)
     from sim.engine import simulate
-    from sim.profile import load_profile
     from turnip.compile import build_with_resident, make_taskgraph, parse_nbytes
+    from turnip.machine.profile import load_profile
 
     meas = pd.concat([pd.read_csv(f) for f in a.measured])
     rows = []

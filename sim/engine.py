@@ -10,6 +10,7 @@ State it owns (virtual time in integer ns):
   copies_active[g]    copies touching GPU g now (kernels issued meanwhile are slowed and noisier)
 Each launched vertex costs one ``Timeout`` when the host has issued it, one when its completion reaches the
 scheduler, and host-link copies one more when their bytes are through. No generator process per vertex.
+Every run records its issue order (``SimResult.order``), which ``det-replay`` replays (``fastest_run``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.profile import MachineProfile
-from sim.timing import ENG_H2D, ENG_KERNEL, ENG_P2P, TimingModel
+from sim.timing import TimingModel
+from turnip.machine.costs import ENG_H2D, ENG_KERNEL, ENG_P2P
+from turnip.machine.profile import MachineProfile
 from turnip.memgraph.plan import MemGraph
 from turnip.sched import Scheduler
 
@@ -41,6 +43,7 @@ class SimResult:
     done_ns: np.ndarray = field(repr=False)
     stream: np.ndarray = field(repr=False)
     host_start_ns: np.ndarray = field(repr=False)
+    order: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))  # issue order
 
     @property
     def lower_bound_ns(self) -> int:
@@ -48,7 +51,7 @@ class SimResult:
 
     def trace(self, mg: MemGraph, meta: dict | None = None):
         """This run in the shared trace schema (``turnip.trace.Trace``), memory counter included."""
-        from sim.memory import memory_timeline
+        from turnip.memgraph.timeline import memory_timeline
         from turnip.trace import Trace, spans_from_plan
 
         spans = spans_from_plan(mg, self.issue_ns, self.start_ns, self.end_ns, self.done_ns, self.stream,
@@ -69,7 +72,9 @@ class Simulation:
         seed: int = 0,
         mean_only: bool = False,
         tm: TimingModel | None = None,
+        order=None,
     ):
+        """``order``: the recorded issue order ``det-replay`` replays (``turnip.sched.replay``)."""
         if mg.n_gpus > prof.n_gpus:
             raise ValueError(f"plan uses {mg.n_gpus} GPUs; profile {prof.name!r} has {prof.n_gpus}")
         import simpy
@@ -78,7 +83,7 @@ class Simulation:
         self.tm = tm = tm or TimingModel(mg, prof)
         self.env = simpy.Environment()
         dur = tm.mean_ns() if policy == "nondet-cp" else None
-        self.core = Scheduler(mg, policy, prof.streams_per_gpu, dur_ns=dur)
+        self.core = Scheduler(mg, policy, prof.streams_per_gpu, dur_ns=dur, order=order)
         d = tm.draws(None if mean_only else np.random.default_rng(seed))
         self.f, self.fc, self.stall = d.factor.tolist(), d.factor_contended.tolist(), d.stall_ns.tolist()
         self.eng = tm.eng.tolist()
@@ -90,6 +95,7 @@ class Simulation:
         n, g = mg.n, mg.n_gpus
         self.issue, self.start, self.end, self.done = [0] * n, [0] * n, [0] * n, [0] * n
         self.stream = [-1] * n
+        self.order: list[int] = []
         self.host_free = 0
         self.compute_free = [0] * g
         self.copies_active = [0] * g
@@ -106,7 +112,7 @@ class Simulation:
         self.env.run()
         if not self.core.finished:  # pragma: no cover - the core raises SchedulerStall first
             raise self.core.stall_error()
-        from sim.bound import lower_bound
+        from turnip.machine.bound import lower_bound
 
         arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
         issue = arr(self.issue)
@@ -124,6 +130,7 @@ class Simulation:
             done_ns=arr(self.done),
             stream=arr(self.stream),
             host_start_ns=issue - arr(self.launch_ns),
+            order=arr(self.order),
         )
 
     def _bound(self, lower_bound) -> dict:
@@ -140,6 +147,7 @@ class Simulation:
             t += self.launch_ns[v]
             self.issue[v] = t
             self.stream[v] = c.stream
+            self.order.append(v)
             self.env.timeout(t - now, v).callbacks.append(self._on_issued)
         self.host_free = t
 
@@ -148,7 +156,8 @@ class Simulation:
         e = self.eng[v]
         if e == ENG_KERNEL:
             g = self.gpu[v]
-            start = self.compute_free[g] if self.compute_free[g] > now else now
+            ready = now + self.prof.kernel_start_latency_ns
+            start = self.compute_free[g] if self.compute_free[g] > ready else ready
             if self.copies_active[g]:
                 dur = int(self.kernel_ns[v] * self.fc[v] * self.prof.kernel_slowdown_with_copies)
             else:
@@ -228,6 +237,32 @@ def simulate(
     seed: int = 0,
     mean_only: bool = False,
     tm: TimingModel | None = None,
+    order=None,
 ) -> SimResult:
-    """Simulate one run. Same arguments → same result."""
-    return Simulation(mg, prof, policy, seed, mean_only, tm).run()
+    """Simulate one run. Same arguments → same result. ``det-replay`` needs ``order`` (``fastest_run``)."""
+    return Simulation(mg, prof, policy, seed, mean_only, tm, order).run()
+
+
+def fastest_run(
+    mg: MemGraph,
+    prof: MachineProfile,
+    seeds,
+    mean_only: bool = False,
+    tm: TimingModel | None = None,
+    policy: str = "nondet",
+    progress=None,
+) -> SimResult:
+    """The fastest of ``policy`` runs over ``seeds`` (the first on ties). Its ``order`` is the ``det-replay``
+    baseline: the best order nondet found, replayed fixed (``simulate(..., order=r.order)``). ``progress``:
+    called with the number of runs done."""
+    tm = tm or TimingModel(mg, prof)
+    best = None
+    for i, s in enumerate(seeds, 1):
+        r = simulate(mg, prof, policy, s, mean_only, tm)
+        if best is None or r.makespan_ns < best.makespan_ns:
+            best = r
+        if progress is not None:
+            progress(i)
+    if best is None:
+        raise ValueError("fastest_run needs at least one seed")
+    return best

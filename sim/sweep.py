@@ -1,8 +1,10 @@
 """Ablation sweeps: models x seq lens x GPU counts x budgets x policies x seeds, on all local cores.
 
-Plans are compiled once each (in parallel) and cached as plan files under ``<out>/plans/`` (named with the
-compiler's source fingerprint, so changed compiler code never reuses an old plan); then every
-(configuration, policy, seed) run is one task for a process pool. Results: ``runs.csv`` (one row per run),
+Plans are compiled once each (in parallel; inputs kept resident as ``--resident`` says, ``auto`` by default as
+for ``turnip run``) and cached as plan files under ``<out>/plans/`` (named with the compiler's source
+fingerprint, so changed compiler code never reuses an old plan); then every (configuration, policy, seed) run
+is one task for a process pool. ``det-replay`` runs come last: each configuration replays the issue order of
+its fastest noisy ``nondet`` run (added to the sweep when absent). Results: ``runs.csv`` (one row per run),
 one trace per policy for the trace configuration, then ``analysis.report.write_report``.
 """
 
@@ -16,7 +18,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from sim.profile import load_profile
+from turnip.machine.profile import load_profile
 
 GiB = 1 << 30
 
@@ -31,10 +33,11 @@ class SweepConfig:
     seqs: tuple[int, ...] = (1024, 4096, 16384)
     gpus: tuple[int, ...] = (1, 4)
     budgets: dict = field(default_factory=lambda: {"tight": "1GiB", "roomy": "16GiB"})
-    policies: tuple[str, ...] = ("det", "nondet")
-    seeds: int = 10
+    policies: tuple[str, ...] = ("nondet", "det", "det-kernels", "det-replay")
+    seeds: int = 5
     mean_only: bool = True  # also one noise-free run per policy and configuration
     profile: str = "h100"
+    resident: str = "auto"  # inputs kept on the GPU across runs: "auto" (as `turnip run --resident auto`) or bytes
     trace: dict = field(default_factory=lambda: {"model": "llama-7b", "seq": 4096, "gpus": 1, "budget": "tight"})
 
     @staticmethod
@@ -49,7 +52,7 @@ class SweepConfig:
 
     def plans(self) -> list[dict]:
         return [
-            {"model": m, "seq": s, "gpus": g, "budget": b, "budget_nbytes": _nbytes(v)}
+            {"model": m, "seq": s, "gpus": g, "budget": b, "budget_nbytes": _nbytes(v), "resident": str(self.resident)}
             for m in self.models
             for s in self.seqs
             for g in self.gpus
@@ -66,7 +69,8 @@ def _nbytes(v) -> int:
 def plan_path(out: Path, p: dict) -> Path:
     from turnip.compile import compiler_fingerprint
 
-    name = f"{p['model']}_{p['seq']}_{p['gpus']}g_{p['budget_nbytes']}_{compiler_fingerprint()}.tplan"
+    res = "" if str(p.get("resident", "0")) == "0" else f"_r{p['resident']}"
+    name = f"{p['model']}_{p['seq']}_{p['gpus']}g_{p['budget_nbytes']}{res}_{compiler_fingerprint()}.tplan"
     return out / "plans" / name
 
 
@@ -80,7 +84,7 @@ def _compile(args) -> tuple[dict, float, str | None]:
 
     t0 = time.perf_counter()
     try:
-        tg, mg = compile_model(p["model"], p["seq"], p["gpus"], p["budget_nbytes"])
+        tg, mg = compile_model(p["model"], p["seq"], p["gpus"], p["budget_nbytes"], resident=p.get("resident", "0"))
     except Exception as e:  # a budget too small for the plan: reported, the sweep goes on
         return p, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
     save_plan(path, mg)
@@ -110,20 +114,23 @@ def _init(profile_name: str) -> None:
     _PROFILE = load_profile(profile_name)
 
 
-def _run(task) -> tuple[dict, dict | None]:
+def _run(task) -> tuple[dict, dict | None, object]:
+    """One simulated run: its ``runs.csv`` row, its trace when asked, and its issue order when asked (the
+    nondet runs that ``det-replay`` picks from). ``replay``: (seed, order) of the run det-replay replays."""
     from analysis.metrics import run_metrics
     from sim.engine import simulate
 
-    out, p, policy, seed, mean_only, want_trace = task
+    out, p, policy, seed, mean_only, want_trace, want_order, replay = task
     mg, tm = _load(plan_path(out, p))
-    r = simulate(mg, _PROFILE, policy, seed, mean_only, tm)
+    r = simulate(mg, _PROFILE, policy, seed, mean_only, tm, None if replay is None else replay[1])
     tr = r.trace(mg, p)
     row = {k: p[k] for k in ("model", "seq", "gpus", "budget", "budget_nbytes")}
     row |= {"policy": policy, "seed": seed, "mean_only": mean_only, "lower_bound_ns": r.lower_bound_ns}
     row |= run_metrics(tr.spans, mg.n_gpus)
     row |= {f"bound_{k}": v for k, v in r.bound.items() if k != "lower_bound_ns"}
-    row |= {"n_vertices": mg.n, "sim_wall_s": r.wall_s}
-    return row, (tr if want_trace else None)
+    row |= {"n_vertices": mg.n, "sim_wall_s": r.wall_s, "resident_nbytes": int(mg.out_nbytes[mg.preloaded()].sum()),
+            "replayed_seed": -1 if replay is None else replay[0]}  # fmt: skip
+    return row, (tr if want_trace else None), (r.order if want_order else None)
 
 
 def _write_csv(df, path: Path) -> None:
@@ -155,7 +162,11 @@ def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = 
     jobs = jobs or os.cpu_count() or 1
     plans = cfg.plans()
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
-    say(f"ablate: {len(plans)} plans x {len(cfg.policies)} policies x {cfg.seeds} seeds on {jobs} processes")
+    policies = list(cfg.policies)
+    if "det-replay" in policies and "nondet" not in policies:
+        policies.insert(0, "nondet")
+        say("ablate: det-replay replays the fastest nondet run's order; adding nondet runs")
+    say(f"ablate: {len(plans)} plans x {len(policies)} policies x {cfg.seeds} seeds on {jobs} processes")
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
     with ctx.Pool(jobs, initializer=_init, initargs=(cfg.profile,)) as pool:
         ok = []
@@ -168,22 +179,31 @@ def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = 
                 bar.update(i)
         if not ok:
             raise SweepError(f"none of the {len(plans)} configurations compiled (reasons above)")
-        tr_cfg = cfg.trace
-        tasks = []
-        for p in sorted(ok, key=lambda p: -plan_path(out, p).stat().st_size):
-            is_tr = all(p.get(k) == v for k, v in tr_cfg.items())
-            for pol in cfg.policies:
-                for s in range(cfg.seeds):
-                    tasks.append((out, p, pol, s, False, is_tr and s == 0))
-                if cfg.mean_only:
-                    tasks.append((out, p, pol, 0, True, False))
-        rows, traces = [], {}
-        with Progress(len(tasks), "ablate: runs") as bar:
-            for i, (row, tr) in enumerate(pool.imap(_run, tasks, chunksize=1), 1):
-                rows.append(row)
-                if tr is not None:
-                    traces[row["policy"]] = tr
-                bar.update(i)
+        ok.sort(key=lambda p: -plan_path(out, p).stat().st_size)
+        replay = "det-replay" in policies
+        n_tasks = len(ok) * len(policies) * (cfg.seeds + cfg.mean_only)
+        rows, traces, best = [], {}, {}
+        with Progress(n_tasks, "ablate: runs") as bar:
+            # det-replay last: it replays the fastest noisy nondet run of its configuration (best[i])
+            for phase in ([p for p in policies if p != "det-replay"], ["det-replay"] if replay else []):
+                tasks, plan_of = [], []
+                for i, p in enumerate(ok):
+                    is_tr = all(p.get(k) == v for k, v in cfg.trace.items())
+                    rep = best[i][1:] if phase == ["det-replay"] else None
+                    for pol in phase:
+                        rec = replay and pol == "nondet"
+                        for s in range(cfg.seeds):
+                            tasks.append((out, p, pol, s, False, is_tr and s == 0, rec, rep))
+                        if cfg.mean_only:
+                            tasks.append((out, p, pol, 0, True, False, False, rep))
+                        plan_of += [i] * (cfg.seeds + cfg.mean_only)
+                for i, (row, tr, order) in zip(plan_of, pool.imap(_run, tasks, chunksize=1), strict=True):
+                    rows.append(row)
+                    if tr is not None:
+                        traces[row["policy"]] = tr
+                    if order is not None and (i not in best or row["makespan_ns"] < best[i][0]):
+                        best[i] = (row["makespan_ns"], row["seed"], order)
+                    bar.update(len(rows))
     runs = pd.DataFrame(rows).sort_values(["model", "seq", "gpus", "budget_nbytes", "policy", "mean_only", "seed"])
     _write_csv(runs, out / "runs.csv")
     for pol, tr in traces.items():

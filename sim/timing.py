@@ -1,92 +1,46 @@
-"""Timing model: per-vertex floor durations (roofline x efficiency) and seeded jitter draws.
+"""Timing model: seeded jitter around the per-vertex floors of ``turnip.machine.costs``.
 
 A sampled duration is ``floor * (1 + e)`` with ``e >= 0`` (lognormal with the profile's mean and standard
 deviation for the vertex kind, "contended" variants when copies overlap), so no draw is below the floor and
-the lower bound built from floors holds for every run. Copies also draw rare Pareto stalls. All draws for a
-run are taken up front, per vertex, from one ``np.random.Generator``: runs of different policies with the
-same seed see the same draws (common random numbers), which makes their comparison paired.
-``mean_only`` replaces each draw by its expectation: no variance at all.
+the lower bound built from floors holds for every run. Where a measured table covers a vertex
+(``MachineProfile.tables``), the sd of ``e`` is the table's cv x (1 + mean), so the spread is the one
+measured at that shape, and a host link copy that starts while the other direction is busy takes the
+contended table's time (never less than the engine's shared-link rate gives). Copies also draw rare Pareto
+stalls. All draws for a run are taken up front, per vertex, from one ``np.random.Generator``: runs of
+different policies with the same seed see the same draws (common random numbers), which makes their
+comparison paired. ``mean_only`` replaces each draw by its expectation: no variance at all.
+
+The engine (``sim.engine``) runs a copy's bytes x factor through its link at the solo or shared rate and
+adds the latency; ``draws`` turns each duration factor into that byte factor, so the engine needs nothing
+table-specific.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from sim.profile import MachineProfile
-from turnip.memgraph.plan import KIND_KERNEL, KIND_OFFLOAD, KIND_TRANSFER, MemGraph
-
-# engine classes of a vertex
-ENG_KERNEL, ENG_H2D, ENG_D2H, ENG_P2P = 0, 1, 2, 3
-
-
-def engine_class(mg: MemGraph) -> np.ndarray:
-    k = mg.kind
-    e = np.full(mg.n, ENG_H2D, dtype=np.int8)
-    e[k == KIND_KERNEL] = ENG_KERNEL
-    e[k == KIND_OFFLOAD] = ENG_D2H
-    e[k == KIND_TRANSFER] = ENG_P2P
-    return e
-
-
-def kernel_floor_ns(mg: MemGraph, prof: MachineProfile) -> np.ndarray:
-    """Roofline: max(flops / peak, bytes touched / HBM bandwidth) / efficiency, at least kernel_min_ns."""
-    peak = np.array([prof.fp32_flops_per_s if d == "fp32" else prof.fp16_flops_per_s for d in mg.dtype])
-    t = np.maximum(mg.flops / peak, mg.io_nbytes() / prof.hbm_bytes_per_s) / kernel_efficiency(mg, prof)
-    return np.maximum(np.rint(t * 1e9), prof.kernel_min_ns).astype(np.int64)
-
-
-def load_calibration(name: str) -> dict[tuple[str, str, str], float]:
-    """(op, match, dtype) -> efficiency from a CSV in ``sim/profiles/`` (or a path). ``match`` is an einsum's
-    subscripts, or ``*`` for any vertex of that op."""
-    import csv
-
-    p = Path(name)
-    if not p.exists():
-        p = Path(__file__).parent / "profiles" / name
-    with open(p, newline="") as f:
-        return {(r["op"], r["match"], r["dtype"]): float(r["efficiency"]) for r in csv.DictReader(f)}
-
-
-def kernel_efficiency(mg: MemGraph, prof: MachineProfile) -> np.ndarray:
-    """Per-vertex efficiency: the calibration's entry for (op, subscripts) or (op, *), else the profile's."""
-    if not prof.kernel_calibration:
-        return np.full(mg.n, prof.kernel_efficiency)
-    cal = load_calibration(prof.kernel_calibration)
-    out = np.empty(mg.n)
-    for v, (op, dt, par) in enumerate(zip(mg.op, mg.dtype, mg.params, strict=True)):
-        e = cal.get((op, par.get("subscripts", "*"), dt)) or cal.get((op, "*", dt))
-        out[v] = e if e else prof.kernel_efficiency
-    return out
+from turnip.machine.costs import ENG_D2H, ENG_H2D, ENG_KERNEL, ENG_P2P, VertexCosts, link_rates
+from turnip.machine.profile import MachineProfile
+from turnip.memgraph.plan import MemGraph
 
 
 @dataclass(slots=True)
 class Draws:
-    """One run's random factors per vertex: (1 + e) alone / contended, and extra stall ns for copies."""
+    """One run's random factors per vertex as the engine applies them: alone / contended (kernels and
+    P2P: duration / floor; host link copies: bytes to push / bytes), and extra stall ns for copies."""
 
     factor: np.ndarray
     factor_contended: np.ndarray
     stall_ns: np.ndarray
 
 
-class TimingModel:
+class TimingModel(VertexCosts):
     """Floors and jitter for one memgraph on one machine profile."""
 
     def __init__(self, mg: MemGraph, prof: MachineProfile):
-        self.mg, self.prof = mg, prof
-        self.eng = engine_class(mg)
-        self.preloaded = mg.preloaded()
-        self.nbytes = np.where(self.preloaded, 0, mg.out_nbytes).astype(np.int64)  # resident: moved at load
-        self.kernel_ns = kernel_floor_ns(mg, prof)
-        gemm = np.array([op == "einsum" for op in mg.op], dtype=bool)
-        attn = np.array([op == "sdpa" for op in mg.op], dtype=bool)
-        gemm_ns = prof.kernel_launch_ns if prof.gemm_launch_ns is None else prof.gemm_launch_ns
-        attn_ns = prof.kernel_launch_ns if prof.attn_launch_ns is None else prof.attn_launch_ns
-        kernel_launch = np.where(gemm, gemm_ns, np.where(attn, attn_ns, prof.kernel_launch_ns))
-        launch = np.where(self.eng == ENG_KERNEL, kernel_launch, prof.copy_launch_ns)
-        self.launch_ns = np.where(self.preloaded, 0, launch).astype(np.int64)  # host time to issue each vertex
+        super().__init__(mg, prof)
         p = prof
         self._params = {
             ENG_KERNEL: ((p.kernel_excess_mean, p.kernel_excess_sd),
@@ -98,24 +52,20 @@ class TimingModel:
             ENG_P2P: ((p.p2p_excess_mean, p.p2p_excess_sd), (p.p2p_excess_mean, p.p2p_excess_sd)),
         }  # fmt: skip
 
-    def floor_ns(self) -> np.ndarray:
-        """No-noise, no-contention duration of every vertex on its engine (copies include latency)."""
-        p, e, nb = self.prof, self.eng, self.nbytes
-        out = self.kernel_ns.copy()
-        out[e == ENG_H2D] = p.copy_latency_ns + nb[e == ENG_H2D] * 1e9 / p.h2d_bytes_per_s
-        out[e == ENG_D2H] = p.copy_latency_ns + nb[e == ENG_D2H] * 1e9 / p.d2h_bytes_per_s
-        out[e == ENG_P2P] = p.p2p_latency_ns + nb[e == ENG_P2P] * 1e9 / p.p2p_bytes_per_s
-        out[self.preloaded] = 0
-        return out
-
     def mean_ns(self) -> np.ndarray:
         """Expected uncontended duration (floor x mean factor + mean stall): priorities and reports."""
-        d = self.draws(None)
+        x, _, stall = self._excess(None)
         copy = self.eng != ENG_KERNEL
-        return np.rint(self.floor_ns() * d.factor + np.where(copy, d.stall_ns, 0)).astype(np.int64)
+        return np.rint(self.floor_ns() * x + np.where(copy, stall, 0)).astype(np.int64)
 
     def draws(self, rng: np.random.Generator | None) -> Draws:
         """Per-vertex factors for one run; ``rng=None`` gives the means (the ``--mean-only`` mode)."""
+        x, xc, stall = self._excess(rng)
+        f, fc = self._engine_factors(x, xc)
+        return Draws(f, fc, stall)
+
+    def _excess(self, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Duration / floor alone and contended (1 + e), and stall ns, per vertex."""
         n, e = self.mg.n, self.eng
         f, fc = np.ones(n), np.ones(n)
         z = rng.standard_normal((2, n)) if rng is not None else None
@@ -123,6 +73,11 @@ class TimingModel:
             sel = e == cls
             f[sel] = 1 + _excess(m, s, None if z is None else z[0, sel])
             fc[sel] = 1 + _excess(mc, sc, None if z is None else z[1, sel])
+            if z is not None:  # measured spread where a table covers the vertex (the means stay the profile's)
+                t = sel & self.covered
+                f[t] = 1 + _excess(m, self.table_cv[t] * (1 + m), z[0, t])
+                tc = sel & ~np.isnan(self.contended_cv)
+                fc[tc] = 1 + _excess(mc, self.contended_cv[tc] * (1 + mc), z[1, tc])
         p = self.prof
         copy = e != ENG_KERNEL
         if rng is None:
@@ -131,14 +86,45 @@ class TimingModel:
         else:
             hit = copy & (rng.random(n) < p.stall_prob)
             stall = np.where(hit, p.stall_scale_ns * (1 + rng.pareto(p.stall_alpha, n)), 0.0)
-        return Draws(f, fc, np.rint(stall).astype(np.int64))
+        return f, fc, np.rint(stall).astype(np.int64)
+
+    def _engine_factors(self, x: np.ndarray, xc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Duration factors as the engine applies them. Without a table they are the same numbers. With one:
+        P2P scales the roofline duration to the table's; a host link copy pushes ``bytes x factor`` at the
+        solo rate (shared rate when contended) and then waits the latency, so its factor is the bytes that
+        take (floor x (1 + e) - latency) at that rate, over its bytes; contended, at least its
+        ``link_nbytes`` (so a copy whose contention ends early still takes its floor)."""
+        f, fc = x.copy(), xc.copy()
+        e, p = self.eng, self.prof
+        floor = self.copy_floor_ns
+        t = self.covered & (e == ENG_P2P) & (self.roofline_copy_ns > 0)
+        f[t] = floor[t] * x[t] / self.roofline_copy_ns[t]
+        solo, shared = link_rates(p)
+        for cls, d in ((ENG_H2D, 0), (ENG_D2H, 1)):
+            has_c = ~np.isnan(self.contended_mean_ns)
+            sel = np.flatnonzero((e == cls) & (self.nbytes > 0) & (self.covered | has_c))
+            if not len(sel):
+                continue
+            nb, link, lat = self.nbytes[sel].astype(np.float64), self.link_nbytes[sel], p.copy_latency_ns
+            f[sel] = np.where(self.covered[sel], (floor[sel] * x[sel] - lat) * solo[d] / nb, x[sel])
+            mc = self._params[cls][1][0]
+            floor_c = np.fmax(self.contended_mean_ns[sel] / (1 + mc), floor[sel])  # never faster than alone
+            push_c = np.where(has_c[sel], (floor_c * xc[sel] - lat) * shared[d], link * xc[sel])
+            fc[sel] = np.maximum(push_c, link) / nb
+        return f, fc
 
 
-def _excess(mean: float, sd: float, z: np.ndarray | None) -> np.ndarray | float:
-    """Lognormal with the given mean and sd at standard-normal draws ``z`` (None: the mean)."""
+def _excess(mean: float, sd, z: np.ndarray | None) -> np.ndarray | float:
+    """Lognormal with the given mean and sd (a number, or one per draw) at standard-normal draws ``z``
+    (None: the mean)."""
     if mean <= 0:
         return 0.0 if z is None else np.zeros(len(z))
-    if z is None or sd <= 0:
-        return mean if z is None else np.full(len(z), mean)
-    s2 = np.log1p((sd / mean) ** 2)
+    if z is None:
+        return mean
+    if np.ndim(sd) == 0:
+        if sd <= 0:
+            return np.full(len(z), mean)
+        s2 = np.log1p((sd / mean) ** 2)
+        return np.exp(np.log(mean) - s2 / 2 + np.sqrt(s2) * z)
+    s2 = np.log1p((np.maximum(sd, 0.0) / mean) ** 2)
     return np.exp(np.log(mean) - s2 / 2 + np.sqrt(s2) * z)

@@ -1,9 +1,11 @@
 import numpy as np
 import pytest
 
-from sim import h100, lower_bound, simulate
-from sim.memory import memory_timeline, peak_bytes
+from sim import fastest_run, simulate
 from sim.timing import TimingModel
+from turnip.machine.bound import lower_bound
+from turnip.machine.profile import h100
+from turnip.memgraph.timeline import memory_timeline, peak_bytes
 from turnip.sched import POLICIES
 from turnip.sched.testing import chain, make_memgraph, random_memgraph
 
@@ -19,6 +21,13 @@ EXACT = h100().replace(
     h2d_excess_mean=0.0, h2d_contended_excess_mean=0.0, d2h_excess_mean=0.0, d2h_contended_excess_mean=0.0,
     p2p_excess_mean=0.0, stall_prob=0.0,
 )  # fmt: skip
+
+
+def run_policy(mg, policy, seed=0, mean_only=False, prof=None):
+    """One simulated run under any policy; det-replay replays the fastest of 3 nondet runs."""
+    prof = prof or h100()
+    order = fastest_run(mg, prof, range(3), mean_only).order if policy == "det-replay" else None
+    return simulate(mg, prof, policy, seed, mean_only, order=order)
 
 
 def test_chain_makespan_by_hand():
@@ -70,13 +79,13 @@ def test_lower_bound_below_every_makespan(policy):
     for seed in range(6):
         mg = random_memgraph(np.random.default_rng(seed), 120, 1 + seed % 3, p_edge=0.03)
         for mean_only in (False, True):
-            r = simulate(mg, h100(), policy, seed=seed, mean_only=mean_only)
+            r = run_policy(mg, policy, seed, mean_only)
             assert 0 < r.lower_bound_ns <= r.makespan_ns
 
 
 def test_chain_without_variance_det_equals_nondet():
     mg = chain(30, flops=1e11)
-    runs = {p: simulate(mg, h100(), p, mean_only=True).makespan_ns for p in POLICIES}
+    runs = {p: run_policy(mg, p, mean_only=True).makespan_ns for p in POLICIES}
     assert len(set(runs.values())) == 1
 
 
@@ -100,3 +109,26 @@ def test_plan_larger_than_machine():
     mg = make_memgraph(["kernel"], [[]], n_gpus=9, gpus=[8])
     with pytest.raises(ValueError, match="9 GPUs"):
         simulate(mg, h100())
+
+
+def test_det_replay_repeats_the_recorded_run_and_keeps_its_order_under_other_seeds():
+    from turnip.sched.replay import engine_orders
+
+    for seed in range(8):
+        mg = random_memgraph(np.random.default_rng(seed), 150, 1 + seed % 3, p_edge=0.03)
+        for mean_only in (False, True):  # same seed: the very run that was recorded
+            a = simulate(mg, h100(), "nondet", seed, mean_only)
+            b = simulate(mg, h100(), "det-replay", seed, mean_only, order=a.order)
+            assert (b.order == a.order).all() and (b.end_ns == a.end_ns).all()
+        c = simulate(mg, h100(), "det-replay", seed + 100, order=a.order)
+        assert engine_orders(mg, c.order) == engine_orders(mg, a.order)
+        assert sorted(c.order.tolist()) == list(range(mg.n))
+
+
+def test_fastest_run_is_the_fastest_seed():
+    mg = random_memgraph(np.random.default_rng(5), 150, 2, p_edge=0.03)
+    times = [simulate(mg, h100(), "nondet", s).makespan_ns for s in range(4)]
+    best = fastest_run(mg, h100(), range(4))
+    assert best.makespan_ns == min(times) and best.seed == int(np.argmin(times))
+    with pytest.raises(ValueError, match="order="):
+        simulate(mg, h100(), "det-replay")

@@ -3,7 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from sim import h100, simulate
+from sim import simulate
+from turnip.machine.profile import h100
 from turnip.sched.testing import random_memgraph
 from turnip.trace import MEMORY_COLUMNS, SPAN_COLUMNS
 

@@ -149,14 +149,14 @@ def output_dir(path: str, flag: str) -> None:
 
 def load_profile(name: str):
     """A machine profile, or ``CliError`` (usage) listing the presets and profile files."""
-    from sim.profile import load_profile as load
+    from turnip.machine.profile import load_profile as load
 
     try:
         return load(name)
     except FileNotFoundError as e:
         raise CliError(f"{e}", USAGE) from None
     except (ValueError, TypeError, OSError) as e:  # unknown fields, bad values, unreadable or invalid file
-        raise CliError(f"bad machine profile {name}: {e}; see sim/profiles/h100.toml for the fields", USAGE) from None
+        raise CliError(f"bad machine profile {name}: {e}; see docs/profile.md for the format", USAGE) from None
 
 
 def phys_mem() -> int | None:

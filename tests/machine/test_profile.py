@@ -1,13 +1,16 @@
+from pathlib import Path
+
 import pytest
 
-from sim.profile import MachineProfile, dump_toml, h100, load_profile
+import turnip.machine.profile
+from turnip.machine.profile import MachineProfile, dump_toml, h100, load_profile
 
 pytestmark = pytest.mark.unit
 
 
 def test_h100_preset_matches_shipped_file():
     assert load_profile("h100") == h100()
-    assert load_profile("sim/profiles/h100.toml") == h100()
+    assert load_profile(Path(turnip.machine.profile.__file__).parent / "profiles" / "h100.toml") == h100()
 
 
 def test_profile_files_round_trip(tmp_path):
@@ -29,8 +32,7 @@ def test_unknown_profile_and_fields(tmp_path):
 
 
 def test_kernel_calibration_sets_per_op_efficiency(tmp_path):
-    from sim.profile import load_profile
-    from sim.timing import kernel_efficiency
+    from turnip.machine.costs import kernel_efficiency
     from turnip.sched.testing import make_memgraph
 
     cal = tmp_path / "cal.csv"

@@ -1,4 +1,9 @@
-"""Machine profiles: what the simulated server can do. Frozen, loadable from TOML/JSON, ``h100`` preset.
+"""Machine profiles: what a server can do. Frozen, loadable from TOML/JSON, ``h100`` preset.
+
+A profile describes a plan's machine for both clocks: the simulator (``sim``) and the real runtime's lower
+bound read it, so it lives outside ``sim``. Scalar fields are roofline, link, host and jitter figures; a
+JSON profile may also carry measured tables (``kernels``, ``copies``: ``turnip.machine.tables``) that
+replace the roofline x efficiency model for the vertices they cover. The file format is ``docs/profile.md``.
 
 Every figure of the ``h100`` preset comes from ``shared/FACTS.md`` (one H100 80GB, measured) except those
 marked "assumed" below, which nothing measured yet: change them in a profile file, not in code.
@@ -8,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from turnip.machine.tables import CostTables, parse_tables
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +31,8 @@ class MachineProfile:
     fp32_flops_per_s: float = 52e12
     hbm_bytes_per_s: float = 2.9e12  # device copy, bytes read + written
     kernel_efficiency: float = 0.8  # assumed: tiles reach 80% of the 8192^3 roofline
-    # optional per-op efficiencies measured on the device (CSV op,match,dtype,efficiency in sim/profiles/);
-    # ops it does not list keep kernel_efficiency
+    # optional per-op efficiencies measured on the device (CSV op,match,dtype,efficiency in
+    # turnip/machine/profiles/); ops it does not list keep kernel_efficiency
     kernel_calibration: str | None = None
     kernel_min_ns: int = 3_000  # assumed: smallest kernel
     # host link (PCIe), one per GPU; not fully duplex
@@ -42,9 +50,14 @@ class MachineProfile:
     attn_launch_ns: int | None = 100_000  # sdpa (cuDNN's execute from Python); None: kernel_launch_ns
     copy_launch_ns: int = 13_000  # an async host<->device copy + its end event
     completion_ns: int = 7_000  # event polling and the scheduler's completion handling
+    # a kernel starts on the device this long after the host issues it, when its GPU is idle (driver
+    # launch latency and the delay until the host sees its dependencies' completion events; measured by
+    # `turnip calibrate`, 0 in the presets)
+    kernel_start_latency_ns: int = 0
     # contention (FACTS: copies slow concurrent GEMMs by ~11%)
     kernel_slowdown_with_copies: float = 1.11
-    # jitter: duration = floor * (1 + e), e ~ lognormal with the given mean and standard deviation
+    # jitter: duration = floor * (1 + e), e ~ lognormal with the given mean and standard deviation (the sd of
+    # a vertex a measured table covers comes from the table instead)
     kernel_excess_mean: float = 0.02  # GEMM alone: p50 0.184 ms, mean 0.188 ms
     kernel_excess_sd: float = 0.02
     kernel_contended_excess_mean: float = 0.02
@@ -63,12 +76,20 @@ class MachineProfile:
     stall_prob: float = 0.002  # assumed
     stall_scale_ns: int = 100_000  # assumed
     stall_alpha: float = 2.0  # assumed
+    # measured kernel and copy tables (a profile document's "kernels" and "copies"; None: the roofline and
+    # the constants above). For a vertex a table covers, the mean comes from the table, the floor is that
+    # mean / (1 + the excess mean above) and the excess sd is the table's cv x (1 + excess mean).
+    tables: CostTables | None = field(default=None, repr=False)
 
     def replace(self, **kw) -> MachineProfile:
         return dataclasses.replace(self, **kw)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The scalar fields (``tables`` left out: ``dump_json`` writes them)."""
+        return {f.name: getattr(self, f.name) for f in _SCALARS}
+
+
+_SCALARS = tuple(f for f in dataclasses.fields(MachineProfile) if f.name != "tables")
 
 
 def h100() -> MachineProfile:
@@ -77,19 +98,20 @@ def h100() -> MachineProfile:
 
 PRESETS = {"h100": h100}
 _DIR = Path(__file__).parent / "profiles"
+DOC_KEYS = ("format", "version", "machine", "kernels", "copies")
+INFO_KEYS = ("calibration",)  # informational top-level keys a profile document may carry
 
 
 def profile_names() -> list[str]:
-    """Every name ``load_profile`` takes without a path: the presets and the profile files in ``sim/profiles/``."""
+    """Every name ``load_profile`` takes without a path: the presets and the profile files in
+    ``turnip/machine/profiles/``."""
     files = {f.stem for f in [*_DIR.glob("*.toml"), *_DIR.glob("*.json")]}
     return sorted(set(PRESETS) | files)
 
 
 def _check_values(p: Path, data: dict) -> None:
     """Every value of the right type (numbers for numeric fields), finite, and positive where it must be."""
-    import math
-
-    for f in dataclasses.fields(MachineProfile):
+    for f in _SCALARS:
         if f.name not in data:
             continue
         v, default = data[f.name], f.default
@@ -107,45 +129,82 @@ def _check_values(p: Path, data: dict) -> None:
             raise ValueError(f"{p}: field {f.name} = {v!r} is out of range (must be {'> 0' if least else '>= 0'})")
 
 
-def load_profile(name_or_path: str | Path) -> MachineProfile:
-    """A preset name (``h100``), a file in ``sim/profiles/``, or a path to a .toml / .json profile.
-
-    A file may set any subset of fields; the rest keep the ``h100`` values. Errors: ``FileNotFoundError``
-    for an unknown name (listing every preset and profile file), ``ValueError`` naming the file for an
-    unreadable document, unknown fields or bad values."""
+def _find(name_or_path: str | Path) -> Path | None:
     p = Path(name_or_path)
-    if not p.exists() and str(name_or_path) in PRESETS:
+    if p.exists():
+        return p if p.is_file() else None
+    for suffix in (".toml", ".json"):
+        q = _DIR / f"{name_or_path}{suffix}"
+        if q.is_file():
+            return q
+    return None
+
+
+def load_profile(name_or_path: str | Path) -> MachineProfile:
+    """A preset name (``h100``), a file in ``turnip/machine/profiles/`` (by stem), or a path to a .toml /
+    .json profile.
+
+    A file may set any subset of scalar fields; the rest keep the ``h100`` values. A document with
+    ``format``/``version``/``machine``/``kernels``/``copies`` keys is a full profile (``docs/profile.md``);
+    otherwise the file is the table of scalar fields itself. Errors: ``FileNotFoundError`` for an unknown
+    name (listing every preset and profile file), one-line ``ValueError`` naming the file for an unreadable
+    document, unknown fields, bad values or a bad table row."""
+    if not Path(name_or_path).exists() and str(name_or_path) in PRESETS:
         return PRESETS[str(name_or_path)]()
-    if not p.exists():
-        p = _DIR / f"{name_or_path}.toml"
-    if not p.exists() or not p.is_file():
+    p = _find(name_or_path)
+    if p is None:
         raise FileNotFoundError(
             f"no machine profile {str(name_or_path)!r}; use one of {', '.join(profile_names())} "
-            "(presets and sim/profiles/), or the path of a .toml or .json profile file"
+            "(presets and turnip/machine/profiles/), or the path of a .toml or .json profile file"
         )
     try:
         text = p.read_text()
         data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError and TOMLDecodeError are ValueErrors
         kind = "JSON" if p.suffix == ".json" else "TOML"
-        raise ValueError(f"{p}: not a valid {kind} profile ({e})") from e
+        raise ValueError(f"{p}: not a valid {kind} profile ({_one_line(e)})") from e
     if not isinstance(data, dict):
         raise ValueError(f"{p}: a profile is a table of fields, got {type(data).__name__}")
-    data = data.get("machine", data)
-    if not isinstance(data, dict):
-        raise ValueError(f"{p}: [machine] must be a table of fields")
-    known = {f.name for f in dataclasses.fields(MachineProfile)}
-    unknown = set(data) - known
+    machine, tables = data, None
+    if any(k in data for k in DOC_KEYS):
+        extra = sorted(set(data) - set(DOC_KEYS) - set(INFO_KEYS))
+        if extra:
+            raise ValueError(f"{p}: unknown top-level keys {extra} (a profile document has {', '.join(DOC_KEYS)})")
+        if data.get("format", "turnip-profile") != "turnip-profile":
+            raise ValueError(f"{p}: format is {data['format']!r}, not 'turnip-profile'")
+        if data.get("version", 1) != 1:
+            raise ValueError(f"{p}: profile version {data['version']!r} is not supported (this turnip reads 1)")
+        machine = data.get("machine", {})
+        tables = parse_tables(str(p), data.get("kernels"), data.get("copies"))
+    if not isinstance(machine, dict):
+        raise ValueError(f"{p}: machine must be a table of fields")
+    unknown = set(machine) - {f.name for f in _SCALARS}
     if unknown:
         raise ValueError(f"{p}: unknown profile fields {sorted(unknown)}")
-    _check_values(p, data)
-    return MachineProfile(**data)
+    _check_values(p, machine)
+    return MachineProfile(**machine, tables=tables)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 def dump_toml(profile: MachineProfile) -> str:
+    """The scalar fields as a TOML profile; a profile with tables needs ``dump_json``."""
+    if profile.tables is not None:
+        raise ValueError(f"profile {profile.name!r} has measured tables, which TOML profiles do not carry; "
+                         "use dump_json")  # fmt: skip
     lines = ["[machine]"]
     for k, v in profile.to_dict().items():
         if v is None:  # TOML has no null: an absent key loads as the default, None
             continue
         lines.append(f"{k} = {json.dumps(v)}" if isinstance(v, str) else f"{k} = {v!r}")
     return "\n".join(lines) + "\n"
+
+
+def dump_json(profile: MachineProfile) -> str:
+    """The whole profile, tables included, as a ``turnip-profile`` JSON document."""
+    doc: dict = {"format": "turnip-profile", "version": 1, "machine": profile.to_dict()}
+    if profile.tables is not None:
+        doc["kernels"], doc["copies"] = profile.tables.to_rows()
+    return json.dumps(doc, indent=1) + "\n"

@@ -1,0 +1,76 @@
+"""``turnip calibrate``'s bookkeeping on synthetic runs (the measurements themselves need a GPU)."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from turnip.calibrate import _kernel_rows, copy_fields, dependency_gaps, kernel_plans
+from turnip.compile import build_with_resident, make_taskgraph
+from turnip.machine.costs import vertex_work
+from turnip.machine.profile import load_profile
+from turnip.memgraph.plan import KIND_KERNEL
+
+pytestmark = pytest.mark.unit
+
+
+def serial_runs(mg, ns_of, gap_ns: int, n: int = 2):
+    """Runs where kernels execute one after another in index order, each ``gap_ns`` after the last."""
+    runs = []
+    for r in range(n):
+        start, end, t = np.zeros(mg.n, np.int64), np.zeros(mg.n, np.int64), 0
+        for v in range(mg.n):
+            if mg.kind[v] != KIND_KERNEL:
+                continue
+            t += gap_ns
+            start[v], end[v] = t, t + ns_of(v, r)
+            t = end[v]
+        runs.append(SimpleNamespace(start_ns=start, end_ns=end))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def plan():
+    tg = make_taskgraph("llama-tiny", 32, 1, "fp32", {"t": 8})
+    return build_with_resident(tg, 1 << 24, None, str(1 << 23))
+
+
+def test_kernel_rows_group_by_op_shape_and_work(plan):
+    mg = plan
+    w = vertex_work(mg)
+    rows = _kernel_rows(mg, serial_runs(mg, lambda v, r: 1000 + 10 * r + int(w[v] % 7), 500))
+    kernels = np.flatnonzero(mg.kind == KIND_KERNEL)
+    assert sum(r["n"] for r in rows) == 2 * len(kernels)  # every kernel of every run, once
+    for r in rows:
+        assert r["ns_sd"] >= 0 and r["ns_mean"] >= 1000 and (r["match"] == "*") == (r["op"] != "einsum")
+    keys = {(r["op"], r["match"], r["dtype"], r["work"]) for r in rows}
+    assert len(keys) == len(rows)
+
+
+def test_dependency_gaps_measure_hand_overs_to_an_idle_gpu(plan):
+    gaps = dependency_gaps(plan, serial_runs(plan, lambda v, r: 2000, 7000))
+    assert gaps and all(ns == 7000 for _, ns in gaps)
+    assert {k for k, _ in gaps} <= {"gemm", "attn", "kernel"}
+
+
+def test_copy_fields_and_a_written_profile_loads(tmp_path, plan):
+    copies = [{"kind": k, "contended": c, "nbytes": n, "ns_mean": n / (40 if c else 50) + 5000.0, "ns_sd": 10.0,
+               "n": 5} for k in ("h2d", "d2h") for c in (False, True) for n in (1 << 16, 1 << 24)]  # fmt: skip
+    f = copy_fields(copies)
+    assert f["copy_latency_ns"] == int((1 << 16) / 50 + 5000)
+    assert 49e9 < f["h2d_bytes_per_s"] < 50e9 and f["pcie_both_bytes_per_s"] > f["h2d_bytes_per_s"]
+    rows = _kernel_rows(plan, serial_runs(plan, lambda v, r: 3000 + r, 1000))
+    doc = {"format": "turnip-profile", "version": 1, "machine": {"name": "synthetic"} | f, "kernels": rows,
+           "copies": copies, "calibration": {"device": "none"}}  # fmt: skip
+    p = tmp_path / "synthetic.json"
+    p.write_text(json.dumps(doc))
+    prof = load_profile(p)
+    assert prof.name == "synthetic" and prof.h2d_bytes_per_s == f["h2d_bytes_per_s"]
+
+
+def test_calibration_plans_are_not_the_validation_grid():
+    grid = {1024, 4096, 8192, 16384, 32768}
+    plans = kernel_plans()
+    assert plans and not {p.seq for p in plans} & grid
+    assert all(p.layers <= 2 for p in plans)

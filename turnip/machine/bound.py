@@ -1,0 +1,52 @@
+"""Lower bound on a plan's makespan: max(critical path, per-GPU kernel time, per-link transfer time).
+
+Built from floor durations (no noise, no contention: ``turnip.machine.costs``), so it holds for every
+simulated run, and for real runs as far as the profile's floors hold on the hardware. The critical path
+counts each vertex's host launch and completion latency; ``host_ns`` is the launch cost of all commands
+(one host thread issues them one after another). A host link carries each copy's ``link_nbytes`` (its
+bytes, or with a measured copy table the bytes its floor moves at the link's rate).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from turnip.machine.costs import ENG_D2H, ENG_H2D, ENG_KERNEL, ENG_P2P, VertexCosts
+from turnip.sched.priority import critical_path_ns
+
+
+def lower_bound(costs: VertexCosts) -> dict[str, int]:
+    """The bound and its parts (all ns): ``critical_path_ns``, ``kernel_ns`` (busiest GPU),
+    ``link_ns`` (busiest host link or GPU<->GPU link), ``host_ns`` (launch cost of all commands).
+    ``costs`` is a ``VertexCosts`` (the simulator's ``TimingModel`` is one)."""
+    mg, p = costs.mg, costs.prof
+    floor = costs.floor_ns()
+    e, g = costs.eng, mg.gpu.astype(np.int64)
+    gpus = max(mg.n_gpus, 1)
+    kern = np.bincount(g[e == ENG_KERNEL], floor[e == ENG_KERNEL], minlength=gpus)
+    nb = np.asarray(costs.link_nbytes, dtype=np.float64)
+    h2d = np.bincount(g[e == ENG_H2D], nb[e == ENG_H2D], minlength=gpus)
+    d2h = np.bincount(g[e == ENG_D2H], nb[e == ENG_D2H], minlength=gpus)
+    pcie = np.maximum.reduce([h2d / p.h2d_bytes_per_s, d2h / p.d2h_bytes_per_s, (h2d + d2h) / p.pcie_both_bytes_per_s])
+    pair = mg.src_gpu.astype(np.int64) * gpus + g
+    sel = e == ENG_P2P
+    p2p = np.bincount(pair[sel], floor[sel].astype(np.float64), minlength=gpus * gpus)
+    host = int(costs.launch_ns.sum())
+    start = np.where(e == ENG_KERNEL, p.kernel_start_latency_ns, 0)
+    per_vertex = floor + costs.launch_ns + p.completion_ns + start  # a chain waits for each hand-over
+    parts = {
+        "critical_path_ns": int(critical_path_ns(mg, per_vertex).max(initial=0)),
+        "kernel_ns": int(kern.max(initial=0)),
+        "link_ns": int(max(pcie.max(initial=0) * 1e9, p2p.max(initial=0))),
+        "host_ns": host,
+    }
+    parts["lower_bound_ns"] = max(parts.values())
+    return parts
+
+
+def plan_bound(mg, profile="h100") -> dict[str, int]:
+    """``lower_bound`` of ``mg`` on a profile (a ``MachineProfile``, or a name or path for ``load_profile``)."""
+    from turnip.machine.profile import MachineProfile, load_profile
+
+    prof = profile if isinstance(profile, MachineProfile) else load_profile(profile)
+    return lower_bound(VertexCosts(mg, prof))

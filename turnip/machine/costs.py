@@ -1,0 +1,188 @@
+"""Per-vertex costs of a plan on a machine: engine class, floor durations and host launch costs.
+
+A floor is a vertex's duration with no noise and no contention: every run takes at least that long, so the
+lower bound (``turnip.machine.bound``) is built from floors and the simulator's draws never go below them
+(``sim.timing``). Two models give a kernel's floor:
+
+- **measured tables** (``MachineProfile.tables``, ``docs/profile.md``): the table of (op, einsum
+  subscripts, dtype), else (op, ``*``, dtype), interpolated at the vertex's work (``vertex_work``) gives the
+  mean time m and the spread cv; the floor is m / (1 + kernel_excess_mean), so the mean of the draws is m.
+  Host<->device and GPU<->GPU copies the same way over bytes, per (kind, contended);
+- otherwise **roofline x efficiency**: max(flops / peak, bytes touched / HBM bandwidth) / efficiency, the
+  efficiency per op from ``kernel_calibration`` (CSV) or the profile's constant; copies: latency + bytes /
+  bandwidth.
+
+``VertexCosts`` holds the arrays for one plan and one profile; it owns nothing else and never changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from turnip.machine.profile import MachineProfile
+from turnip.memgraph.plan import KIND_KERNEL, KIND_OFFLOAD, KIND_TRANSFER, MemGraph
+
+# engine classes of a vertex
+ENG_KERNEL, ENG_H2D, ENG_D2H, ENG_P2P = 0, 1, 2, 3
+COPY_KIND = {ENG_H2D: "h2d", ENG_D2H: "d2h", ENG_P2P: "p2p"}
+WORK_FLOPS = ("einsum", "sdpa")  # ops whose work is flops; the others: bytes read plus written
+
+
+def work_of(op: str) -> str:
+    """What a kernel table's ``work`` measures for ``op``: ``"flops"`` (``mg.flops[v]``) for einsum and
+    sdpa, ``"io_nbytes"`` (``mg.io_nbytes()[v]``: bytes read plus written) for every other op."""
+    return "flops" if op in WORK_FLOPS else "io_nbytes"
+
+
+def vertex_work(mg: MemGraph) -> np.ndarray:
+    """Every vertex's work in the sense of ``work_of`` (float64); what calibration records and tables read."""
+    flops = np.asarray(mg.flops, dtype=np.float64)
+    io = mg.io_nbytes().astype(np.float64)
+    return np.where([work_of(op) == "flops" for op in mg.op], flops, io)
+
+
+def vertex_match(mg: MemGraph) -> list[str]:
+    """Every vertex's table ``match``: an einsum's subscripts, ``*`` for any other vertex."""
+    return [p.get("subscripts", "*") if op == "einsum" else "*" for op, p in zip(mg.op, mg.params, strict=True)]
+
+
+def engine_class(mg: MemGraph) -> np.ndarray:
+    k = mg.kind
+    e = np.full(mg.n, ENG_H2D, dtype=np.int8)
+    e[k == KIND_KERNEL] = ENG_KERNEL
+    e[k == KIND_OFFLOAD] = ENG_D2H
+    e[k == KIND_TRANSFER] = ENG_P2P
+    return e
+
+
+def kernel_floor_ns(mg: MemGraph, prof: MachineProfile) -> np.ndarray:
+    """Roofline: max(flops / peak, bytes touched / HBM bandwidth) / efficiency, at least kernel_min_ns."""
+    peak = np.array([prof.fp32_flops_per_s if d == "fp32" else prof.fp16_flops_per_s for d in mg.dtype])
+    t = np.maximum(mg.flops / peak, mg.io_nbytes() / prof.hbm_bytes_per_s) / kernel_efficiency(mg, prof)
+    return np.maximum(np.rint(t * 1e9), prof.kernel_min_ns).astype(np.int64)
+
+
+def load_calibration(name: str) -> dict[tuple[str, str, str], float]:
+    """(op, match, dtype) -> efficiency from a CSV in ``turnip/machine/profiles/`` (or a path). ``match`` is
+    an einsum's subscripts, or ``*`` for any vertex of that op."""
+    import csv
+
+    p = Path(name)
+    if not p.exists():
+        p = Path(__file__).parent / "profiles" / name
+    with open(p, newline="") as f:
+        return {(r["op"], r["match"], r["dtype"]): float(r["efficiency"]) for r in csv.DictReader(f)}
+
+
+def kernel_efficiency(mg: MemGraph, prof: MachineProfile) -> np.ndarray:
+    """Per-vertex efficiency: the calibration's entry for (op, subscripts) or (op, *), else the profile's."""
+    if not prof.kernel_calibration:
+        return np.full(mg.n, prof.kernel_efficiency)
+    cal = load_calibration(prof.kernel_calibration)
+    out = np.empty(mg.n)
+    for v, (op, dt, par) in enumerate(zip(mg.op, mg.dtype, mg.params, strict=True)):
+        e = cal.get((op, par.get("subscripts", "*"), dt)) or cal.get((op, "*", dt))
+        out[v] = e if e else prof.kernel_efficiency
+    return out
+
+
+def launch_ns(mg: MemGraph, prof: MachineProfile, eng: np.ndarray | None = None) -> np.ndarray:
+    """Host time to issue each vertex: GEMM, attention, other kernel or copy; 0 for resident inputs."""
+    eng = engine_class(mg) if eng is None else eng
+    gemm = np.array([op == "einsum" for op in mg.op], dtype=bool)
+    attn = np.array([op == "sdpa" for op in mg.op], dtype=bool)
+    gemm_ns = prof.kernel_launch_ns if prof.gemm_launch_ns is None else prof.gemm_launch_ns
+    attn_ns = prof.kernel_launch_ns if prof.attn_launch_ns is None else prof.attn_launch_ns
+    kernel_launch = np.where(gemm, gemm_ns, np.where(attn, attn_ns, prof.kernel_launch_ns))
+    launch = np.where(eng == ENG_KERNEL, kernel_launch, prof.copy_launch_ns)
+    return np.where(mg.preloaded(), 0, launch).astype(np.int64)
+
+
+def link_rates(prof: MachineProfile) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Host link rates in bytes per ns, (h2d, d2h): alone, and each direction's share when both run."""
+    both = prof.pcie_both_bytes_per_s / (prof.h2d_bytes_per_s + prof.d2h_bytes_per_s)
+    solo = (prof.h2d_bytes_per_s / 1e9, prof.d2h_bytes_per_s / 1e9)
+    return solo, (min(1.0, both) * solo[0], min(1.0, both) * solo[1])
+
+
+def excess_mean(prof: MachineProfile, contended: bool = False) -> dict[int, float]:
+    """The profile's mean excess (duration / floor - 1) per engine class."""
+    p = prof
+    if contended:
+        return {ENG_KERNEL: p.kernel_contended_excess_mean, ENG_H2D: p.h2d_contended_excess_mean,
+                ENG_D2H: p.d2h_contended_excess_mean, ENG_P2P: p.p2p_excess_mean}  # fmt: skip
+    return {ENG_KERNEL: p.kernel_excess_mean, ENG_H2D: p.h2d_excess_mean, ENG_D2H: p.d2h_excess_mean,
+            ENG_P2P: p.p2p_excess_mean}  # fmt: skip
+
+
+class VertexCosts:
+    """Floors, launch costs and measured spread of every vertex of one plan on one machine profile.
+
+    Arrays (one entry per vertex): ``eng`` engine class; ``preloaded`` resident inputs (cost nothing in a
+    run); ``nbytes`` bytes a copy moves (0 when preloaded); ``kernel_ns`` kernel floors; ``launch_ns`` host
+    issue cost; ``link_nbytes`` a host<->device copy's occupancy of its link in bytes at the solo rate
+    (its floor less ``copy_latency_ns``, times the rate: ``nbytes`` without a table); ``table_mean_ns`` /
+    ``table_cv`` the measured mean and cv where a table covers the vertex (``covered``), else NaN;
+    ``contended_mean_ns`` / ``contended_cv`` the same from the contended copy tables (host link copies);
+    ``copy_floor_ns`` copies' floors in float ns; ``roofline_copy_ns`` latency + bytes / bandwidth."""
+
+    def __init__(self, mg: MemGraph, prof: MachineProfile):
+        self.mg, self.prof = mg, prof
+        self.eng = e = engine_class(mg)
+        self.preloaded = mg.preloaded()
+        self.nbytes = np.where(self.preloaded, 0, mg.out_nbytes).astype(np.int64)  # resident: moved at load
+        self.launch_ns = launch_ns(mg, prof, e)
+        n = mg.n
+        self.table_mean_ns, self.table_cv = np.full(n, np.nan), np.full(n, np.nan)
+        self.contended_mean_ns, self.contended_cv = np.full(n, np.nan), np.full(n, np.nan)
+        if prof.tables is not None:
+            self._read_tables()
+        self.covered = ~np.isnan(self.table_mean_ns)
+        mu = excess_mean(prof)
+        mu_v = np.array([mu[c] for c in range(4)])[e]
+        roof = kernel_floor_ns(mg, prof)
+        table_floor = self.table_mean_ns / (1 + mu_v)
+        self.kernel_ns = np.where(self.covered & (e == ENG_KERNEL), np.rint(table_floor), roof).astype(np.int64)
+        # copies: floor (float ns) and link occupancy
+        lat = np.where(e == ENG_P2P, prof.p2p_latency_ns, prof.copy_latency_ns).astype(np.float64)
+        rate = np.select([e == ENG_H2D, e == ENG_D2H], [prof.h2d_bytes_per_s, prof.d2h_bytes_per_s],
+                         prof.p2p_bytes_per_s)  # fmt: skip
+        self.roofline_copy_ns = lat + self.nbytes * 1e9 / rate
+        host_link = (e == ENG_H2D) | (e == ENG_D2H)
+        tfloor = np.where(host_link, np.fmax(table_floor, lat), table_floor)  # the engine adds the latency
+        self.copy_floor_ns = np.where(self.covered, tfloor, self.roofline_copy_ns)
+        self.copy_floor_ns[self.preloaded | (e == ENG_KERNEL)] = 0.0
+        self.link_nbytes = np.where(host_link & self.covered, (self.copy_floor_ns - lat) * rate / 1e9, self.nbytes)
+
+    def _read_tables(self) -> None:
+        mg, t, e = self.mg, self.prof.tables, self.eng
+        work = vertex_work(mg)
+        kern = np.flatnonzero(e == ENG_KERNEL)
+        groups: dict = {}
+        match = vertex_match(mg)
+        for v in kern.tolist():
+            groups.setdefault((mg.op[v], match[v], mg.dtype[v]), []).append(v)
+        for (op, m, dt), vs in groups.items():
+            c = t.kernel_curve(op, m, dt)
+            if c is not None:
+                vs = np.asarray(vs)
+                self.table_mean_ns[vs] = np.maximum(c.mean_ns(work[vs]), self.prof.kernel_min_ns)
+                self.table_cv[vs] = c.cv_at(work[vs])
+        for cls, kind in COPY_KIND.items():
+            vs = np.flatnonzero((e == cls) & ~self.preloaded)
+            for contended, mean, cv in ((False, self.table_mean_ns, self.table_cv),
+                                        (True, self.contended_mean_ns, self.contended_cv)):  # fmt: skip
+                c = t.copy_curve(kind, contended)
+                if c is not None and len(vs) and not (contended and cls == ENG_P2P):
+                    mean[vs], cv[vs] = c.mean_ns(self.nbytes[vs]), c.cv_at(self.nbytes[vs])
+
+    def floor_ns(self) -> np.ndarray:
+        """No-noise, no-contention duration of every vertex on its engine (copies include latency)."""
+        e = self.eng
+        out = self.kernel_ns.copy()
+        copy = e != ENG_KERNEL
+        out[copy] = self.copy_floor_ns[copy]  # truncated: never above what the simulator's copies take
+        out[self.preloaded] = 0
+        return out
