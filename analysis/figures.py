@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.summary import CONFIG
+from analysis.summary import CONFIG, policy_order, present_baselines
 
 _COLORS = {"kernel": "tab:blue", "h2d": "tab:green", "d2h": "tab:red", "p2p": "tab:purple"}
 
@@ -32,19 +32,28 @@ def _label(row) -> str:
     return f"{row['model']} {int(row['seq']) // 1024}K {int(row['gpus'])}g {row['budget']}"
 
 
-def speedup(table, path: Path) -> None:
-    """Nondet-over-det speedup per configuration with its 95% interval (and the mean-only speedup)."""
+def speedup(table, path: Path, other: str = "nondet") -> None:
+    """Per configuration, ``other``'s makespan over each baseline's (det, det-kernels, det-replay: paired by
+    seed, 95% interval) as bars, the noise-free ratio as a marker; below 1 adapting at run time wins."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(table) + 2), 4))
+    bls = present_baselines(table, other)
+    fig, ax = plt.subplots(figsize=(max(6, (0.25 * len(bls) + 0.3) * len(table) + 2), 4.6))
     x = np.arange(len(table))
-    y = table.speedup_pct.to_numpy()
-    err = np.vstack([y - table.ci_low_pct.to_numpy(), table.ci_high_pct.to_numpy() - y])
-    ax.bar(x - 0.2, y, 0.4, yerr=err, capsize=3, label="with timing noise")
-    ax.bar(x + 0.2, table.mean_only_speedup_pct.to_numpy(), 0.4, label="mean-only (no noise)", alpha=0.6)
-    ax.axhline(0, color="k", lw=0.8)
+    w = 0.8 / max(1, len(bls))
+    for j, bl in enumerate(bls):
+        c = f"{other}_over_{bl}"
+        y, lo, hi = (table[k].to_numpy(dtype=float) for k in (c, f"{c}_ci_low", f"{c}_ci_high"))
+        err = np.vstack([y - lo, hi - y])
+        pos = x + (j - (len(bls) - 1) / 2) * w
+        ax.bar(pos, y, w * 0.9, yerr=np.nan_to_num(err), capsize=2, color=f"C{j}", label=f"{other} / {bl}")
+        ax.plot(pos, table[f"{c}_mean_only"].to_numpy(dtype=float), "wo", ms=3, mec="k", mew=0.8,
+                label="mean-only (no noise)" if j == 0 else None)  # fmt: skip
+    ax.axhline(1, color="k", lw=0.8)
+    floor = np.nanmin([table[f"{other}_over_{b}_ci_low"].min() for b in bls] + [1.0])
+    ax.set_ylim(max(0.0, floor - 0.05), None)
     ax.set_xticks(x, [_label(r) for _, r in table.iterrows()], rotation=60, ha="right", fontsize=8)
-    ax.set_ylabel("speedup of nondet over det (%)")
-    ax.legend(fontsize=8)
+    ax.set_ylabel(f"makespan {other} / baseline\n(paired by seed; <1: {other} faster)", fontsize=9)
+    ax.legend(fontsize=8, ncol=len(bls) + 1, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
@@ -55,11 +64,12 @@ def makespan_distributions(runs, path: Path) -> None:
     plt = _plt()
     noisy = runs[~runs.mean_only.astype(bool)]
     groups = list(noisy.groupby(CONFIG, sort=True))
-    policies = sorted(noisy.policy.unique())
+    policies = policy_order(noisy.policy.unique())
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(groups) + 2), 4))
     w = 0.8 / max(1, len(policies))
     for j, pol in enumerate(policies):
-        data = [(g[g.policy == pol].makespan_ns / g.lower_bound_ns).to_numpy() for _, g in groups]
+        sel = [g[g.policy == pol] for _, g in groups]  # divide within the policy's rows (index-aligned)
+        data = [(x.makespan_ns / x.lower_bound_ns).to_numpy() for x in sel]
         pos = np.arange(len(groups)) + (j - (len(policies) - 1) / 2) * w
         bp = ax.boxplot(data, positions=pos, widths=w * 0.9, patch_artist=True, showfliers=True)
         for b in bp["boxes"]:
@@ -78,8 +88,11 @@ def efficiency(runs, path: Path) -> None:
     """Lower bound / makespan of every run, per policy."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for j, (pol, g) in enumerate(runs[~runs.mean_only.astype(bool)].groupby("policy")):
-        ax.scatter(g.lower_bound_ns / 1e6, g.lower_bound_ns / g.makespan_ns, s=10, color=f"C{j}", label=pol)
+    noisy = runs[~runs.mean_only.astype(bool)]
+    for j, pol in enumerate(policy_order(noisy.policy.unique())):  # markers apart: policies often coincide
+        g = noisy[noisy.policy == pol]
+        ax.scatter(g.lower_bound_ns / 1e6, g.lower_bound_ns / g.makespan_ns, s=14, color=f"C{j}", label=pol,
+                   marker="o+x^vsd"[j % 7], facecolors="none" if j == 0 else None)  # fmt: skip
     ax.set_xscale("log")
     ax.set_xlabel("lower bound (ms)")
     ax.set_ylabel("efficiency = bound / makespan")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis import figures
-from analysis.summary import format_table, speedup_table
+from analysis.summary import format_table, policy_order, speedup_table
 
 
 def load_trace_tables(trace_dir: Path) -> tuple[dict, dict]:
@@ -16,8 +16,9 @@ def load_trace_tables(trace_dir: Path) -> tuple[dict, dict]:
     import pandas as pd
 
     spans, mem = {}, {}
-    for p in sorted(trace_dir.glob("*.spans.csv")):
-        pol = p.name[: -len(".spans.csv")]
+    found = {p.name[: -len(".spans.csv")]: p for p in trace_dir.glob("*.spans.csv")}
+    for pol in policy_order(found):
+        p = found[pol]
         spans[pol] = {c: s.to_numpy() for c, s in pd.read_csv(p).items()}
         m = p.with_name(f"{pol}.memory.csv")
         if m.exists():

@@ -45,7 +45,14 @@ def register(sub) -> None:
     p.add_argument("--tile", action="append", default=[], metavar="DIM=SIZE",
                    help="tile size override (llama-*): t, h, f or kv, as in `turnip compile`")
     p.add_argument("--backend", default="cpu", choices=BACKENDS)
-    p.add_argument("--policy", default="nondet", choices=POLICIES)
+    p.add_argument("--policy", default="nondet", choices=POLICIES,
+                   help="dispatch policy (see `turnip simulate --help`); det-replay: the warm-up runs and then "
+                   "--record-runs untimed runs go nondet and record their issue orders, and every timed run "
+                   "replays the fastest one's order fixed (each GPU's kernels, copies per direction and "
+                   "transfers per link strictly in the recorded sequence)")
+    p.add_argument("--record-runs", type=ck.COUNT, default=None, metavar="N",
+                   help="det-replay: untimed nondet runs, after the warm-up, whose fastest order is replayed "
+                   "(default 3)")
     p.add_argument("--streams", type=ck.int_in(1, 64), default=5, help="stream slots per GPU (1..64)")
     p.add_argument("--numba-kernels", action="store_true",
                    help="cuda: numba memory-bound kernels instead of the CUDA C++ ones (16-byte accesses, warp "
@@ -207,6 +214,8 @@ def _check_args(a) -> None:
             raise ck.CliError(f"--weights applies to LLaMA models only, not {a.model}; drop --weights", ck.USAGE)
     if a.prompt is not None and a.prompt_ids:
         raise ck.CliError("pass --prompt or --prompt-ids, not both", ck.USAGE)
+    if a.record_runs is not None and a.policy != "det-replay":
+        raise ck.CliError("--record-runs applies to --policy det-replay only; drop it", ck.USAGE)
     if a.plan and a.tile:
         raise ck.CliError("--tile applies when compiling --model, not to a plan file (its tiles are fixed); drop "
                           "--tile or compile the plan again with them", ck.USAGE)  # fmt: skip
@@ -269,14 +278,27 @@ def cmd_run(a) -> int:
         t_load = time.perf_counter() - t1
         print(f"{mg.n} vertices on {mg.n_gpus} GPU(s), backend {a.backend}, policy {a.policy}; "
               f"plan {t_plan:.1f} s, load {t_load:.1f} s")  # fmt: skip
-        with Progress(a.warmup + a.repeat, "run") as bar:
-            for i in range(a.warmup + a.repeat):
-                res = execute(mg, be, a.policy, a.streams, seed=a.seed + i, stall_s=a.stall_s)
-                if i >= a.warmup:
+        n_rec = (a.record_runs or 3) if a.policy == "det-replay" else 0
+        untimed, recorded, order = a.warmup + n_rec, [], None
+        with Progress(untimed + a.repeat, "run") as bar:
+            for i in range(untimed + a.repeat):
+                timed = i >= untimed
+                policy = a.policy if timed or not n_rec else "nondet"
+                res = execute(mg, be, policy, a.streams, seed=a.seed + i, stall_s=a.stall_s,
+                              record_order=not timed and i >= a.warmup, order=order if timed else None)  # fmt: skip
+                if res.order:
+                    recorded.append(res)
+                if n_rec and i == untimed - 1:
+                    order = min(recorded, key=lambda r: r.makespan_ns).order
+                if timed:
                     rows.append(res.row(mg, meta, bound))
                 bar.update(i + 1)
         outs = be.read_outputs()
     _report(rows, bound, res, int(mg.stats.get("resident_input_nbytes", 0)))
+    if recorded:
+        ms = sorted(r.makespan_ns / 1e6 for r in recorded)
+        print(f"det-replay           replayed the issue order of the fastest of {len(ms)} nondet runs ({ms[0]:.3f} "
+              f"ms; their median {ms[len(ms) // 2]:.3f} ms)")  # fmt: skip
     if "logits" in tg.meta.get("output_blocks", {}):
         _report_logits(a, tg, outs)
     _report_host_memory(mg)

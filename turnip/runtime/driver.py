@@ -47,7 +47,7 @@ class RunResult:
 
     def trace(self, mg: MemGraph, meta: dict | None = None):
         """This run in the shared trace schema (``turnip.trace.Trace``), memory counter included."""
-        from sim.memory import memory_timeline
+        from turnip.memgraph.timeline import memory_timeline
         from turnip.trace import Trace, spans_from_plan
 
         spans = spans_from_plan(mg, self.issue_ns, self.start_ns, self.end_ns, self.done_ns, self.stream,
@@ -73,12 +73,11 @@ class RunResult:
 
 
 def lower_bound(mg: MemGraph, profile: str = "h100") -> dict:
-    """The plan's lower bound (``sim.bound``) on a machine profile (resident inputs are not in the run)."""
-    from sim.bound import lower_bound as bound
-    from sim.profile import load_profile
-    from sim.timing import TimingModel
+    """The plan's lower bound (``turnip.machine.bound``) on a machine profile (resident inputs are not in
+    the run)."""
+    from turnip.machine.bound import plan_bound
 
-    return bound(TimingModel(mg, load_profile(profile)))
+    return plan_bound(mg, profile)
 
 
 def execute(
@@ -89,9 +88,12 @@ def execute(
     seed: int | None = None,
     stall_s: float = 60.0,
     record_order: bool = False,
+    order=None,
 ) -> RunResult:
-    """Run ``mg`` once on ``backend`` under ``policy``; returns host and device timestamps per vertex."""
-    sched = Scheduler(mg, policy, streams_per_gpu)
+    """Run ``mg`` once on ``backend`` under ``policy``; returns host and device timestamps per vertex.
+    ``record_order``: keep the commands in issue order (``RunResult.order``); ``order``: the recorded order
+    that ``det-replay`` replays (``turnip.sched.replay``), e.g. the ``order`` of the fastest nondet run."""
+    sched = Scheduler(mg, policy, streams_per_gpu, order=order)
     n = mg.n
     host_start, issue, done, stream, handle = [0] * n, [0] * n, [0] * n, [-1] * n, [0] * n
     order: list = []

@@ -8,12 +8,16 @@ It reads no clock, starts no thread and does no I/O: time arrives inside events.
     while not sched.finished:
         ...perform cmds (Launch / Copy), wait for one to complete...
         cmds = sched.handle(KernelDone(v, t_ns))   # or CopyDone(v, t_ns)
+
+``det-replay`` replays a recorded issue order: ``Scheduler(mg, "det-replay", order=res.order)`` with the
+order of an earlier run (``turnip.sched.replay``).
 """
 
 from turnip.sched.core import POLICIES, Scheduler
 from turnip.sched.errors import ProtocolError, SchedulerStall, StuckVertex
 from turnip.sched.events import Copy, CopyDone, KernelDone, Launch, RunStarted
 from turnip.sched.priority import critical_path_ns, topo_order
+from turnip.sched.replay import engine_orders, issue_order
 
 __all__ = [
     "POLICIES",
@@ -27,5 +31,7 @@ __all__ = [
     "SchedulerStall",
     "StuckVertex",
     "critical_path_ns",
+    "engine_orders",
+    "issue_order",
     "topo_order",
 ]

@@ -3,7 +3,7 @@
 State it owns (every vertex ``v`` is in exactly one state, ``status[v]``):
   WAITING   some dependency not done (``missing[v] > 0``)
   READY     all dependencies done; queued in its class heap, parked on a held lock, or (fixed-order
-            classes) waiting for its turn in its GPU's compile order
+            classes) waiting for its turn in its fixed-order lane
   RUNNING   launched: holds one stream slot of its issuing GPU, its copy engine (if a copy) and its
             sum-into lock (if in a lock group) until its completion event arrives
   DONE      completed
@@ -11,13 +11,19 @@ Resources: ``streams_per_gpu`` slots per GPU; one host→device and one device�
 engine per directed GPU→GPU link; one lock per lock group. The issuing GPU of a vertex is ``gpu[v]``,
 except a transfer, which is issued by (and ordered on) its source GPU.
 
+Fixed-order vertices sit in lanes (per GPU; per engine queue for ``det-replay``), each issued strictly in
+sequence by a pointer; of a GPU's ready lane heads the best rank goes first.
+
 Invariants (``validate()``): a RUNNING vertex holds exactly its resources and nothing else holds them;
-``missing[v]`` equals its dependencies not DONE; a queued vertex is READY; fixed-order pointers only pass
-launched vertices; counts agree.
+``missing[v]`` equals its dependencies not DONE; a queued vertex is READY; lane pointers only pass launched
+vertices; counts agree.
 
 Policies: ``nondet`` (launch anything ready whose resources are free, best compile order first),
 ``nondet-cp`` (best = longest critical path), ``det`` (each GPU issues all its vertices in compile order),
-``det-kernels`` (only kernels in fixed per-GPU order; copies as ``nondet``).
+``det-kernels`` (only kernels in fixed per-GPU order; copies as ``nondet``), ``det-replay`` (a recorded
+issue order, ``order=``, replayed fixed: each engine queue — per GPU its kernels, host→device and
+device→host copies, per link its transfers — and each sum-into lock strictly in the recorded sequence;
+adapts nothing at run time).
 """
 
 from __future__ import annotations
@@ -38,10 +44,12 @@ from turnip.memgraph.plan import (
 from turnip.sched.errors import ProtocolError, SchedulerStall, StuckVertex
 from turnip.sched.events import Copy, CopyDone, KernelDone, Launch, RunStarted
 from turnip.sched.priority import critical_path_ns, rough_dur_ns, topo_order
+from turnip.sched.replay import check_order, lock_turns, split_order
 
 WAITING, READY, RUNNING, DONE = 0, 1, 2, 3
-POLICIES = ("nondet", "nondet-cp", "det", "det-kernels")
-_FIXED = {"nondet": (), "nondet-cp": (), "det": ("kernel", "copy"), "det-kernels": ("kernel",)}
+POLICIES = ("nondet", "nondet-cp", "det", "det-kernels", "det-replay")
+_FIXED = {"nondet": (), "nondet-cp": (), "det": ("kernel", "copy"), "det-kernels": ("kernel",),
+          "det-replay": ("kernel", "copy")}  # fmt: skip
 
 
 class Scheduler:
@@ -53,9 +61,15 @@ class Scheduler:
         policy: str = "nondet",
         streams_per_gpu: int = 5,
         dur_ns: np.ndarray | None = None,
+        order=None,
     ):
+        """``order``: for ``det-replay`` (only), the recorded issue order to replay (vertex ids or commands,
+        ``turnip.sched.replay``)."""
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        if (policy == "det-replay") != (order is not None):
+            raise ValueError("det-replay replays a recorded issue order: pass order= (the order of a nondet run)"
+                             if order is None else f"order= is for det-replay, not {policy}")  # fmt: skip
         if streams_per_gpu < 1:
             raise ValueError("streams_per_gpu must be >= 1")
         self.mg, self.policy, self.streams_per_gpu = mg, policy, streams_per_gpu
@@ -88,7 +102,11 @@ class Scheduler:
         self.succ_ptr, self.succ_idx = succ_ptr.tolist(), succ_idx.tolist()
 
         # priority rank: lower launches first. Heaps hold ranks; _by_rank maps back to vertices.
-        order = topo_order(mg)
+        if order is not None:  # det-replay: the recorded position, then the resident inputs
+            rec = check_order(mg, order)
+            order = np.concatenate([rec, np.flatnonzero(mg.preloaded())])
+        else:
+            order = topo_order(mg)
         if policy == "nondet-cp":
             cp = critical_path_ns(mg, rough_dur_ns(mg) if dur_ns is None else dur_ns)
             by_rank = np.lexsort((np.arange(n), -cp))
@@ -98,7 +116,8 @@ class Scheduler:
         rank[by_rank] = np.arange(n)
         self.rank, self._by_rank = rank.tolist(), by_rank.tolist()
 
-        # fixed-order classes: per GPU the vertices of those classes in compile (topological) order
+        # fixed-order classes: lanes of vertices in compile (topological) or recorded order, per GPU
+        # (det, det-kernels) or per engine queue (det-replay); each lane belongs to its vertices' GPU.
         # resident inputs were loaded when the plan was loaded: done before the run starts
         self.preloaded = np.flatnonzero(mg.preloaded()).tolist()
         fixed = _FIXED[policy]
@@ -110,9 +129,16 @@ class Scheduler:
         is_fixed[self.preloaded] = False
         self.fixed = is_fixed.tolist()
         fo = order[is_fixed[order]]
-        self._order = [fo[owner[fo] == i].tolist() for i in range(g)]
-        self._ptr = [0] * g
-        self._has_fixed = bool(is_fixed.any())
+        lane = queue if policy == "det-replay" else owner
+        n_lanes = self._n_engines + g if policy == "det-replay" else g
+        self._lanes = split_order(fo, lane[fo], n_lanes)
+        self._ptr = [0] * n_lanes
+        self._lane_of = np.where(is_fixed, lane, -1).tolist()
+        self._gpu_lanes = [[i for i in range(n_lanes) if self._lanes[i] and owner[self._lanes[i][0]] == gg]
+                           for gg in range(g)]  # fmt: skip
+        # det-replay also takes each sum-into lock in the recorded order (GPUs sharing a lock do not race)
+        self._lock_seq = lock_turns(order, self.lock) if policy == "det-replay" else None
+        self._lock_ptr = dict.fromkeys(self._lock_seq or (), 0)
 
         # state
         self.missing = mg.indegree().tolist()
@@ -239,24 +265,27 @@ class Scheduler:
 
     def _dispatch(self, g: int, cmds: list) -> None:
         streams = self.free_streams[g]
-        heaps, holder, rank = self.heaps, self.engine_holder, self.rank
+        heaps, holder, rank, status = self.heaps, self.engine_holder, self.rank, self.status
         n_eng = self._n_engines
-        order, ptr = self._order[g], self._ptr
+        lanes, ptr = self._lanes, self._ptr
         while streams:
             best_r, best_q = -1, -2
-            if self._has_fixed and ptr[g] < len(order):
-                u = order[ptr[g]]
-                if self.status[u] == READY and self._free_for(u):
-                    best_r, best_q = rank[u], -1
+            for ln in self._gpu_lanes[g]:  # fixed lanes: their heads only (best_q = -3 - lane)
+                p = ptr[ln]
+                if p < len(lanes[ln]):
+                    u = lanes[ln][p]
+                    if status[u] == READY and (best_r < 0 or rank[u] < best_r) and self._free_for(u):
+                        best_r, best_q = rank[u], -3 - ln
             for q in self._gpu_queues[g]:
                 h = heaps[q]
                 if h and (q >= n_eng or holder[q] < 0) and (best_r < 0 or h[0] < best_r):
                     best_r, best_q = h[0], q
             if best_q == -2:
                 return
-            if best_q == -1:
-                v = order[ptr[g]]
-                ptr[g] += 1
+            if best_q <= -3:
+                ln = -3 - best_q
+                v = lanes[ln][ptr[ln]]
+                ptr[ln] += 1
             else:
                 v = self._by_rank[heapq.heappop(heaps[best_q])]
                 lk = self.lock[v]
@@ -270,7 +299,11 @@ class Scheduler:
         if e >= 0 and self.engine_holder[e] >= 0:
             return False
         lk = self.lock[u]
-        return lk < 0 or lk not in self.lock_holder
+        if lk < 0:
+            return True
+        if lk in self.lock_holder:
+            return False
+        return self._lock_seq is None or self._lock_seq[lk][self._lock_ptr[lk]] == u
 
     def _launch(self, v: int, g: int, stream: int):
         self.status[v] = RUNNING
@@ -280,6 +313,8 @@ class Scheduler:
         lk = self.lock[v]
         if lk >= 0:
             self.lock_holder[lk] = v
+            if self._lock_seq is not None:
+                self._lock_ptr[lk] += 1
         if e < 0:
             return Launch(v, g, stream)
         self.engine_holder[e] = v
@@ -310,10 +345,14 @@ class Scheduler:
         lk = self.lock[v]
         if lk >= 0 and lk in self.lock_holder:
             why.append(f"lock group {lk} (held by {self.lock_holder[lk]})")
+        elif lk >= 0 and self._lock_seq is not None and self._lock_seq[lk][self._lock_ptr[lk]] != v:
+            why.append(f"its turn for lock group {lk} (next is {self._lock_seq[lk][self._lock_ptr[lk]]})")
         if self.fixed[v]:
-            order = self._order[g]
-            if self._ptr[g] < len(order) and order[self._ptr[g]] != v:
-                why.append(f"its turn in gpu {g}'s fixed order (next is {order[self._ptr[g]]})")
+            ln = self._lane_of[v]
+            lane, p = self._lanes[ln], self._ptr[ln]
+            if p < len(lane) and lane[p] != v:
+                which = f"replayed {self._engine_name[v]} queue" if self.policy == "det-replay" else "fixed order"
+                why.append(f"its turn in gpu {g}'s {which} (next is {lane[p]})")
         return "; ".join(why) or "a dispatch (ready and launchable)"
 
     def validate(self) -> None:
@@ -339,13 +378,17 @@ class Scheduler:
         for g in range(self.n_gpus):
             assert per_gpu[g] + len(self.free_streams[g]) == self.streams_per_gpu, f"gpu {g} slot count"
             assert not {(g, s) for s in self.free_streams[g]} & streams_used, f"gpu {g} free list"
-            order = self._order[g]
-            assert all(st[u] >= RUNNING for u in order[: self._ptr[g]]), f"gpu {g} order passed a vertex"
-            assert all(st[u] <= READY for u in order[self._ptr[g] :]), f"gpu {g} order skipped a vertex"
+        for ln, lane in enumerate(self._lanes):
+            p = self._ptr[ln]
+            assert all(st[u] >= RUNNING for u in lane[:p]), f"lane {ln} passed a vertex"
+            assert all(st[u] <= READY for u in lane[p:]), f"lane {ln} skipped a vertex"
         for e, v in enumerate(self.engine_holder):
             assert v < 0 or (st[v] == RUNNING and self.engine[v] == e), f"engine {e} held by {v}"
         for lk, v in self.lock_holder.items():
             assert st[v] == RUNNING and self.lock[v] == lk, f"lock {lk} held by {v}"
+        for lk, seq in (self._lock_seq or {}).items():
+            p = self._lock_ptr[lk]
+            assert all(st[u] >= RUNNING for u in seq[:p]) and all(st[u] <= READY for u in seq[p:]), f"lock {lk} turn"
         queued = [self._by_rank[r] for h in self.heaps for r in h]
         queued += [self._by_rank[r] for w in self.lock_wait.values() for r in w]
         assert len(queued) == len(set(queued)), "a vertex is queued twice"

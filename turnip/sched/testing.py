@@ -1,4 +1,5 @@
-"""Small memgraphs for tests and benchmarks: build one from edge lists, or draw a random one.
+"""Small memgraphs for tests and benchmarks: build one from edge lists, or draw a random one; drive a
+scheduler to the end without a clock (``drive``), record a nondet issue order for ``det-replay``.
 
 Buffers get disjoint arena ranges (a bump allocator per GPU) and the budget is their sum, so a
 hand-built memgraph is race-free by construction whatever order the scheduler picks.
@@ -113,3 +114,34 @@ def random_memgraph(rng: np.random.Generator, n: int = 30, n_gpus: int = 2, p_ed
         nbytes=rng.integers(1 << 12, 1 << 24, n).tolist(),
         lock_groups=locks,
     )
+
+
+def drive(sched, rng: np.random.Generator | None = None) -> list:
+    """Run ``sched`` to the end, completing one running command per step (a random one with ``rng``, else
+    the oldest); return every command in issue order."""
+    from turnip.sched.events import CopyDone, KernelDone, Launch
+
+    issued = list(sched.start(0))
+    running, t = list(issued), 0
+    while running:
+        c = running.pop(int(rng.integers(len(running))) if rng is not None else 0)
+        t += 1
+        cmds = sched.handle(KernelDone(c.v, t) if type(c) is Launch else CopyDone(c.v, t))
+        issued += cmds
+        running += cmds
+    return issued
+
+
+def recorded_order(mg: MemGraph, streams_per_gpu: int = 5, rng: np.random.Generator | None = None) -> list[int]:
+    """The issue order (vertex ids) of a nondet run of ``mg`` whose completions arrive as ``drive`` picks."""
+    from turnip.sched.core import Scheduler
+
+    return [c.v for c in drive(Scheduler(mg, "nondet", streams_per_gpu), rng)]
+
+
+def scheduler(mg: MemGraph, policy: str = "nondet", streams_per_gpu: int = 5, rng=None):
+    """A ``Scheduler`` for any policy; ``det-replay`` replays ``recorded_order`` of a nondet run."""
+    from turnip.sched.core import Scheduler
+
+    order = recorded_order(mg, streams_per_gpu, rng) if policy == "det-replay" else None
+    return Scheduler(mg, policy, streams_per_gpu, order=order)
