@@ -3,8 +3,9 @@
 A trace is two column tables of numpy arrays:
   spans   one row per memgraph vertex executed (``SPAN_COLUMNS``)
   memory  bytes in use per GPU as a step function (``MEMORY_COLUMNS``)
-``to_chrome`` turns them into Chrome trace JSON (opens in Perfetto / chrome://tracing); ``to_frames``
-gives pandas DataFrames (pandas imported only there). Importable with numpy alone.
+``to_chrome`` turns them into Chrome trace JSON (opens in Perfetto / chrome://tracing) and ``from_chrome`` /
+``read_chrome`` read one back (every span column and the memory counter, exactly); ``to_frames`` gives
+pandas DataFrames (pandas imported only there). Importable with numpy alone.
 """
 
 from __future__ import annotations
@@ -145,3 +146,90 @@ def to_chrome(tr: Trace) -> dict:
         ev.append({"ph": "C", "name": "bytes in use", "pid": int(m["gpu"][i]) + 1, "ts": int(m["t_ns"][i]) * us,
                    "args": {"bytes": int(m["bytes_in_use"][i])}})  # fmt: skip
     return {"traceEvents": ev, "displayTimeUnit": "ms", "otherData": {k: str(v) for k, v in tr.meta.items()}}
+
+
+class TraceFormatError(ValueError):
+    """A JSON document that is not a Chrome trace written by ``to_chrome`` (says what is missing)."""
+
+
+def _ns(us) -> int:
+    return round(float(us) * 1000)  # to_chrome wrote integer ns as float µs: this is exact below ~1e15 ns
+
+
+def _engine_of_track(name: str) -> tuple[str, int | None]:
+    """(engine, p2p destination GPU) of a device track name written by ``_track``."""
+    if name == "compute":
+        return "kernel", None
+    if name in ("h2d", "d2h"):
+        return name, None
+    if name.startswith("p2p to gpu "):
+        return "p2p", int(name.rsplit(" ", 1)[1])
+    raise TraceFormatError(f"unknown device track {name!r}")
+
+
+def from_chrome(doc: dict) -> Trace:
+    """The ``Trace`` that ``to_chrome`` turned into ``doc``: spans sorted by vertex, memory, meta (as strings)."""
+    try:
+        return _from_chrome(doc)
+    except TraceFormatError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise TraceFormatError(f"malformed event ({type(e).__name__}: {e})") from None
+
+
+def _from_chrome(doc: dict) -> Trace:
+    ev = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(ev, list):
+        raise TraceFormatError("no traceEvents list")
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e.get("ph") == "M" and "tid" in e}
+    dev: dict[int, tuple] = {}
+    slot: dict[int, tuple] = {}
+    launch: dict[int, tuple] = {}
+    mem = []
+    for e in ev:
+        ph = e.get("ph")
+        if ph == "C" and e.get("name") == "bytes in use":
+            mem.append((int(e["pid"]) - 1, _ns(e["ts"]), int(e["args"]["bytes"])))
+        if ph != "X":
+            continue
+        v, t0 = int(e["args"]["v"]), _ns(e["ts"])
+        t1 = t0 + _ns(e["dur"])
+        if e["cat"] == "stream":
+            slot[v] = (int(e["pid"]) - 1, int(tracks[(e["pid"], e["tid"])].split()[-1]), t0, t1)
+        elif e["cat"] == "launch":
+            launch[v] = (t0, t1)
+        else:
+            engine, p2p_dst = _engine_of_track(tracks[(e["pid"], e["tid"])])
+            dev[v] = (e["args"], engine, p2p_dst, int(e["pid"]) - 1, t0, t1)
+    if not dev:
+        raise TraceFormatError("no device spans (events with args.v on a compute/h2d/d2h/p2p track)")
+    if set(dev) != set(slot) or set(dev) != set(launch):
+        raise TraceFormatError("device, stream and launch spans name different vertices")
+    cols: dict[str, list] = {k: [] for k in SPAN_COLUMNS}
+    for v in sorted(dev):
+        args, engine, p2p_dst, dev_gpu, start, end = dev[v]
+        gpu, stream, issue, done = slot[v]
+        host_start = launch[v][0]
+        src, dst = {"kernel": (gpu, gpu), "h2d": (-1, dev_gpu), "d2h": (gpu, -1), "p2p": (gpu, p2p_dst)}[engine]
+        row = (v, args["kind"], args["op"], engine, gpu, src, dst, stream, host_start, issue, start, end, done,
+               int(args["nbytes"]), float(args.get("flops", 0.0)))  # fmt: skip
+        for k, x in zip(SPAN_COLUMNS, row, strict=True):
+            cols[k].append(x)
+    spans = {k: np.asarray(x, dtype=object if k in ("kind", "op", "engine") else None) for k, x in cols.items()}
+    for k in SPAN_COLUMNS:
+        if k not in ("kind", "op", "engine", "flops"):
+            spans[k] = spans[k].astype(np.int64)
+    spans["flops"] = spans["flops"].astype(np.float64)
+    m = np.array(mem, dtype=np.int64).reshape(-1, 3)  # in file order: to_chrome kept the table's (gpu, t_ns)
+    memory = {k: m[:, i].copy() for i, k in enumerate(MEMORY_COLUMNS)} if len(m) else {}
+    meta = doc.get("otherData") or {}
+    return Trace(spans, memory, dict(meta) if isinstance(meta, dict) else {})
+
+
+def read_chrome(path: str | Path) -> Trace:
+    """A Chrome trace JSON file written by ``Trace.write_chrome`` (``TraceFormatError`` if it is not one)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TraceFormatError(f"not JSON ({e})") from None
+    return from_chrome(doc)

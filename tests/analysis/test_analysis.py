@@ -5,7 +5,7 @@ import pytest
 from analysis.metrics import _overlap_ns, _union_ns, run_metrics
 from analysis.summary import format_table, speedup_table
 from sim.engine import simulate
-from sim.profile import h100
+from turnip.machine.profile import h100
 from turnip.sched.testing import random_memgraph
 
 pytestmark = pytest.mark.unit
@@ -59,3 +59,23 @@ def test_report_writes_csv_and_figures(tmp_path):
     assert "speedup" in text and (tmp_path / "summary.csv").exists()
     for name in ("speedup", "makespan_distributions", "efficiency", "offload_volume", "gantt", "memory"):
         assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 1000
+
+
+def test_table_compares_nondet_with_every_fixed_order_baseline():
+    extra = []
+    for seed in range(4):
+        for pol, ms in (("det-kernels", 104), ("det-replay", 100 - seed)):
+            extra.append(dict(model="m", seq=1024, gpus=1, budget="tight", budget_nbytes=1, policy=pol, seed=seed,
+                              mean_only=False, makespan_ns=ms * 1e6, lower_bound_ns=90e6))  # fmt: skip
+    t = speedup_table(pd.concat([_runs(), pd.DataFrame(extra)]))
+    r = t.iloc[0]
+    assert r.nondet_over_det == pytest.approx(np.mean([100 / (110 + s) for s in range(4)]))
+    assert r["nondet_over_det-kernels"] == pytest.approx(100 / 104)
+    assert r["nondet_over_det-replay"] == pytest.approx(np.mean([100 / (100 - s) for s in range(4)]))
+    assert r["nondet_over_det-replay_ci_low"] < r["nondet_over_det-replay"] < r["nondet_over_det-replay_ci_high"]
+    assert np.isnan(r["nondet_over_det-replay_mean_only"]) and r.speedup_pct == pytest.approx(11.5)
+    text = format_table(t)
+    assert all(f"nondet/{b}" in text for b in ("det", "det-kernels", "det-replay"))
+    only_replay = speedup_table(pd.DataFrame(extra + [dict(extra[0], policy="nondet", makespan_ns=99e6)]))
+    assert list(only_replay["nondet_over_det-replay"]) == [pytest.approx(0.99)]
+    assert "speedup_pct" not in only_replay and "det-replay" in format_table(only_replay)
