@@ -1,12 +1,21 @@
-"""Simulated against measured prefill time for the plans the CUDA runtime ran on the H100.
+"""Simulator against hardware on a grid the calibration never saw.
 
-Reads the real runs recorded in ``benchmarks/results/`` (``runtime_7b_4096.csv``: the prefill benchmark,
-nondet, budgets none / 6 GiB / 1 GiB; ``runtime_cli_7b_4096_6GiB{,_det}.csv``: ``turnip run`` with nondet
-and det), rebuilds the same plans, simulates them on the ``h100`` profile and on ``h100-measured`` (the
-same machine with the host costs the runtime measured), and prints simulated / measured ratios. Writes a
-CSV and a PNG when ``--out`` is given. CPU only.
+Grid: LLaMA-7B shapes (all 32 layers, fp16, random weights), prompt {1K, 4K, 8K, 16K, 32K} x budget
+{none, 6 GiB, 1 GiB} x policy {nondet, det, det-kernels, det-replay} on one GPU (det-replay: the issue
+order of the fastest of three recorded nondet runs, replayed fixed; the simulator records its own so),
+default tiles, ``--resident auto`` (``none``: every weight resident in a 40 GiB arena). ``turnip calibrate``
+runs one- and two-layer plans at other prompt lengths and tile sizes, never these.
 
-    python benchmarks/sim_vs_real.py --out benchmarks/results/sim_vs_real
+Two steps, so the model can be revised without the GPU:
+
+    # on the GPU: measure every cell (warm-up + --repeat runs each), write the runs
+    PYTHONPATH=. python benchmarks/sim_vs_real.py measure --out benchmarks/results/grid_h100.csv
+    # anywhere: rebuild the same plans, simulate them on a profile, compare
+    python benchmarks/sim_vs_real.py compare benchmarks/results/grid_h100.csv \\
+        --profile turnip/machine/profiles/h100-calibrated.json --out benchmarks/results/sim_vs_real_h100
+
+Per cell: measured and predicted mean time, error, run-to-run spread (coefficient of variation) measured
+and predicted, and the nondet/det and nondet/det-kernels ratios measured and predicted.
 """
 
 from __future__ import annotations
@@ -14,93 +23,149 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-RESULTS = Path(__file__).parent / "results"
 GiB = 1 << 30
+SEQS = (1024, 4096, 8192, 16384, 32768)
+BUDGETS = ("none", "6GiB", "1GiB")
+POLICIES = ("nondet", "det", "det-kernels", "det-replay")
+RECORD_RUNS = 3  # det-replay: nondet runs recorded; the fastest one's issue order is replayed
+NONE_ARENA = "40GiB"
 
 
-def real_runs() -> list[dict]:
-    """(label, budget, resident, policy, measured ms samples) of the recorded H100 runs."""
+def plan(seq: int, budget: str, model: str = "llama-7b", gpus: int = 1):
+    """The cell's taskgraph and memgraph, built the same way on the GPU and in ``compare``."""
+    from turnip.compile import build_with_resident, make_taskgraph, parse_nbytes
+
+    if budget == "none":
+        b = parse_nbytes(NONE_ARENA)
+        tg = make_taskgraph(model, seq, gpus, "fp16")
+        w = int(sum(int(np.prod(tg.shape[v])) * 2 for v in np.flatnonzero(tg.kind == 0)))
+        return tg, build_with_resident(tg, b, None, str(w + (1 << 20)))
+    b = parse_nbytes(budget)
+    tg = make_taskgraph(model, seq, gpus, "fp16", budget_nbytes=b)
+    return tg, build_with_resident(tg, b, None, "auto")
+
+
+def measure(a) -> int:
+    from turnip.runtime import execute, open_backend
+    from turnip.runtime.weights import iter_random_inputs, write_streaming
+
     rows = []
-    bench = pd.read_csv(RESULTS / "runtime_7b_4096.csv")
-    for _, r in bench[bench.system == "turnip"].iterrows():
-        none = r.budget == "none"
-        rows.append(dict(source="llama_prefill.py", budget=r.budget, policy="nondet",
-                         resident="all" if none else "auto", real_ms=json.loads(r.times_ms)))
-    for pol, f in (("nondet", "runtime_cli_7b_4096_6GiB.csv"), ("det", "runtime_cli_7b_4096_6GiB_det.csv")):
-        d = pd.read_csv(RESULTS / f)
-        rows.append(dict(source="turnip run", budget="6GiB", policy=pol, resident="auto",
-                         real_ms=(d.makespan_ns / 1e6).tolist()))
-    return rows
+    cells = [(s, b) for s in a.seqs for b in a.budgets]
+    for i, (seq, budget) in enumerate(cells):
+        t0 = time.perf_counter()
+        try:
+            tg, mg = plan(seq, budget, a.model, a.gpus)
+        except Exception as e:  # noqa: BLE001 - a cell that cannot compile is reported, not fatal
+            rows.append({"seq": seq, "budget": budget, "policy": "-", "error": f"{type(e).__name__}: {e}"})
+            continue
+        with open_backend("cuda", mg, 5) as be:
+            write_streaming(be, tg, iter_random_inputs(tg, seed=0))
+            for pol in a.policies:
+                order = None
+                if pol == "det-replay":  # the order of the fastest of RECORD_RUNS nondet runs, replayed fixed
+                    rec = [execute(mg, be, "nondet", 5, seed=200 + r, record_order=True) for r in range(RECORD_RUNS)]
+                    order = min(rec, key=lambda r: r.makespan_ns).order
+                for w in range(a.warmup):
+                    execute(mg, be, pol, 5, seed=100 + w, order=order)
+                ms = [execute(mg, be, pol, 5, seed=r, order=order).makespan_ns / 1e6 for r in range(a.repeat)]
+                rows.append({"seq": seq, "budget": budget, "policy": pol, "gpus": a.gpus, "model": a.model,
+                             "vertices": mg.n, "times_ms": json.dumps([round(x, 3) for x in ms]),
+                             "mean_ms": float(np.mean(ms))})  # fmt: skip
+                print(json.dumps(rows[-1]), flush=True)
+        print(f"cell {i + 1}/{len(cells)} {seq}:{budget} {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    import pandas as pd
 
-
-def plan_for(budget: str, resident: str):
-    from turnip.compile import build_with_resident, parse_nbytes
-    from turnip.models import llama_prefill
-
-    tg = llama_prefill("7b", 4096, 1, "fp16")
-    if resident == "all":  # the benchmark's "none": every weight resident in a 24 GiB arena
-        weights = int(tg.nbytes[tg.kind == 0].sum())
-        return build_with_resident(tg, 24 * GiB, None, str(weights + (1 << 28)))
-    return build_with_resident(tg, parse_nbytes(budget), None, resident)
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", help="path prefix for .csv and .png")
-    ap.add_argument("--seeds", type=int, default=10)
-    a = ap.parse_args()
-    from sim import simulate
-    from sim.profile import load_profile
-    from sim.timing import TimingModel
-
-    profiles = {name: load_profile(name) for name in ("h100", "h100-measured")}
-    plans, out = {}, []
-    for run in real_runs():
-        key = (run["budget"], run["resident"])
-        if key not in plans:
-            plans[key] = plan_for(*key)
-        mg = plans[key]
-        real = float(np.median(run["real_ms"]))
-        row = dict(source=run["source"], budget=run["budget"], policy=run["policy"], vertices=mg.n, real_ms=real)
-        for name, prof in profiles.items():
-            tm = TimingModel(mg, prof)
-            sims = [simulate(mg, prof, run["policy"], seed, False, tm).makespan_ns / 1e6 for seed in range(a.seeds)]
-            row[f"sim_{name}_ms"] = float(np.median(sims))
-            row[f"ratio_{name}"] = row[f"sim_{name}_ms"] / real
-        out.append(row)
-        print(f"{run['source']:>16} {run['budget']:>5} {run['policy']:>6}: real {real:7.1f} ms | "
-              + " | ".join(f"{n} {row[f'sim_{n}_ms']:7.1f} ms (x{row[f'ratio_{n}']:.2f})" for n in profiles),
-              flush=True)
-    df = pd.DataFrame(out)
-    if a.out:
-        df.to_csv(f"{a.out}.csv", index=False)
-        _plot(df, list(profiles), f"{a.out}.png")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(a.out, index=False)
     return 0
 
 
-def _plot(df: pd.DataFrame, profiles: list[str], path: str) -> None:
-    import matplotlib
+def compare(a) -> int:
+    import pandas as pd
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from sim.engine import fastest_run, simulate
+    from sim.timing import TimingModel
+    from turnip.machine.profile import load_profile
 
-    labels = [f"{r.budget}\n{r.policy}\n{r.source}" for r in df.itertuples()]
-    x = np.arange(len(df))
-    w = 0.8 / (1 + len(profiles))
-    fig, ax = plt.subplots(figsize=(9, 4))
-    ax.bar(x, df.real_ms, w, label="measured (H100)")
-    for i, p in enumerate(profiles, 1):
-        ax.bar(x + i * w, df[f"sim_{p}_ms"], w, label=f"simulated ({p})")
-    ax.set_xticks(x + w * len(profiles) / 2, labels, fontsize=8)
-    ax.set_ylabel("prefill ms (LLaMA-7B shape, 4096 tokens)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    prof = load_profile(a.profile)
+    real = pd.read_csv(a.measured)
+    real = real[real.policy != "-"]
+    out = []
+    for (seq, budget), cell in real.groupby(["seq", "budget"], sort=False):
+        _tg, mg = plan(int(seq), str(budget), cell.model.iloc[0], int(cell.gpus.iloc[0]))
+        tm = TimingModel(mg, prof)
+        order = None
+        if (cell.policy == "det-replay").any():  # as measured: the fastest of RECORD_RUNS nondet runs
+            order = fastest_run(mg, prof, range(200, 200 + RECORD_RUNS), tm=tm).order
+        for _, r in cell.iterrows():
+            meas = np.array(json.loads(r.times_ms))
+            sims = np.array([simulate(mg, prof, r.policy, seed=s, tm=tm, order=order).makespan_ns / 1e6
+                             for s in range(a.runs)])  # fmt: skip
+            out.append({"seq": int(seq), "budget": budget, "policy": r.policy, "measured_ms": meas.mean(),
+                        "predicted_ms": sims.mean(), "error": sims.mean() / meas.mean() - 1,
+                        "measured_cv": meas.std(ddof=1) / meas.mean() if meas.size > 1 else float("nan"),
+                        "predicted_cv": sims.std(ddof=1) / sims.mean() if sims.size > 1 else float("nan")})  # fmt: skip
+    d = pd.DataFrame(out)
+    others = [p for p in ("det", "det-kernels", "det-replay") if (d.policy == p).any()]
+    for other in others:
+        for col in ("measured_ms", "predicted_ms"):
+            base = d[d.policy == "nondet"].set_index(["seq", "budget"])[col]
+            alt = d[d.policy == other].set_index(["seq", "budget"])[col]
+            d = d.merge((base / alt).rename(f"nondet_over_{other}_{col[:-3]}").reset_index(), on=["seq", "budget"],
+                        how="left")  # fmt: skip
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    d.to_csv(f"{a.out}.csv", index=False)
+    lines = [f"# Simulated against measured: {Path(a.measured).name} on profile {Path(a.profile).name}", "",
+             f"Command: `python {' '.join(sys.argv)}`", "",
+             f"{a.runs} simulated runs per cell; measured: the runs in the CSV (after warm-up).", "",
+             "| seq | budget | policy | measured ms | predicted ms | error | measured cv | predicted cv |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for _, r in d.iterrows():
+        lines.append(f"| {r.seq} | {r.budget} | {r.policy} | {r.measured_ms:.1f} | {r.predicted_ms:.1f} | "
+                     f"{r.error:+.1%} | {r.measured_cv:.3f} | {r.predicted_cv:.3f} |")  # fmt: skip
+    nd = d[d.policy == "nondet"]
+    lines += ["", "| seq | budget | " + " | ".join(f"nondet/{o} measured | predicted" for o in others) + " |",
+              "|---|---|" + "---|---|" * len(others)]  # fmt: skip
+    for _, r in nd.iterrows():
+        cells = [f"{r[f'nondet_over_{o}_{k}']:.3f}" for o in others for k in ("measured", "predicted")]
+        lines.append(f"| {r.seq} | {r.budget} | " + " | ".join(cells) + " |")
+    for o in others:
+        gap = (nd[f"nondet_over_{o}_predicted"] - nd[f"nondet_over_{o}_measured"]).abs() * 100
+        lines.append(f"\nnondet/{o}: predicted within 3 points of measured in {(gap <= 3).sum()} of {len(nd)} cells "
+                     f"(largest gap {gap.max():.1f} points).")  # fmt: skip
+    err = d.error.abs()
+    lines += ["", f"Cells within ±5%: {(err <= 0.05).sum()} of {len(d)}; mean |error| {err.mean():.1%}, "
+              f"worst {d.error.iloc[err.argmax()]:+.1%} ({d.seq.iloc[err.argmax()]}:{d.budget.iloc[err.argmax()]} "
+              f"{d.policy.iloc[err.argmax()]})."]  # fmt: skip
+    Path(f"{a.out}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure", help="run the grid on the GPU")
+    m.add_argument("--seqs", nargs="+", type=int, default=list(SEQS))
+    m.add_argument("--budgets", nargs="+", default=list(BUDGETS))
+    m.add_argument("--policies", nargs="+", default=list(POLICIES))
+    m.add_argument("--model", default="llama-7b")
+    m.add_argument("--gpus", type=int, default=1)
+    m.add_argument("--warmup", type=int, default=1)
+    m.add_argument("--repeat", type=int, default=3)
+    m.add_argument("--out", required=True)
+    c = sub.add_parser("compare", help="simulate the measured cells' plans and compare")
+    c.add_argument("measured")
+    c.add_argument("--profile", required=True)
+    c.add_argument("--runs", type=int, default=10)
+    c.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    return measure(a) if a.cmd == "measure" else compare(a)
 
 
 if __name__ == "__main__":

@@ -168,8 +168,8 @@ SPECS = mix(["llama-tiny:16:1:64KiB", "llama-tiny:32:2:1MiB", "paper-matmul:1:1:
            ["x:y", "llama-tiny:0:1:1MiB", "llama-tiny:16:9:1MiB", "llama-tiny:16:1:zz", "llama-tiny:16:1:1KiB",
             "gpt:1:1:1MiB"], 2)  # fmt: skip
 SIMULATE = {
-    "--policy": mix(["nondet", "det", "nondet-cp", "det-kernels"], ["bogus"]),
-    "--runs": mix(["1", "2", "3"], ["0", "-1", "x"]),
+    "--policy": mix(["nondet", "det", "nondet-cp", "det-kernels", "det-replay"], ["bogus"]),
+    "--runs": mix(["1", "2", "3"], ["0", "-1", "x"]), "--record-runs": mix(["1", "2"], ["0"]),
     "--seed": INTS, "--profile": PROFILES, "--trace": [f.replace("{ext}", "json") for f in OUT_FILES],
     "--csv": [f.replace("{ext}", "csv") for f in OUT_FILES],
 }  # fmt: skip
@@ -183,7 +183,8 @@ def test_simulate(assets, plan, argv):
 
 ABLATE = {
     "--gpus": GPUS, "--budgets": mix(["a=64KiB", "b=1MiB"], ["c=0B", "d=zz", "e", "f=1KiB"]),
-    "--policies": mix(["det", "nondet"], ["bogus"]), "--seeds": mix(["1", "2"], ["0", "-1"]),
+    "--policies": mix(["det", "nondet", "det-replay"], ["bogus"]), "--seeds": mix(["1", "2"], ["0", "-1"]),
+    "--resident": mix(["auto", "0", "16KiB"], ["garbage"]),
     "--jobs": mix(["1"], ["0", "x"]), "--profile": PROFILES,
     "--config": mix(["{A}/cfg_ok.toml"], ["{A}/cfg_unknown.toml", "{A}/cfg_bad.toml", "{A}/none.toml"], 2),
     "--out": mix(["{O}/rep", "{O}/new/deeper"], ["{A}/afile"]),
@@ -213,7 +214,8 @@ def test_report(assets, which, extra):
 RUN = {
     "--model": MODELS, "--seq": SEQS, "--gpus": GPUS, "--budget": SIZES,
     "--dtype": ["fp16", "fp32"], "--resident": mix(["0", "auto"], ["garbage"]), "--tile": TILES,
-    "--policy": mix(["nondet", "det"], ["bogus"]), "--streams": mix(["1", "3"], ["0", "-1"]),
+    "--policy": mix(["nondet", "det", "det-replay"], ["bogus"]), "--record-runs": mix(["1", "2"], ["0"]),
+    "--streams": mix(["1", "3"], ["0", "-1"]),
     "--repeat": mix(["1", "2"], ["0"]), "--warmup": mix(["0", "1"], ["-1"]), "--seed": INTS,
     "--chaos": mix(["0", "0.5"], ["2", "-1"]), "--stall-s": mix(["10"], ["0", "-1"]), "--profile": PROFILES,
     "--weights": mix(["{A}/w.safetensors"], ["{A}/garbage.safetensors", "{A}/none.safetensors"]),

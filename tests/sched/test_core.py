@@ -12,7 +12,8 @@ from turnip.sched import (
     Scheduler,
     SchedulerStall,
 )
-from turnip.sched.testing import chain, make_memgraph
+from turnip.sched.replay import engine_orders
+from turnip.sched.testing import chain, drive, make_memgraph, random_memgraph, recorded_order, scheduler
 
 pytestmark = pytest.mark.unit
 
@@ -95,6 +96,43 @@ def test_det_kernels_orders_kernels_only():
     assert [c.v for c in s.handle(CopyDone(0, 1))] == [1, 2, 3]
 
 
+def test_det_replay_waits_for_each_engine_queues_turn():
+    # recorded: kernel 1 (after the input) before kernel 2; the replay holds 2 back although it is ready
+    mg = make_memgraph(["input", "kernel", "kernel"], [[], [0], []])
+    s = Scheduler(mg, "det-replay", order=[0, 1, 2])
+    assert [c.v for c in s.handle(RunStarted(0))] == [0]
+    assert "replayed kernel queue" in s.waits_for(2)
+    assert [c.v for c in s.handle(CopyDone(0, 1))] == [1, 2]
+    s.validate()
+    s = Scheduler(mg, "det-replay", order=[2, 0, 1])  # kernel 2 first, then the input and kernel 1
+    assert [c.v for c in s.handle(RunStarted(0))] == [2, 0]
+
+
+def test_det_replay_issues_the_recorded_order_on_every_engine():
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        mg = random_memgraph(rng, 60, 1 + seed % 3, p_edge=0.05)
+        rec = recorded_order(mg, 3, rng)
+        replayed = drive(Scheduler(mg, "det-replay", 3, order=rec), rng)  # other completion times
+        assert engine_orders(mg, replayed) == engine_orders(mg, rec)
+        assert sorted(c.v for c in replayed) == list(range(mg.n))
+
+
+def test_det_replay_refuses_orders_it_cannot_replay():
+    mg = make_memgraph(["input", "kernel", "kernel"], [[], [0], [1]])
+    for order, why in (
+        (None, "pass order="),
+        ([0, 1], "lacks 1 vertices"),
+        ([0, 1, 1, 2], "2 times"),
+        ([0, 2, 1], "before its dependency"),
+        ([0, 1, 7], "plan has 3 vertices"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            Scheduler(mg, "det-replay", order=order)
+    with pytest.raises(ValueError, match="for det-replay"):
+        Scheduler(mg, "nondet", order=[0, 1, 2])
+
+
 def test_nondet_cp_prefers_longest_path():
     # 0 and 1 ready; 1 heads a long chain, so cp picks it first when one slot is free
     mg = make_memgraph(["kernel"] * 5, [[], [], [1], [2], [3]])
@@ -142,7 +180,7 @@ def test_every_policy_finishes_a_mixed_graph(policy):
         gpus=[0, 0, 0, 0, 0, 1, 1],
         src_gpus=[0, 0, 0, 0, 0, 0, 1],
     )
-    s = Scheduler(mg, policy)
+    s = scheduler(mg, policy)
     todo = s.start()
     t = 0
     while todo:

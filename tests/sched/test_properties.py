@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from turnip.sched import POLICIES, CopyDone, KernelDone, Launch, Scheduler
-from turnip.sched.testing import random_memgraph
+from turnip.sched.replay import engine_orders
+from turnip.sched.testing import drive, random_memgraph, recorded_order, scheduler
 
 pytestmark = pytest.mark.property
 
@@ -24,7 +25,7 @@ class CoreMachine(RuleBasedStateMachine):
     )
     def setup(self, seed, n, n_gpus, policy, streams):
         self.mg = random_memgraph(np.random.default_rng(seed), n, n_gpus)
-        self.s = Scheduler(self.mg, policy, streams_per_gpu=streams)
+        self.s = scheduler(self.mg, policy, streams, np.random.default_rng(seed))
         self.streams = streams
         self.running: list = []
         self.t = 0
@@ -84,7 +85,7 @@ TestCore = CoreMachine.TestCase
 @given(seed=st.integers(0, 2**31), policy=st.sampled_from(POLICIES), lifo=st.booleans())
 def test_any_order_runs_each_vertex_once(seed, policy, lifo):
     mg = random_memgraph(np.random.default_rng(seed), 60, 3, p_edge=0.05)
-    s = Scheduler(mg, policy, streams_per_gpu=3)
+    s = scheduler(mg, policy, 3, np.random.default_rng(seed))
     todo, t, count = s.start(), 0, np.zeros(mg.n, dtype=int)
     while todo:
         c = todo.pop() if lifo else todo.pop(0)
@@ -92,3 +93,13 @@ def test_any_order_runs_each_vertex_once(seed, policy, lifo):
         t += 1
         todo += s.handle(KernelDone(c.v, t) if type(c) is Launch else CopyDone(c.v, t))
     assert s.finished and (count == 1).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), n_gpus=st.integers(1, 3), streams=st.integers(1, 5))
+def test_det_replay_reissues_the_recorded_order_whatever_the_timing(seed, n_gpus, streams):
+    rng = np.random.default_rng(seed)
+    mg = random_memgraph(rng, 50, n_gpus)
+    rec = recorded_order(mg, streams, rng)
+    replayed = drive(Scheduler(mg, "det-replay", streams, order=rec), rng)
+    assert engine_orders(mg, replayed) == engine_orders(mg, rec)

@@ -9,7 +9,9 @@ from turnip.cli import args as ck
 POLICY_HELP = (
     "nondet: launch anything ready whose resources are free (ties by compile order); "
     "nondet-cp: ties by critical path; det: each GPU issues everything in compile order (the paper's "
-    "ablation); det-kernels: only kernels in fixed order"
+    "ablation); det-kernels: only kernels in fixed order; det-replay: the issue order of the fastest of "
+    "--record-runs nondet runs (seeds seed, seed+1, ...), replayed fixed in every run (each GPU's kernels, "
+    "copies per direction and transfers per link strictly in the recorded sequence)"
 )
 
 
@@ -28,6 +30,9 @@ def register(sub) -> None:
     s.add_argument("plan", metavar="PLAN")
     s.add_argument("--policy", default="nondet", choices=POLICIES, help=POLICY_HELP)
     s.add_argument("--runs", type=ck.COUNT, default=20, help="replications (seeds seed..seed+runs-1)")
+    s.add_argument("--record-runs", type=ck.COUNT, metavar="N",
+                   help="det-replay: nondet runs (seeds seed..seed+N-1) whose fastest order is replayed "
+                   "(default: --runs)")
     s.add_argument("--seed", type=ck.SEED, default=0, help="first seed (and the graph's seed of random:...)")
     s.add_argument("--profile", default="h100", help="machine profile: preset name or .toml/.json file")
     s.add_argument("--force", action="store_true", help="compile MODEL:SEQ:GPUS:BUDGET even when it is very large")
@@ -40,9 +45,12 @@ def register(sub) -> None:
         "ablate",
         help="sweep models x seq lens x GPUs x budgets x policies x seeds; write CSVs, PNGs, a trace",
         description="Run an ablation sweep on all local cores. Without options: LLaMA-7B prefill at 1K, 4K "
-        "and 16K tokens, 1 and 4 GPUs, a tight (1 GiB) and a roomy (16 GiB) budget per GPU, det vs nondet, "
-        "10 seeds (+ one noise-free run each), on the h100 profile. Plans are compiled once and cached in "
-        "OUT/plans. Options override the config file, which overrides the defaults.",
+        "and 16K tokens, 1 and 4 GPUs, a tight (1 GiB) and a roomy (16 GiB) budget per GPU with inputs kept "
+        "resident as `turnip run --resident auto` does, nondet against det, det-kernels and det-replay (the "
+        "issue order of each configuration's fastest nondet run, replayed fixed), 5 seeds (+ one noise-free run "
+        "each), on the h100 profile. The report gives per configuration the paired makespan ratios nondet/det, "
+        "nondet/det-kernels and nondet/det-replay (below 1: adapting at run time wins). Plans are compiled once "
+        "and cached in OUT/plans. Options override the config file, which overrides the defaults.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     a.add_argument("--config", metavar="FILE.toml", help="sweep config ([ablate] table with the keys below)")
@@ -51,8 +59,12 @@ def register(sub) -> None:
     a.add_argument("--seqs", nargs="+", type=ck.COUNT, help="sequence lengths (default 1024 4096 16384)")
     a.add_argument("--gpus", nargs="+", type=ck.GPUS, help="GPU counts, 1..8 (default 1 4)")
     a.add_argument("--budgets", nargs="+", metavar="NAME=SIZE", help="default tight=1GiB roomy=16GiB")
-    a.add_argument("--policies", nargs="+", choices=POLICIES, help="default det nondet")
-    a.add_argument("--seeds", type=ck.COUNT, help="seeds per configuration and policy (default 10)")
+    a.add_argument("--policies", nargs="+", choices=POLICIES,
+                   help="default nondet det det-kernels det-replay (det-replay adds nondet when absent)")
+    a.add_argument("--seeds", type=ck.COUNT, help="seeds per configuration and policy (default 5)")
+    a.add_argument("--resident", metavar="auto|BYTES",
+                   help="inputs kept on the GPU across runs: auto (a quarter of the budget when the plan still "
+                   "compiles, as `turnip run --resident auto`) or a size per GPU; 0 streams every input (default auto)")
     a.add_argument("--no-mean-only", action="store_true", help="skip the noise-free runs")
     a.add_argument("--profile", help="machine profile (default h100)")
     a.add_argument("--jobs", type=ck.COUNT, default=None, help="processes (default: all cores)")
@@ -62,11 +74,16 @@ def register(sub) -> None:
 
     r = sub.add_parser(
         "report",
-        help="rebuild summary.csv and figures from a report directory",
+        help="rebuild summary.csv and figures from a report directory, or overlay a simulated and a real trace",
         description="Read DIR/runs.csv (and DIR/traces/) and write DIR/summary.csv and DIR/figures/*.png; "
-        "print the nondet-over-det speedup table.",
+        "print the nondet-over-det speedup table. With --overlay SIM_TRACE REAL_TRACE (the --trace files of "
+        "`turnip simulate` and `turnip run` on the same plan) instead: write OUT/overlay.png (real and simulated "
+        "spans per GPU engine, link and host thread on one time axis) and OUT/overlay.csv (busy time, end time "
+        "and their errors per resource, the makespan error, time per op); print the per-resource table.",
     )
-    r.add_argument("dir", metavar="DIR")
+    r.add_argument("dir", metavar="DIR", nargs="?", help="report directory written by `turnip ablate --out DIR`")
+    r.add_argument("--overlay", nargs=2, metavar=("SIM_TRACE", "REAL_TRACE"), help="overlay two traces of one plan")
+    r.add_argument("--out", help="output directory of --overlay (default: the current directory)")
     r.set_defaults(func=cmd_report)
 
 
@@ -108,13 +125,25 @@ def cmd_simulate(a) -> int:
 
     ck.output_file(a.trace, "--trace")
     ck.output_file(a.csv, "--csv")
+    if a.record_runs is not None and a.policy != "det-replay":
+        raise ck.CliError("--record-runs applies to --policy det-replay only; drop it", ck.USAGE)
     prof = ck.load_profile(a.profile)
     mg, meta = _plan(a.plan, a.force, a.seed)
     tm = TimingModel(mg, prof)
+    order, replayed = None, ""
+    if a.policy == "det-replay":
+        from sim.engine import fastest_run
+
+        n_rec = a.record_runs or a.runs
+        with Progress(n_rec, "simulate: record nondet orders") as bar:
+            best = fastest_run(mg, prof, range(a.seed, a.seed + n_rec), a.mean_only, tm, progress=bar.update)
+        order = best.order
+        replayed = (f"replaying the issue order of nondet seed {best.seed} ({best.makespan_ns / 1e6:.3f} ms, the "
+                    f"fastest of {n_rec} nondet runs)")  # fmt: skip
     rows = []
     with Progress(a.runs, "simulate") as bar:
         for i in range(a.runs):
-            r = simulate(mg, prof, a.policy, a.seed + i, a.mean_only, tm)
+            r = simulate(mg, prof, a.policy, a.seed + i, a.mean_only, tm, order)
             if i == 0 and a.trace:
                 r.trace(mg, meta).write_chrome(a.trace)
             rows.append({"seed": r.seed, "makespan_ns": r.makespan_ns, "lower_bound_ns": r.lower_bound_ns,
@@ -125,6 +154,8 @@ def cmd_simulate(a) -> int:
     wall = sum(x["wall_s"] for x in rows)
     rate = f"{mg.n * len(rows) / wall:,.0f}" if wall > 0 else "-"
     print(f"{mg.n} vertices, {mg.n_gpus} GPU(s), policy {a.policy}, profile {prof.name}, {a.runs} run(s)")
+    if replayed:
+        print(replayed)
     print(f"makespan  mean {ms.mean():.3f} ms  sd {ms.std():.3f}  min {ms.min():.3f}  max {ms.max():.3f}")
     print(f"lower bound {lb:.3f} ms ({', '.join(f'{k} {v / 1e6:.1f}' for k, v in r.bound.items())})")
     print(f"efficiency {lb / ms.mean():.3f}; simulated {rate} vertices/s")
@@ -143,6 +174,7 @@ def cmd_simulate(a) -> int:
 SWEEP_KEYS = {"models": "list of model names", "seqs": "list of sequence lengths", "gpus": "list of GPU counts",
               "budgets": "table NAME = SIZE", "policies": "list of policies", "seeds": "seeds per configuration",
               "mean_only": "true/false", "profile": "machine profile name or file",
+              "resident": "auto or bytes of inputs kept resident per GPU",
               "trace": "table with model, seq, gpus, budget"}  # fmt: skip
 
 
@@ -203,6 +235,11 @@ def _check_sweep(cfg, where: str, force: bool) -> None:
         bad("mean_only", f"is {cfg.mean_only!r}; it must be true or false")
     if not isinstance(cfg.profile, str):
         bad("profile", f"is {cfg.profile!r}; it must be a profile name or file")
+    if str(cfg.resident) != "auto":
+        try:
+            parse_nbytes(str(cfg.resident))
+        except ValueError as e:
+            bad("resident", f"is {cfg.resident!r}: {e}; or auto")
     if not isinstance(cfg.trace, dict) or set(cfg.trace) - {"model", "seq", "gpus", "budget"}:
         bad("trace", f"is {cfg.trace!r}; it must be a table with keys among model, seq, gpus, budget")
     for p in cfg.plans():
@@ -221,7 +258,8 @@ def cmd_ablate(a) -> int:
                 raise ck.CliError(f"--budgets got {b!r}; it takes NAME=SIZE items, e.g. tight=1GiB", ck.USAGE)
             budgets[name] = size
     over = {"models": a.models, "seqs": a.seqs, "gpus": a.gpus, "budgets": budgets, "policies": a.policies,
-            "seeds": a.seeds, "profile": a.profile, "mean_only": False if a.no_mean_only else None}  # fmt: skip
+            "seeds": a.seeds, "profile": a.profile, "mean_only": False if a.no_mean_only else None,
+            "resident": a.resident}  # fmt: skip
     ck.output_dir(a.out, "--out")
     if a.config:
         _read_config(a.config)
@@ -246,6 +284,8 @@ def cmd_report(a) -> int:
 
     from analysis.report import write_report
 
+    if a.overlay or a.out is not None or a.dir is None:
+        return _report_overlay(a)
     if not (Path(a.dir) / "runs.csv").exists():
         raise ck.CliError(f"no runs.csv in {a.dir}; run `turnip ablate --out {a.dir}` first", ck.USAGE)
     ck.input_file(str(Path(a.dir) / "runs.csv"), "runs table", f"run `turnip ablate --out {a.dir}` again")
@@ -253,6 +293,36 @@ def cmd_report(a) -> int:
     _check_runs(Path(a.dir) / "runs.csv")
     write_report(a.dir)
     print(f"wrote {a.dir}/summary.csv and {a.dir}/figures/")
+    return 0
+
+
+def _report_overlay(a) -> int:
+    from pathlib import Path
+
+    from analysis.overlay import PlanMismatch, format_overlay, write_overlay
+    from turnip.trace import TraceFormatError, read_chrome
+
+    if not a.overlay or a.dir is not None:
+        why = "--out applies to --overlay only" if a.overlay is None and a.dir is not None else "pass one of them"
+        raise ck.CliError(f"report takes DIR or --overlay SIM_TRACE REAL_TRACE; {why}", ck.USAGE)
+    out = "." if a.out is None else a.out
+    ck.output_dir(out, "--out")
+    traces = []
+    for what, path in zip(("SIM_TRACE", "REAL_TRACE"), a.overlay, strict=True):
+        ck.input_file(path, what, "pass the --trace file of `turnip simulate` or `turnip run`")
+        try:
+            traces.append(read_chrome(path))
+        except TraceFormatError as e:
+            raise ck.CliError(f"{what} {path} is not a turnip trace ({e}); pass the --trace file of `turnip "
+                              "simulate` or `turnip run`", ck.USAGE) from None  # fmt: skip
+    try:
+        table = write_overlay(*traces, out)
+    except PlanMismatch as e:
+        raise ck.CliError(f"{a.overlay[0]} and {a.overlay[1]} are traces of different plans: {e}; overlay the "
+                          "traces of `turnip simulate PLAN` and `turnip run PLAN` of one plan",
+                          ck.USAGE) from None  # fmt: skip
+    print(format_overlay(table))
+    print(f"wrote {Path(out) / 'overlay.png'} and {Path(out) / 'overlay.csv'}")
     return 0
 
 
