@@ -104,7 +104,8 @@ def compare(a) -> int:
             order = fastest_run(mg, prof, range(200, 200 + RECORD_RUNS), tm=tm).order
         for _, r in cell.iterrows():
             meas = np.array(json.loads(r.times_ms))
-            sims = np.array([simulate(mg, prof, r.policy, seed=s, tm=tm, order=order).makespan_ns / 1e6
+            o = order if r.policy == "det-replay" else None
+            sims = np.array([simulate(mg, prof, r.policy, seed=s, tm=tm, order=o).makespan_ns / 1e6
                              for s in range(a.runs)])  # fmt: skip
             out.append({"seq": int(seq), "budget": budget, "policy": r.policy, "measured_ms": meas.mean(),
                         "predicted_ms": sims.mean(), "error": sims.mean() / meas.mean() - 1,
