@@ -149,3 +149,25 @@ def test_run_errors_name_the_problem(model_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["run", "--model", str(tmp_path / "nowhere")])
     assert e.value.code == 2 and "neither a preset" in capsys.readouterr().err
+
+
+def test_prompt_text_through_the_directory_tokenizer(model_dir, capsys):
+    pytest.importorskip("tokenizers", reason="--prompt uses the optional tokenizers package")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from turnip.cli import main
+
+    d, cfg, t = model_dir
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0} | {f"w{i}": i for i in range(1, cfg.vocab)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(d / "tokenizer.json"))
+    rc = main(["run", "--model", str(d), "--prompt", "w5 w300 w7 w9", "--dtype", "fp32", "--repeat", "1",
+               "--warmup", "0"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    import ml_dtypes
+
+    w = {k: v.astype(ml_dtypes.bfloat16).astype(np.float64) for k, v in ours(t, cfg).items()}
+    want = int(numpy_llama(w, w["tok_embed"][[5, 300, 7, 9]], cfg, "last")[-1].argmax())
+    line = next(x for x in out.splitlines() if x.startswith("next token"))
+    assert line.split()[2] == str(want) and f"'w{want}'" in line  # the id and its text

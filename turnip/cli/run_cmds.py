@@ -138,16 +138,16 @@ def _tokenizer(a, required: bool = False):
 
     d = Path(a.model) if Path(a.model).is_dir() else Path(a.model).parent
     f = d / "tokenizer.json"
+    if not f.is_file():
+        if required:
+            raise ck.CliError(f"--prompt needs {f}; this model has no tokenizer.json, pass --prompt-ids", ck.USAGE)
+        return None
     try:
         from tokenizers import Tokenizer
     except ImportError:
         if required:
             raise ck.CliError("--prompt needs the tokenizers package (pip install tokenizers); or pass token ids "
                               "with --prompt-ids", ck.USAGE) from None  # fmt: skip
-        return None
-    if not f.is_file():
-        if required:
-            raise ck.CliError(f"--prompt needs {f}; this model has no tokenizer.json, pass --prompt-ids", ck.USAGE)
         return None
     return Tokenizer.from_file(str(f))
 
