@@ -321,13 +321,12 @@ def _read_into(f, buf: np.ndarray, h: TensorHeader) -> None:
 
 
 def _read_config(f: Path) -> dict:
+    from turnip.models import read_config_json
+
     try:
-        cfg = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{f}: cannot read the config: {_why(e)}") from None
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{f}: the config is not a JSON object")
-    return cfg
+        return read_config_json(f)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _parse_header(file: Path) -> list[TensorHeader]:

@@ -124,18 +124,24 @@ LLAMA_TILES = {"t": "tokens", "h": "key-value heads", "f": "FFN columns", "kv": 
 HEADS = ("none", "last", "all")  # LM head: none (final hidden states out), last position's logits, all positions'
 
 
+def read_config_json(f: Path) -> dict:
+    """A ``config.json`` as a dict; ``ValueError`` naming the file when it is unreadable or not an object."""
+    try:
+        cfg = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{f}: cannot read the config: {getattr(e, 'strerror', None) or e}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{f}: the config is not a JSON object")
+    return cfg
+
+
 def load_config(path: str | Path) -> LlamaConfig:
     """The ``LlamaConfig`` of a Hugging Face model directory or ``config.json`` file."""
     path = Path(path)
     f = path / "config.json" if path.is_dir() else path
     if not f.is_file():
         raise ValueError(f"{path}: no config.json (a Hugging Face model directory or its config.json is needed)")
-    try:
-        cfg = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{f}: cannot read the config: {e}") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{f}: the config is not a JSON object")
+    cfg = read_config_json(f)
     name = path.resolve().name if path.is_dir() else path.stem
     if name == "config":
         name = path.resolve().parent.name

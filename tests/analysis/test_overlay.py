@@ -1,7 +1,5 @@
 """``analysis.overlay`` and ``turnip report --overlay``: a simulated and a real trace of one plan, overlaid."""
 
-import contextlib
-import io
 
 import numpy as np
 import pandas as pd
@@ -9,7 +7,7 @@ import pytest
 
 from analysis.overlay import COLUMNS, PlanMismatch, format_overlay, overlay_table, write_overlay
 from sim.engine import simulate
-from turnip.cli import main
+from tests.test_cli_errors import call
 from turnip.compile import compile_model
 from turnip.machine.profile import h100
 from turnip.trace import Trace, TraceFormatError, read_chrome
@@ -103,14 +101,6 @@ def test_write_overlay_files(plans, tmp_path):
     assert not list((tmp_path / "ov").glob(".*.tmp"))
 
 
-def call(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as e:
-            rc = e.code
-    return rc, out.getvalue(), err.getvalue()
 
 
 def _one_error_line(err: str) -> str:
