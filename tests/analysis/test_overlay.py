@@ -101,8 +101,6 @@ def test_write_overlay_files(plans, tmp_path):
     assert not list((tmp_path / "ov").glob(".*.tmp"))
 
 
-
-
 def _one_error_line(err: str) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and ";" in lines[0] and "Traceback" not in err, err
