@@ -391,3 +391,15 @@ def test_progress_and_heartbeat_on_a_terminal():
         bar.update(5)
         time.sleep(0.05)
     assert s.getvalue() == ""
+
+
+def test_calibrate_without_a_gpu_is_one_error_line(tmp_path, monkeypatch):
+    import ctypes
+
+    def no_driver(name, *a, **k):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_driver)
+    rc, _out, err = call(["calibrate", "-o", str(tmp_path / "p.json")])
+    assert rc == 1 and err.count("\n") == 1 and "turnip calibrate needs an NVIDIA GPU" in err
+    assert "--profile h100-calibrated" in err and not (tmp_path / "p.json").exists()

@@ -31,7 +31,7 @@ def cmd_calibrate(a) -> int:
     from turnip.progress import Progress
 
     ck.output_file(a.output, "--output")
-    _cuda_preflight()
+    _cuda_preflight("turnip calibrate", "or simulate with a shipped profile (--profile h100-calibrated)")
     doc = calibrate(tuple(a.dtypes), a.quick, progress_factory=Progress)
     write_profile(doc, a.output)
     m = doc["machine"]

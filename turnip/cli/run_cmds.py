@@ -187,15 +187,15 @@ def _write_inputs(a, tg, be, source) -> dict | None:
     return values
 
 
-def _cuda_preflight() -> None:
+def _cuda_preflight(what: str = "--backend cuda", instead: str = "or use --backend cpu") -> None:
     """The cuda backend needs the NVIDIA driver: fail before compiling when it cannot be loaded."""
     import ctypes
 
     try:
         ctypes.CDLL("libcuda.so.1")
     except OSError as e:
-        raise ck.CliError(f"--backend cuda needs an NVIDIA GPU and driver, but libcuda.so.1 cannot be loaded ({e}); "
-                          "run on a GPU machine, or use --backend cpu", ck.FAILED) from None  # fmt: skip
+        raise ck.CliError(f"{what} needs an NVIDIA GPU and driver, but libcuda.so.1 cannot be loaded ({e}); "
+                          f"run on a GPU machine, {instead}", ck.FAILED) from None  # fmt: skip
 
 
 def _check_args(a) -> None:
