@@ -79,6 +79,12 @@ class TimingModel(VertexCosts):
                 tc = sel & ~np.isnan(self.contended_cv)
                 fc[tc] = 1 + _excess(mc, self.contended_cv[tc] * (1 + mc), z[1, tc])
         p = self.prof
+        if p.run_excess_mean > 0:  # one run-wide factor on every kernel (drawn only when modelled)
+            z = None if rng is None else rng.standard_normal(1)
+            r = 1 + float(np.asarray(_excess(p.run_excess_mean, p.run_excess_sd, z)).reshape(-1)[0])
+            kern = e == ENG_KERNEL
+            f[kern] *= r
+            fc[kern] *= r
         copy = e != ENG_KERNEL
         if rng is None:
             stall_mean = p.stall_scale_ns * p.stall_alpha / (p.stall_alpha - 1) if p.stall_alpha > 1 else 0

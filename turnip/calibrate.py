@@ -109,7 +109,7 @@ def dependency_gaps(mg, runs) -> list[tuple[str, int]]:
 
 
 def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 3, progress=None,
-                    gaps: list | None = None) -> list[dict]:  # fmt: skip
+                    gaps: list | None = None, run_cvs: list | None = None) -> list[dict]:  # fmt: skip
     from turnip.compile import build_with_resident, make_taskgraph
     from turnip.runtime import execute, open_backend
     from turnip.runtime.weights import iter_random_inputs, write_streaming
@@ -129,6 +129,9 @@ def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 
             runs = [execute(mg, be, "det", 1, seed=r) for r in range(repeat)]
         if gaps is not None:
             gaps.extend(dependency_gaps(mg, runs))
+        if run_cvs is not None and len(runs) > 1:  # run-to-run spread of the whole plan
+            ms = np.array([r.makespan_ns for r in runs], dtype=np.float64)
+            run_cvs.append(float(ms.std(ddof=1) / ms.mean()))
         for row in _kernel_rows(mg, runs):
             key = (row["op"], row["match"], row["dtype"], row["work"])
             old = merged.get(key)
@@ -250,11 +253,12 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     plans = kernel_plans(quick)
     kernels: list[dict] = []
     gaps: list = []
+    run_cvs: list = []
     for dt in dtypes:
         bar = progress_factory(len(plans), f"calibrate: kernels ({dt})") if progress_factory else None
         with bar if bar is not None else _Null() as b:
             kernels += measure_kernels(plans, dt, repeat=2 if quick else 3, progress=getattr(b, "update", None),
-                                       gaps=gaps)  # fmt: skip
+                                       gaps=gaps, run_cvs=run_cvs)  # fmt: skip
     log(f"kernels: {len(kernels)} (op, shape) points from {len(plans)} plans x {len(dtypes)} dtypes, "
         f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
     sizes = [1 << k for k in range(16, 30, 1 if not quick else 2)]
@@ -270,7 +274,9 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     residual = [g - host["completion_ns"] - launch[k] for k, g in gaps]
     latency = max(0, int(np.median(residual))) if residual else 0  # what the host costs do not explain
     log(f"kernel start latency: {latency} ns (median over {len(residual)} hand-overs to an idle GPU)")
-    machine = {"name": f"calibrated {name}", "kernel_start_latency_ns": latency} | host | copy_fields(copies)
+    cv = float(np.median(run_cvs)) if run_cvs else 0.0  # a run-wide factor with this mean and spread
+    machine = {"name": f"calibrated {name}", "kernel_start_latency_ns": latency, "run_excess_mean": cv,
+               "run_excess_sd": cv} | host | copy_fields(copies)  # fmt: skip
     return {"format": "turnip-profile", "version": 1, "machine": machine, "kernels": kernels, "copies": copies,
             "calibration": {"device": name, "host": platform.node(), "seconds": round(time.perf_counter() - t0, 1),
                             "plans": [p.__dict__ | {"model": p.model.rsplit("/", 1)[-1]} for p in plans],

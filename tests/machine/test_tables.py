@@ -228,6 +228,30 @@ def test_spread_is_the_tables_per_shape(tmp_path):
         assert d[sel].min() >= tm.kernel_ns[sel][0]  # no draw below the floor
 
 
+def test_a_run_wide_factor_spreads_makespans_and_keeps_the_tables_means(tmp_path):
+    """Per-vertex jitter averages out over a chain of kernels; a run-wide factor does not. The floors sit
+    below the table by both mean excesses, so the mean duration is still the table's, and no draw is below
+    its floor."""
+    n = 400
+    mg = make_memgraph(["kernel"] * n, [[]] + [[v] for v in range(n - 1)], flops=[1e10] * n, nbytes=[1 << 10] * n)
+    for v in range(n):
+        mg.params[v] = {"subscripts": GEMM}
+    base = load_profile(write(tmp_path, doc(QUIET | {"kernel_excess_mean": 0.02})))
+    wide = base.replace(run_excess_mean=0.03, run_excess_sd=0.03)
+
+    def cv_and_mean(prof):
+        ms = np.array([simulate(mg, prof, seed=s).makespan_ns for s in range(40)], dtype=float)
+        return ms.std() / ms.mean(), TimingModel(mg, prof)
+
+    cv0, tm0 = cv_and_mean(base)
+    cv1, tm1 = cv_and_mean(wide)
+    assert cv0 < 0.005 < 0.01 < cv1  # the chain's own jitter averages out; the run-wide factor does not
+    assert abs(tm1.mean_ns()[0] - 50_000) <= 2 and tm1.kernel_ns[0] == round(50_000 / 1.02 / 1.03)
+    d = tm1.kernel_ns * tm1.draws(np.random.default_rng(3)).factor
+    assert (d >= tm1.kernel_ns).all() and np.ptp(d / tm1.kernel_ns) > 0
+    assert (TimingModel(mg, base).kernel_ns == tm0.kernel_ns).all()
+
+
 def copy_plan():
     """An h2d and a d2h of each measured size on one GPU, and a P2P transfer."""
     kinds = ["input", "input", "kernel", "offload", "offload", "transfer"]

@@ -142,6 +142,7 @@ class VertexCosts:
         self.covered = ~np.isnan(self.table_mean_ns)
         mu = excess_mean(prof)
         mu_v = np.array([mu[c] for c in range(4)])[e]
+        mu_v = np.where(e == ENG_KERNEL, (1 + mu_v) * (1 + prof.run_excess_mean) - 1, mu_v)  # the run's factor too
         roof = kernel_floor_ns(mg, prof)
         table_floor = self.table_mean_ns / (1 + mu_v)
         self.kernel_ns = np.where(self.covered & (e == ENG_KERNEL), np.rint(table_floor), roof).astype(np.int64)

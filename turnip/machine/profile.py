@@ -60,6 +60,11 @@ class MachineProfile:
     # a vertex a measured table covers comes from the table instead)
     kernel_excess_mean: float = 0.02  # GEMM alone: p50 0.184 ms, mean 0.188 ms
     kernel_excess_sd: float = 0.02
+    # run-wide: one draw per run scales every kernel of it (clocks and power state are shared by a run;
+    # per-vertex jitter averages out over thousands of vertices, this does not). `turnip calibrate` measures
+    # it as the spread of repeated runs' makespans; 0 in the presets
+    run_excess_mean: float = 0.0
+    run_excess_sd: float = 0.0
     kernel_contended_excess_mean: float = 0.02
     kernel_contended_excess_sd: float = 0.073  # GEMM with a copy stream: cv 7.3%
     h2d_excess_mean: float = 0.005
