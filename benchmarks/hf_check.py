@@ -60,25 +60,14 @@ RECIPES = {
 def make_checkpoint(name: str, root: Path, seed: int) -> Path:
     """Write a random model of recipe ``name`` with transformers' own ``save_pretrained`` (sharded)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from llama_prefill import random_llama
+    from transformers import LlamaConfig
 
     r = RECIPES[name]
     d = root / name
     if (d / "config.json").exists():
         return d
-    cfg = LlamaConfig(**r["cfg"])
-    torch.manual_seed(seed)
-    dt = getattr(torch, r["dtype"])
-    torch.set_default_dtype(dt)
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg)
-    torch.set_default_dtype(torch.float32)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.02)
+    model = random_llama(LlamaConfig(**r["cfg"]), seed, getattr(torch, r["dtype"]))
     t = time.perf_counter()
     model.save_pretrained(d, max_shard_size=r["shard"])
     print(f"{name}: saved {sum(f.stat().st_size for f in d.glob('*.safetensors')) / GiB:.2f} GiB in "

@@ -58,11 +58,18 @@ def hf_config(s, max_seq: int, n_layers: int | None = None):
 def build_hf(s, seed: int, max_seq: int, n_layers: int | None = None):
     """A ``LlamaForCausalLM`` of turnip config ``s`` on the GPU, fp16, seeded random weights (norms near 1)."""
     import torch
+
+    return random_llama(hf_config(s, max_seq, n_layers), seed, torch.float16).eval()
+
+
+def random_llama(cfg, seed: int, dtype):
+    """A ``LlamaForCausalLM`` of transformers config ``cfg`` on the GPU in ``dtype``: weights 0.02 * N(0, 1),
+    norm weights 1 + 0.1 * N(0, 1), seeded."""
+    import torch
     from transformers import LlamaForCausalLM
 
-    cfg = hf_config(s, max_seq, n_layers)
     torch.manual_seed(seed)
-    torch.set_default_dtype(torch.float16)
+    torch.set_default_dtype(dtype)
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg)
     torch.set_default_dtype(torch.float32)
@@ -72,7 +79,7 @@ def build_hf(s, seed: int, max_seq: int, n_layers: int | None = None):
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.02)
-    return model.eval()
+    return model
 
 
 def time_torch(fn, warmup: int, repeat: int) -> tuple[list[float], object]:
