@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from cuda_kernels._numba import cuda
+from cuda_kernels._numba import cuda, to_device
 from cuda_kernels.kernels import prepare
 from tests.cuda_kernels.cases import NP_DTYPE, Case, for_dtype, llama_cases, make_inputs
 from turnip import ops
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     if "bf16" in a.dtypes.split(","):
         bf = NP_DTYPE["bf16"]
         g16 = prepare("einsum", [(n16, n16)] * 2, (n16, n16), "bf16", {"subscripts": "td,df->tf"})
-        gx = [c.to_device(rng.standard_normal((n16, n16), dtype=np.float32).astype(bf)) for _ in range(2)]
+        gx = [to_device(rng.standard_normal((n16, n16), dtype=np.float32).astype(bf)) for _ in range(2)]
         go = c.device_array((n16, n16), bf)
         ceil["bf16"] = 2 * n16**3 / b.time(lambda s, i: g16(s, go, gx))[0] / 1e6
         print(f"bf16 GEMM ceiling this run: {ceil['bf16']:.0f} TFLOP/s")
@@ -192,7 +192,7 @@ def bench_case(b: Bench, case: Case, dtype: str, rng, ceil, torch, torch_stream,
     sets = []
     for _ in range(n_sets):
         xs = make_inputs(case, dtype, rng)
-        ins = [c.to_device(x) for x in xs]
+        ins = [to_device(x) for x in xs]
         out = ins[0] if case.op == "sum_into" else c.device_array(case.out_shape, np.float32 if case.op == "mix"
                                                                    else NP_DTYPE[dtype])
         sets.append((out, ins))

@@ -50,6 +50,21 @@ def available() -> bool:
         return False
 
 
+def to_device(x: np.ndarray, stream=0):
+    """``cuda().to_device(x)``; bfloat16 (``ml_dtypes``, which numba's host copies cannot take) moves as its
+    uint16 bits and is viewed back as bfloat16 on the device."""
+    if np.dtype(x.dtype).name == "bfloat16":
+        return cuda().to_device(np.ascontiguousarray(x).view(np.uint16), stream=stream).view(x.dtype)
+    return cuda().to_device(x, stream=stream)
+
+
+def to_host(d) -> np.ndarray:
+    """``d.copy_to_host()``, bfloat16 through its uint16 bits (see ``to_device``)."""
+    if np.dtype(d.dtype).name == "bfloat16":
+        return d.view(np.uint16).copy_to_host().view(d.dtype)
+    return d.copy_to_host()
+
+
 def _nbtypes():
     c = cuda()
     t = getattr(c, "types", None)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cuda_kernels._numba import cuda
+from cuda_kernels._numba import cuda, to_device, to_host
 from cuda_kernels.kernels import Launcher, prepare
 from tests.cuda_kernels.cases import NP_DTYPE, Case, decoded, for_dtype, make_inputs, reference_f64, rel_error
 
@@ -29,30 +29,14 @@ def out_dtype(case: Case, dtype: str):
     return np.float32 if case.op == "mix" else NP_DTYPE[dtype]
 
 
-def to_device(c, x: np.ndarray):
-    """``c.to_device(x)``; bf16 (``ml_dtypes``, which numba's host copies cannot take) moves as its uint16
-    bits and is viewed back as bf16 on the device."""
-    if x.dtype.name == "bfloat16":
-        return c.to_device(np.ascontiguousarray(x).view(np.uint16)).view(x.dtype)
-    return c.to_device(x)
-
-
-def to_host(d) -> np.ndarray:
-    """``d.copy_to_host()``, bf16 through its uint16 bits."""
-    if d.dtype.name == "bfloat16":
-        return d.view(np.uint16).copy_to_host().view(d.dtype)
-    return d.copy_to_host()
-
-
 def setup(case: Case, dtype: str, rng: np.random.Generator, gemm: str = "auto") -> Prepared:
-    c = cuda()
     case = for_dtype(case, dtype)
     xs = make_inputs(case, dtype, rng)
-    ins = [to_device(c, x) for x in xs]
+    ins = [to_device(x) for x in xs]
     if case.op == "sum_into":
         out = ins[0]
     else:
-        out = to_device(c, np.full(case.out_shape, np.nan, dtype=out_dtype(case, dtype)))
+        out = to_device(np.full(case.out_shape, np.nan, dtype=out_dtype(case, dtype)))
     lau = prepare(case.op, case.in_shapes, case.out_shape, "fp32" if case.op == "mix" else dtype,
                   case.params, gemm=gemm)
     return Prepared(case, dtype, lau, xs, ins, out)

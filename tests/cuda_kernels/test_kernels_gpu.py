@@ -69,8 +69,8 @@ def test_portable_grouped_query_attention(case, dtype, rng, monkeypatch):
 def test_launch_compiles_nothing_and_streams_agree(rng):
     """After prepare, launching (on two streams, cuBLAS and numba kernels) adds no compiled overloads."""
     from cuda_kernels import codegen
-    from cuda_kernels._numba import cuda
-    from tests.cuda_kernels.harness import setup, to_host
+    from cuda_kernels._numba import cuda, to_host
+    from tests.cuda_kernels.harness import setup
 
     preps = [setup(c, "fp16", rng) for c in llama_cases(128) if c.op in ("einsum", "sdpa", "rmsnorm")]
     n_overloads = sum(len(d.overloads) for d in codegen._SOURCES.values())

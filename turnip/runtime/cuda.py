@@ -290,6 +290,7 @@ class CudaBackend:
                                    f"loading resident input {mg.label(v)}")  # fmt: skip
 
     def read_outputs(self) -> dict[int, np.ndarray]:
+        from cuda_kernels._numba import to_host
         from turnip.runtime.layout import buffer_view
 
         out = {}
@@ -298,10 +299,7 @@ class CudaBackend:
                 out[t] = buffer_view(self.host_off, self.lay.host_offset[o], self.mg.shape[o], self.mg.dtype[o]).copy()
             else:
                 self._set_ctx(self.lay.gpu[o])
-                d = self.view(o)
-                # numba's host copies cannot take ml_dtypes' bfloat16: bf16 moves as its uint16 bits
-                bf16 = d.dtype.name == "bfloat16"
-                out[t] = d.view(np.uint16).copy_to_host().view(d.dtype) if bf16 else d.copy_to_host()
+                out[t] = to_host(self.view(o))
         return out
 
     # ------------------------------------------------------------------ runs
