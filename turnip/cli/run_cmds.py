@@ -96,17 +96,28 @@ def _plan(a):
 
 
 def _checkpoint(a):
-    """The Hugging Face checkpoint of ``--model`` when it is a directory holding weights, else None."""
+    """The weights to read: ``--weights`` (a .safetensors file), else ``--model`` when it is a directory
+    holding weights; None for random weights. Headers are read and checked now, before compiling."""
     from pathlib import Path
 
     from turnip.checkpoint import Checkpoint, has_weights
 
-    if a.plan or a.weights or not Path(a.model).is_dir() or not has_weights(a.model):
+    if a.weights:
+        ck.input_file(a.weights, "--weights", WEIGHTS_HINT)
+        try:
+            return Checkpoint(a.weights)
+        except (ValueError, OSError) as e:  # CheckpointError: one line naming the file or tensor
+            raise ck.CliError(f"--weights {a.weights} is not a .safetensors file turnip can read ({e}); "
+                              f"{WEIGHTS_HINT}", ck.USAGE) from None  # fmt: skip
+    if a.plan or not Path(a.model).is_dir() or not has_weights(a.model):
         return None
     try:
         return Checkpoint(a.model)
-    except (ValueError, OSError) as e:  # CheckpointError: one line naming the file or tensor
+    except (ValueError, OSError) as e:
         raise ck.CliError(f"--model {a.model}: {e}", ck.USAGE) from None
+
+
+WEIGHTS_HINT = "pass a .safetensors file with this model's tensors (turnip or Hugging Face LLaMA names)"
 
 
 def _prompt_ids(a):
@@ -154,11 +165,11 @@ def _tokenizer(a, required: bool = False):
 
 def _inputs(a, tg, ids=None, ckpt=None):
     """The run's inputs as a stream of (logical name, array), one tensor at a time (random weights of
-    ``--seed``, a checkpoint's or ``--weights`` read tensor by tensor), or for a non-LLaMA graph {input
-    tensor: array}. ``ids``: the prompt (the embedded prompt ``x0`` is gathered from the embedding table)."""
+    ``--seed``, or ``ckpt``'s read tensor by tensor), or for a non-LLaMA graph {input tensor: array}.
+    ``ids``: the prompt (the embedded prompt ``x0`` is gathered from the embedding table)."""
     import numpy as np
 
-    from turnip.runtime.weights import iter_random_inputs, iter_weights, logical_inputs
+    from turnip.runtime.weights import iter_random_inputs, logical_inputs
 
     if "x0" not in logical_inputs(tg):  # not a LLaMA: the test inputs of the reference interpreter
         from turnip.memgraph.interp import random_inputs
@@ -166,8 +177,6 @@ def _inputs(a, tg, ids=None, ckpt=None):
         return random_inputs(tg, np.random.default_rng(a.seed))
     if ckpt is not None:
         return ckpt.iter_inputs(tg, ids=ids, seed=a.seed)
-    if a.weights:
-        return iter_weights(tg, a.weights, ids=ids)
     return iter_random_inputs(tg, a.seed, ids=ids)
 
 
@@ -206,8 +215,6 @@ def _check_args(a) -> None:
     ck.output_file(a.csv, "--csv")
     ck.load_profile(a.profile)
     if a.weights:
-        ck.input_file(a.weights, "--weights", "pass a .safetensors file (turnip or Hugging Face LLaMA names)")
-        _check_safetensors(a.weights)
         from turnip.models import llama_config
 
         if a.plan is None and llama_config(a.model) is None:
@@ -219,26 +226,6 @@ def _check_args(a) -> None:
     if a.plan and a.tile:
         raise ck.CliError("--tile applies when compiling --model, not to a plan file (its tiles are fixed); drop "
                           "--tile or compile the plan again with them", ck.USAGE)  # fmt: skip
-
-
-def _check_safetensors(path: str) -> None:
-    """The file starts as a safetensors file does: an 8-byte header length that fits, then a JSON object."""
-    import json
-    import os
-
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        ok = 0 <= n <= size - 8
-        if ok:
-            try:
-                ok = isinstance(json.loads(f.read(n)), dict)
-            except (ValueError, UnicodeDecodeError):
-                ok = False
-    if not ok:
-        raise ck.CliError(f"--weights {path} is not a .safetensors file (no valid header); pass a .safetensors file "
-                          "with this model's tensors (turnip or Hugging Face LLaMA names)", ck.USAGE)  # fmt: skip
 
 
 def cmd_run(a) -> int:
@@ -269,12 +256,11 @@ def cmd_run(a) -> int:
         try:
             values = _write_inputs(a, tg, be, source)
         except (ValueError, KeyError, OSError) as e:
-            if ckpt is not None:
-                raise ck.CliError(f"--model {a.model}: {e}", ck.FAILED) from None
-            if not a.weights:
+            if ckpt is None:
                 raise
-            raise ck.CliError(f"--weights {a.weights} cannot be used: {e}; pass a .safetensors file with this "
-                              "model's tensors (turnip or Hugging Face LLaMA names)", ck.USAGE) from None  # fmt: skip
+            if a.weights:
+                raise ck.CliError(f"--weights {a.weights} cannot be used: {e}; {WEIGHTS_HINT}", ck.USAGE) from None
+            raise ck.CliError(f"--model {a.model}: {e}", ck.FAILED) from None
         t_load = time.perf_counter() - t1
         print(f"{mg.n} vertices on {mg.n_gpus} GPU(s), backend {a.backend}, policy {a.policy}; "
               f"plan {t_plan:.1f} s, load {t_load:.1f} s")  # fmt: skip

@@ -4,9 +4,9 @@
   seeded pool of normal numbers at random offsets (the embedded prompt ``x0`` and weights scaled by 0.02,
   norm weights near 1); ``iter_random_inputs`` yields them one tensor at a time and ``write_streaming``
   writes such a stream into a loaded backend (peak host memory: the pinned input region plus one tensor).
-- ``read_safetensors(path)``: a numpy-only reader of the safetensors format (8-byte little-endian header
-  length, JSON header of ``dtype``/``shape``/``data_offsets``, raw little-endian data), memory-mapped;
-  BF16 reads as ``ml_dtypes.bfloat16`` and ``write_safetensors`` writes it back as BF16.
+- ``write_safetensors(path, tensors)``: a numpy-only writer of the safetensors format (8-byte little-endian
+  header length, JSON header of ``dtype``/``shape``/``data_offsets``, raw little-endian data; bfloat16 as
+  BF16); ``turnip.checkpoint.Checkpoint`` reads such files.
 - ``hf_name`` / ``hf_shape`` / ``from_hf``: Hugging Face LLaMA names and layouts to ours (below).
 - ``iter_weights(tg, path)``: a single ``.safetensors`` file with either set of names, one tensor at a time
   (``turnip.checkpoint.Checkpoint`` reads it; it also reads sharded Hugging Face model directories).
@@ -160,26 +160,6 @@ def st_dtype(code: str) -> np.dtype | None:
     return None if t is None else np.dtype(t)
 
 
-def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-    """All tensors of a ``.safetensors`` file as read-only memory-mapped numpy arrays (BF16 as
-    ``ml_dtypes.bfloat16``). Little-endian hosts only, like the format's data."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dt = st_dtype(info["dtype"])
-        if dt is None:
-            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-        a, b = info["data_offsets"]
-        out[name] = mm[8 + n + a : 8 + n + b].view(dt).reshape(info["shape"])
-    return out
-
-
 def write_safetensors(
     path: str | Path, tensors: dict[str, np.ndarray], metadata: dict | None = None, dtype=None
 ) -> int:
@@ -255,18 +235,7 @@ def from_hf(ours: str, w, shape):
     return w.reshape(tuple(shape))
 
 
-def from_hf_names(tensors: dict, shapes: dict[str, tuple]) -> dict:
-    """Our logical tensors from a Hugging Face LLaMA state dict: {our name: shape} -> {our name: tensor}."""
-    out = {}
-    for ours, shape in shapes.items():
-        k = hf_name(ours)
-        if k not in tensors:
-            raise KeyError(f"no tensor {k!r} (for {ours!r}) in the weights")
-        out[ours] = from_hf(ours, tensors[k], shape)
-    return out
-
-
-def iter_weights(tg, path: str | Path, n_heads: int | None = None, ids=None, seed: int = 0, only=None):
+def iter_weights(tg, path: str | Path, ids=None, seed: int = 0, only=None):
     """The logical inputs of ``tg`` from one ``.safetensors`` file (our names or Hugging Face LLaMA names) or
     a Hugging Face model directory, one tensor at a time in the compute dtype, for ``write_streaming``
     (``turnip.checkpoint.Checkpoint.iter_inputs``). ``x0`` is the embedding table's rows of ``ids`` (random
@@ -277,6 +246,6 @@ def iter_weights(tg, path: str | Path, n_heads: int | None = None, ids=None, see
     yield from Checkpoint(path).iter_inputs(tg, ids, seed, only)
 
 
-def load_weights(tg, path: str | Path, n_heads: int | None = None, ids=None, seed: int = 0) -> dict[str, np.ndarray]:
+def load_weights(tg, path: str | Path, ids=None, seed: int = 0) -> dict[str, np.ndarray]:
     """``iter_weights`` as a dict (every tensor in memory at once: for tests and ``--check``)."""
-    return dict(iter_weights(tg, path, n_heads, ids, seed))
+    return dict(iter_weights(tg, path, ids, seed))
