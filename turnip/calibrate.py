@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import platform
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,26 +65,34 @@ def kernel_plans(quick: bool = False) -> list[KernelPlan]:
     return plans[::2] if quick else plans
 
 
-def _kernel_rows(mg, runs) -> list[dict]:
-    """Group kernel vertices by (op, match, dtype, work): mean and sd of their device durations."""
+def _kernel_samples(mg, runs, into: dict) -> dict:
+    """Add every kernel vertex's device durations over ``runs`` to ``into``, grouped by (op, match, dtype,
+    work); returns ``into``."""
     from turnip.machine.costs import vertex_match, vertex_work
     from turnip.memgraph.plan import KIND_KERNEL
 
     work, match = vertex_work(mg), vertex_match(mg)
-    groups: dict = {}
     for v in np.flatnonzero(mg.kind == KIND_KERNEL):
-        op = mg.op[v]
-        key = (op, match[v], mg.dtype[v], float(work[v]))
-        durs = [int(r.end_ns[v] - r.start_ns[v]) for r in runs]
-        g = groups.setdefault(key, {"ns": [], "shape": "x".join(map(str, mg.shape[v]))})
-        g["ns"].extend(durs)
+        key = (mg.op[v], match[v], mg.dtype[v], float(work[v]))
+        g = into.setdefault(key, {"ns": [], "shape": "x".join(map(str, mg.shape[v]))})
+        g["ns"].extend(int(r.end_ns[v] - r.start_ns[v]) for r in runs)
+    return into
+
+
+def _rows(samples: dict) -> list[dict]:
+    """One table row per group of samples: mean and sd of the durations, sorted by key."""
     rows = []
-    for (op, match, dtype, w), g in groups.items():
+    for (op, match, dtype, w), g in sorted(samples.items()):
         ns = np.array(g["ns"], dtype=np.float64)
         rows.append({"op": op, "match": match, "dtype": dtype, "work": w, "ns_mean": float(ns.mean()),
                      "ns_sd": float(ns.std(ddof=1)) if ns.size > 1 else 0.0, "n": int(ns.size),
                      "shape": g["shape"]})  # fmt: skip
     return rows
+
+
+def _kernel_rows(mg, runs) -> list[dict]:
+    """The table rows of one plan's runs."""
+    return _rows(_kernel_samples(mg, runs, {}))
 
 
 def dependency_gaps(mg, runs) -> list[tuple[str, int]]:
@@ -114,7 +123,7 @@ def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 
     from turnip.runtime import execute, open_backend
     from turnip.runtime.weights import iter_random_inputs, write_streaming
 
-    merged: dict = {}
+    samples: dict = {}
     for i, p in enumerate(plans):
         tg = make_taskgraph(p.model, p.seq, 1, dtype, p.tiles, n_layers=p.layers, head=p.head)
         inputs = int(sum(int(np.prod(tg.shape[v])) for v in np.flatnonzero(tg.kind == 0))) * 4
@@ -132,21 +141,10 @@ def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 
         if run_cvs is not None and len(runs) > 1:  # run-to-run spread of the whole plan
             ms = np.array([r.makespan_ns for r in runs], dtype=np.float64)
             run_cvs.append(float(ms.std(ddof=1) / ms.mean()))
-        for row in _kernel_rows(mg, runs):
-            key = (row["op"], row["match"], row["dtype"], row["work"])
-            old = merged.get(key)
-            if old is None:
-                merged[key] = row
-            else:  # pool two groups of the same work: combined mean and sd
-                n = old["n"] + row["n"]
-                mean = (old["ns_mean"] * old["n"] + row["ns_mean"] * row["n"]) / n
-                ss = (old["n"] - 1) * old["ns_sd"] ** 2 + (row["n"] - 1) * row["ns_sd"] ** 2
-                ss += old["n"] * (old["ns_mean"] - mean) ** 2 + row["n"] * (row["ns_mean"] - mean) ** 2
-                var = ss / max(1, n - 1)
-                merged[key] = old | {"ns_mean": mean, "ns_sd": float(np.sqrt(var)), "n": n}
+        _kernel_samples(mg, runs, samples)
         if progress:
             progress(i + 1)
-    return sorted(merged.values(), key=lambda r: (r["op"], r["match"], r["dtype"], r["work"]))
+    return _rows(samples)
 
 
 def measure_copies(sizes: list[int], repeat: int = 10) -> list[dict]:
@@ -255,9 +253,9 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     gaps: list = []
     run_cvs: list = []
     for dt in dtypes:
-        bar = progress_factory(len(plans), f"calibrate: kernels ({dt})") if progress_factory else None
-        with bar if bar is not None else _Null() as b:
-            kernels += measure_kernels(plans, dt, repeat=2 if quick else 3, progress=getattr(b, "update", None),
+        bar = progress_factory(len(plans), f"calibrate: kernels ({dt})") if progress_factory else nullcontext()
+        with bar:
+            kernels += measure_kernels(plans, dt, repeat=2 if quick else 3, progress=getattr(bar, "update", None),
                                        gaps=gaps, run_cvs=run_cvs)  # fmt: skip
     log(f"kernels: {len(kernels)} (op, shape) points from {len(plans)} plans x {len(dtypes)} dtypes, "
         f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
@@ -281,14 +279,6 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
             "calibration": {"device": name, "host": platform.node(), "seconds": round(time.perf_counter() - t0, 1),
                             "plans": [p.__dict__ | {"model": p.model.rsplit("/", 1)[-1]} for p in plans],
                             "dtypes": list(dtypes)}}  # fmt: skip
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def write_profile(doc: dict, path: str) -> None:
