@@ -187,9 +187,10 @@ def main(argv=None) -> int:
         by_len: dict[int, list] = {}
         for s in RECIPES[name]["seqs"]:
             by_len.setdefault(s, []).extend(rng.integers(0, vocab, size=s).astype(np.int64) for _ in range(a.prompts))
+        refs: dict = {}  # prompt length -> HF's logits of its prompts, in the compute dtype
         for s, prompts in by_len.items():
             prompts = prompts[: a.prompts]
-            ref16 = hf_logits(d, prompts, torch.bfloat16 if a.dtype == "bf16" else torch.float16)
+            ref16 = refs[s] = hf_logits(d, prompts, torch.bfloat16 if a.dtype == "bf16" else torch.float16)
             small = RECIPES[name]["cfg"]["hidden_size"] <= 1024
             ref32 = hf_logits(d, prompts, torch.float32) if small or a.fp32 else None
             for g in a.gpus:
@@ -209,7 +210,8 @@ def main(argv=None) -> int:
         if a.rss:
             ids = by_len[max(by_len)][0]
             r = cli_rss(d, ids, a.budget, root) | {"model": name, "seq": int(ids.size), "kind": "cli"}
-            r["top1_hf"] = int(hf_logits(d, [ids], torch.float16)[0].argmax())
+            ref = refs[max(by_len)][0] if a.dtype == "fp16" else hf_logits(d, [ids], torch.float16)[0]  # CLI: fp16
+            r["top1_hf"] = int(ref.argmax())
             print(json.dumps(r), flush=True)
             rows.append(r)
     write(Path(a.out), a, rows)

@@ -43,7 +43,7 @@ def plan(seq: int, budget: str, model: str = "llama-7b", gpus: int = 1):
     if budget == "none":
         b = parse_nbytes(NONE_ARENA)
         tg = make_taskgraph(model, seq, gpus, "fp16")
-        w = int(sum(int(np.prod(tg.shape[v])) * 2 for v in np.flatnonzero(tg.kind == 0)))
+        w = int(tg.nbytes[tg.kind == 0].sum())
         return tg, build_with_resident(tg, b, None, str(w + (1 << 20)))
     b = parse_nbytes(budget)
     tg = make_taskgraph(model, seq, gpus, "fp16", budget_nbytes=b)

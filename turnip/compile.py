@@ -185,14 +185,12 @@ def estimate(
     """The size of ``make_taskgraph(model, ...)`` without building it (exact for LLaMA; the other models
     are small). Raises ``ValueError`` for arguments ``make_taskgraph`` would refuse."""
     from turnip.memgraph.plan import DTYPE_NBYTES
-    from turnip.models import check_llama_args, default_tiles
+    from turnip.models import llama_tiles
 
     s = llama_config(model)
     if s is not None:
         hd = resolve_head(model, head)
-        check_llama_args(s, seq, gpus, dtype, tiles, n_layers, head=hd)
-        t = default_tiles(s, seq, gpus, dtype, budget_nbytes) | dict(tiles or {})
-        check_llama_args(s, seq, gpus, dtype, tiles, n_layers, int(t.get("t", seq)), head=hd)
+        t = llama_tiles(s, seq, gpus, dtype, tiles, n_layers, budget_nbytes, hd)
         L = s.n_layers if n_layers is None else n_layers
         d, nb = s.d_model, DTYPE_NBYTES[dtype]
         weights = s.weight_nbytes(nb, L, head=hd != "none")

@@ -194,6 +194,18 @@ def check_llama_args(
         raise ValueError(f"tile kv={kv} must be a multiple of the token tile t={t_tile} (e.g. kv={up})")
 
 
+def llama_tiles(
+    shape: LlamaConfig, seq: int, n_gpus: int, dtype: str, tiles: dict | None, n_layers: int | None,
+    budget_nbytes: int | None, head: str = "none",
+) -> dict:  # fmt: skip
+    """The tiles a LLaMA prefill takes: the given ones over ``default_tiles``, every argument checked
+    (``ValueError`` naming the first bad one; the given tiles before the defaults use them)."""
+    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, head=head)
+    t = default_tiles(shape, seq, n_gpus, dtype, budget_nbytes) | dict(tiles or {})
+    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, int(t.get("t", seq)), head=head)
+    return t
+
+
 def default_tiles(
     shape: LlamaConfig, seq: int, n_gpus: int, dtype: str = "fp16", budget_nbytes: int | None = None
 ) -> dict:
@@ -293,9 +305,7 @@ def llama_prefill(
             raise ValueError(f"unknown LLaMA size {size!r}; choose from {sorted(LLAMA)}")
     else:
         shape = size
-    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, head=head)  # before default_tiles uses them
-    t = default_tiles(shape, seq, n_gpus, dtype, budget_nbytes) | dict(tiles or {})
-    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, int(t.get("t", seq)), head=head)
+    t = llama_tiles(shape, seq, n_gpus, dtype, tiles, n_layers, budget_nbytes, head)
     tg = lower(llama_graph(shape, seq, dtype, n_layers, head), Tiling(t, n_gpus=n_gpus, parallel="hftv"))
     name = shape.name or (f"llama-{size}" if isinstance(size, str) else "llama")
     tg.meta.update(model=name, seq=seq, n_gpus=n_gpus, dtype=dtype, head=head,
