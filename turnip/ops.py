@@ -99,6 +99,48 @@ def _rows_shape(ins: list[Shape], p: dict) -> Shape:
     return (b - a, *ins[0][1:])
 
 
+def _sdpa_bwd_shape(ins: list[Shape], p: dict) -> Shape:
+    """q, o, do (t, h, dh) or (t, hk, r, dh); k, v (t, hk, dh), as many keys as queries -> (t, hk, (r + 2) dh):
+    per token and key-value head, the query heads' dq, then dk, then dv."""
+    qs, ks, vs, os_, dos = (tuple(s) for s in ins)
+    if len(qs) not in (3, 4) or len(ks) != 3 or vs != ks or os_ != qs or dos != qs:
+        raise ValueError(f"q {qs}, k {ks}, v {vs}, o {os_}, do {dos} do not match")
+    t, hk, dh = ks
+    h = math.prod(qs[1:-1])
+    if qs[0] != t or qs[-1] != dh or h % hk or (len(qs) == 4 and qs[1] != hk):
+        raise ValueError(f"q {qs} and k {ks} do not match (sdpa_bwd needs as many keys as queries)")
+    return (t, hk, (h // hk + 2) * dh)
+
+
+def _sdpa_bwd_flops(ins: list[Shape], out: Shape, p: dict) -> float:
+    """Recomputed scores and softmax, then dv, dp, dq, dk: 10 flops per visible (query, key, head dim)."""
+    from turnip.reference import visible_keys
+
+    tq, h, dh = ins[0][0], math.prod(ins[0][1:-1]), ins[0][-1]
+    pairs = float(visible_keys(tq, ins[1][0], p).sum())
+    return pairs * h * (10.0 * dh + 8.0)
+
+
+def _cols_shape(ins: list[Shape], p: dict) -> Shape:
+    a, b, tail = int(p["start"]), int(p["stop"]), tuple(int(x) for x in p["tail"])
+    n = ins[0][-1]
+    if not 0 <= a < b <= n or math.prod(tail) != b - a:
+        raise ValueError(f"columns [{a}, {b}) of a last dim of {n} as trailing shape {tail}")
+    return (*ins[0][:-1], *tail)
+
+
+def _xent_shape(ins: list[Shape], p: dict) -> Shape:
+    (t, _), tg = ins
+    if tuple(tg) != (t,) or len(ins[0]) != 2:
+        raise ValueError(f"logits {ins[0]} must be (t, V) and targets {tg} ({t},)")
+    return (t,)
+
+
+def _xent_bwd_shape(ins: list[Shape], p: dict) -> Shape:
+    _xent_shape(ins, p)
+    return ins[0]
+
+
 def _n(shape: Shape) -> int:
     return math.prod(shape)
 
@@ -124,6 +166,16 @@ OPS: dict[str, OpSpec] = {
         OpSpec("attn_combine", None, _combine_shape, lambda ins, out, p: 4.0 * _n(out) * len(ins)),
         OpSpec("concat", None, _concat_shape, _per_elem(0)),
         OpSpec("rows", 1, _rows_shape, _per_elem(0)),
+        OpSpec("rmsnorm_bwd", 3, _same, _per_elem(8)),
+        OpSpec("silu_mul_dg", 3, _same, _per_elem(8)),
+        OpSpec("sdpa_bwd", 5, _sdpa_bwd_shape, _sdpa_bwd_flops),
+        OpSpec("cols", 1, _cols_shape, _per_elem(0)),
+        OpSpec("xent", 2, _xent_shape, lambda ins, out, p: 4.0 * _n(ins[0])),
+        OpSpec("xent_bwd", 2, _xent_bwd_shape, _per_elem(4)),
+        OpSpec("cast", 1, _same, _per_elem(1)),
+        OpSpec("adam_m", 2, _same, _per_elem(3)),
+        OpSpec("adam_v", 2, _same, _per_elem(4)),
+        OpSpec("adam_p", 4, _broadcast, _per_elem(6)),
         OpSpec("mix", None, lambda ins, p: (p["n_out"],), lambda ins, out, p: 2.0 * _n(out) * len(ins)),
     )
 }  # fmt: skip

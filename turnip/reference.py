@@ -15,6 +15,13 @@ Layouts (t = tokens of a tile, h = heads of a tile, dh = head dim):
   normalised partial output O (tq, h, dh) followed by its natural log-sum-exp L (h, tq) as float32 bytes
   (``partial_len`` elements of the tile dtype in all; h counts query heads); ``attn_combine`` merges
   partials over disjoint key ranges: L = logsumexp_j L_j, O = sum_j exp(L_j - L) O_j.
+  attention gradients (``sdpa_bwd``): (t, hk, (r + 2) dh) with, per token and key-value head, the r query
+  heads' dq (r dh values), then dk (dh), then dv (dh); ``cols`` takes each part out.
+
+Training ops (``turnip.autodiff``, ``turnip.train``): backward rules (``rmsnorm_bwd``, ``silu_mul_dg``,
+``sdpa_bwd``, ``rotary`` with ``inverse``), the next-token cross-entropy (``xent``, ``xent_bwd``) and the
+Adam update (``adam_m``, ``adam_v``, ``adam_p``). Ops whose inputs have another dtype than their output
+name it in the ``src`` param (``cast``, ``xent``); targets are int32, negative = ignored.
 """
 
 from __future__ import annotations
@@ -171,7 +178,8 @@ def rope_inv_freq(dh: int, p) -> np.ndarray:
 
 def rotary(xs, p):
     """Rotary embedding, rotate-half convention: x (t, h, dh) or (t, ..., dh) (middle axes are heads),
-    positions pos_off + [0, t), frequencies ``rope_inv_freq``."""
+    positions pos_off + [0, t), frequencies ``rope_inv_freq``; ``inverse``: rotate by minus the angle (the
+    transpose: rotary's backward)."""
     x = _f32(xs[0])
     x = x.reshape(x.shape[0], -1, x.shape[-1])
     t, _, dh = x.shape
@@ -180,9 +188,132 @@ def rotary(xs, p):
     ang = (p["pos_off"] + np.arange(t, dtype=np.float64))[:, None] * inv[None, :]
     cos = np.cos(ang).astype(np.float32)[:, None, :]
     sin = np.sin(ang).astype(np.float32)[:, None, :]
+    if p.get("inverse", False):
+        sin = -sin
     x1, x2 = x[..., :half], x[..., half:]
     y = np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return _out(y.reshape(xs[0].shape), xs[0])
+
+
+def rmsnorm_bwd(xs, p):
+    """dx of ``rmsnorm`` (x, w) given dy: with r = 1 / sqrt(mean(x^2) + eps) and g = dy * w over the last
+    axis, dx = r g - x r^3 mean(x g)."""
+    x, w, dy = _f32(xs[0]), _f32(xs[1]), _f32(xs[2])
+    r = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + np.float32(p.get("eps", 1e-5)))
+    g = dy * w
+    return _out(r * g - x * r**3 * (x * g).mean(axis=-1, keepdims=True), xs[0])
+
+
+def silu_mul_dg(xs, p):
+    """d gate of ``silu_mul`` (gate, up) given dy: dy * up * s (1 + gate (1 - s)), s = sigmoid(gate). (d up is
+    ``silu_mul(gate, dy)``.)"""
+    g, u, dy = (_f32(x) for x in xs)
+    s = 1.0 / (1.0 + np.exp(-g))
+    return _out(dy * u * s * (1.0 + g * (1.0 - s)), xs[0])
+
+
+def sdpa_bwd(xs, p):
+    """Gradients of causal ``sdpa`` (full key range, as many keys as queries) from q, k, v, its output o and
+    do: with P = softmax(scale q k^T masked), dv = P^T do, dP = do v^T, dS = P (dP - rowsum(do o)),
+    dq = scale dS k, dk = scale dS^T q; a key-value head sums over its group. Output (t, hk, (r+2) dh),
+    packed as the module doc says. Computed in float32."""
+    q, k, v, o, do = (_f32(x) for x in xs)
+    t, hk, dh = k.shape
+    q, o, do = (x.reshape(t, -1, dh) for x in (q, o, do))
+    r = q.shape[1] // hk
+    kr, vr = np.repeat(k, r, axis=1), np.repeat(v, r, axis=1)
+    qh, kh, vh, oh, doh = (np.ascontiguousarray(x.transpose(1, 0, 2)) for x in (q, kr, vr, o, do))  # (h, t, dh)
+    sc = np.float32(p["scale"])
+    s = np.matmul(qh, kh.transpose(0, 2, 1)) * sc
+    vis = visible_keys(t, t, p)
+    s = np.where(np.arange(t)[None, None, :] < vis[None, :, None], s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)
+    den = e.sum(axis=-1, keepdims=True)
+    pr = e / np.where(den > 0, den, 1.0)
+    dv = np.matmul(pr.transpose(0, 2, 1), doh)  # (h, t, dh)
+    dp = np.matmul(doh, vh.transpose(0, 2, 1))
+    ds = pr * (dp - (doh * oh).sum(axis=-1, keepdims=True))
+    dq = np.matmul(ds, kh) * sc
+    dk = np.matmul(ds.transpose(0, 2, 1), qh) * sc
+    dk, dv = (x.reshape(hk, r, t, dh).sum(axis=1) for x in (dk, dv))  # (hk, t, dh)
+    out = np.concatenate([dq.transpose(1, 0, 2).reshape(t, hk, r * dh), dk.transpose(1, 0, 2), dv.transpose(1, 0, 2)],
+                         axis=-1)  # fmt: skip
+    return _out(out, xs[0])
+
+
+def cols(xs, p):
+    """out = x[..., start:stop] with the last axis reshaped to ``tail`` (a part of ``sdpa_bwd``'s output)."""
+    x = xs[0]
+    return np.ascontiguousarray(x[..., int(p["start"]) : int(p["stop"])]).reshape(*x.shape[:-1], *p["tail"])
+
+
+def _log_softmax(z):
+    m = z.max(axis=-1, keepdims=True)
+    return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
+
+
+def xent(xs, p):
+    """Cross-entropy of each row: logsumexp(logits) - logits[target], float32; 0 where target < 0."""
+    z, tg = _f32(xs[0]), xs[1].astype(np.int64)
+    ls = _log_softmax(z)
+    ok = tg >= 0
+    loss = -np.take_along_axis(ls, np.where(ok, tg, 0)[:, None], axis=1)[:, 0]
+    return np.where(ok, loss, 0.0).astype(np.float32)
+
+
+def xent_bwd(xs, p):
+    """d logits of ``xent`` summed over rows, times ``scale``: (softmax(logits) - onehot(target)) * scale;
+    rows whose target < 0 are 0."""
+    z, tg = _f32(xs[0]), xs[1].astype(np.int64)
+    g = np.exp(_log_softmax(z))
+    ok = tg >= 0
+    g[np.flatnonzero(ok), tg[ok]] -= 1.0
+    g *= ok[:, None] * np.float32(p.get("scale", 1.0))
+    return _out(g, xs[0])
+
+
+_NP = {"fp16": np.float16, "fp32": np.float32}
+
+
+def _np_dtype(name: str):
+    if name == "bf16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return _NP[name]
+
+
+def cast(xs, p):
+    """out = alpha * x in the dtype ``dtype`` (param; the vertex's dtype), computed in float32."""
+    return (_f32(xs[0]) * np.float32(p.get("alpha", 1.0))).astype(_np_dtype(p["dtype"]))
+
+
+def adam_m(xs, p):
+    """First moment: b1 m + (1 - b1) g (float32)."""
+    m, g = _f32(xs[0]), _f32(xs[1])
+    b1 = np.float32(p["b1"])
+    return (b1 * m + (np.float32(1.0) - b1) * g).astype(np.float32)
+
+
+def adam_v(xs, p):
+    """Second moment: b2 v + (1 - b2) g^2 (float32)."""
+    v, g = _f32(xs[0]), _f32(xs[1])
+    b2 = np.float32(p["b2"])
+    return (b2 * v + (np.float32(1.0) - b2) * g * g).astype(np.float32)
+
+
+def adam_p(xs, p):
+    """Adam's parameter update from the new moments m, v and the step number ``step`` (a 0-d float32 input,
+    1 at the first step): p - lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps), as
+    ``torch.optim.Adam``."""
+    w, m, v = (_f32(x) for x in xs[:3])
+    step = np.float64(np.asarray(xs[3]).reshape(-1)[0])
+    bc1 = 1.0 - float(p["b1"]) ** step
+    bc2 = 1.0 - float(p["b2"]) ** step
+    den = np.sqrt(v) / np.float32(np.sqrt(bc2)) + np.float32(p["eps"])
+    return (w - np.float32(p["lr"] / bc1) * m / den).astype(np.float32)
 
 
 def embed(xs, p):
@@ -219,6 +350,7 @@ REFERENCE: dict[str, Ref] = {
     for f in (
         einsum, add_n, mul, scale, silu,
         silu_mul, rmsnorm, rotary, embed, rows, sum_into, mix, sdpa, attn_combine, concat,
+        rmsnorm_bwd, silu_mul_dg, sdpa_bwd, cols, xent, xent_bwd, cast, adam_m, adam_v, adam_p,
     )
 }
 IN_PLACE = frozenset({"sum_into"})
