@@ -20,13 +20,12 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from turnip.graph_lower import TilingError
 from turnip.taskgraph import Builder, TaskGraph
 
-ELEMENTWISE = {"add_n", "mul", "scale", "silu", "silu_mul"}
+ELEMENTWISE = {"add_n", "mul", "scale", "silu", "silu_mul", "silu_mul_dg", "cast", "adam_m", "adam_v", "adam_p"}
 
 
-class TilingError(ValueError):
-    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +91,56 @@ class Graph:
         t = self.t(x)
         return self._new("rmsnorm", (x, w), t.dims, t.shape, {"eps": eps}, name)
 
-    def rotary(self, x: int, theta: float = 10000.0, name: str = "", **scaling) -> int:
-        """Rotary embedding over the last dim (frequency params: ``turnip.reference.rope_inv_freq``)."""
+    def rotary(self, x: int, theta: float = 10000.0, name: str = "", seq: int | None = None, **scaling) -> int:
+        """Rotary embedding over the last dim (frequency params: ``turnip.reference.rope_inv_freq``); with
+        ``seq``, the token dim holds sequences of ``seq`` tokens one after another (a batch) and positions
+        restart at each."""
         t = self.t(x)
-        return self._new("rotary", (x,), t.dims, t.shape, {"theta": theta, **scaling}, name)
+        return self._new("rotary", (x,), t.dims, t.shape, {"theta": theta, **scaling} | _seq(seq), name)
+
+    def rmsnorm_bwd(self, x: int, w: int, dy: int, eps: float = 1e-5, name: str = "") -> int:
+        t = self.t(x)
+        return self._new("rmsnorm_bwd", (x, w, dy), t.dims, t.shape, {"eps": eps}, name)
+
+    def cast(self, x: int, dtype: str, alpha: float = 1.0, name: str = "") -> int:
+        """``alpha * x`` in ``dtype``."""
+        t = self.t(x)
+        p = {"dtype": dtype, "src": t.dtype, "alpha": float(alpha)}
+        return self._new("cast", (x,), t.dims, t.shape, p, name, dtype=dtype)
+
+    def xent(self, logits: int, targets: int, name: str = "") -> int:
+        """Cross-entropy per row of ``logits`` (tokens, vocabulary) against int32 ``targets`` (float32; 0
+        where the target is negative)."""
+        t, tg = self.t(logits), self.t(targets)
+        if len(t.dims) != 2 or tg.dims != t.dims[:1] or tg.shape != t.shape[:1]:
+            raise TilingError(f"xent: logits {t.name} {t.dims!r}{t.shape} and targets {tg.name} {tg.dims!r}{tg.shape}")
+        return self._new("xent", (logits, targets), t.dims[:1], t.shape[:1], {"src": t.dtype}, name, dtype="fp32")
+
+    def xent_bwd(self, logits: int, targets: int, scale: float = 1.0, name: str = "") -> int:
+        """d logits of the summed ``xent`` times ``scale``."""
+        t = self.t(logits)
+        self.xent(logits, targets)  # checks, then dropped
+        self.nodes.pop()
+        return self._new("xent_bwd", (logits, targets), t.dims, t.shape, {"scale": float(scale)}, name)
+
+    def attention_bwd(self, q: int, k: int, v: int, o: int, do: int, seq: int | None = None, name: str = "") -> int:
+        """Gradients of ``attention(q, k, v)`` (output ``o``) given ``do``, packed per token and key-value head
+        as (dq of the group's query heads, dk, dv): dims q.dims[:2] + ``p``; take them out with ``cols``."""
+        t, tk = self.t(q), self.t(k)
+        r = t.shape[2] if len(t.shape) == 4 else 1
+        p = {"scale": 1.0 / math.sqrt(t.shape[-1])} | _seq(seq)
+        shape = (t.shape[0], tk.shape[1], (r + 2) * t.shape[-1])
+        return self._new("attention_bwd", (q, k, v, o, do), t.dims[:2] + "p", shape, p, name)
+
+    def cols(self, x: int, start: int, stop: int, dims: str, shape, name: str = "") -> int:
+        """``x[..., start:stop]`` with the last dim reshaped: the result has ``dims``/``shape``, whose leading
+        dims are those of ``x`` but its last."""
+        t = self.t(x)
+        k = len(t.dims) - 1
+        if dims[:k] != t.dims[:k] or tuple(shape[:k]) != t.shape[:k] or math.prod(shape[k:]) != stop - start:
+            raise TilingError(f"cols [{start}, {stop}) of {t.name} {t.dims!r}{t.shape} as {dims!r}{tuple(shape)}")
+        p = {"start": start, "stop": stop, "tail": list(shape[k:])}
+        return self._new("cols", (x,), dims, shape, p, name)
 
     def rows(self, x: int, start: int, stop: int, name: str = "") -> int:
         """Rows ``[start, stop)`` of ``x`` along its first dim (they must lie in one tile); the new first dim
@@ -113,13 +158,20 @@ class Graph:
         dims = self.t(ids).dims + self.t(table).dims[1]
         return self._new("embed", (ids, table), dims, (n, d), name=name, dtype=self.t(table).dtype)
 
-    def attention(self, q: int, k: int, v: int, name: str = "") -> int:
+    def attention(self, q: int, k: int, v: int, name: str = "", seq: int | None = None) -> int:
         """Causal softmax(q k^T / sqrt(dh)) v over q (tokens, heads, head dim) or, grouped-query,
-        (tokens, key-value heads, group, head dim), and k, v (tokens, key-value heads, head dim)."""
+        (tokens, key-value heads, group, head dim), and k, v (tokens, key-value heads, head dim); with
+        ``seq``, the tokens are sequences of ``seq`` tokens one after another (a batch), each attending
+        only to itself."""
         t, tk = self.t(q), self.t(k)
         if len(tk.dims) != 3 or t.dims[:2] != tk.dims[:2] or t.dims[-1] != tk.dims[-1] or len(t.dims) not in (3, 4):
             raise TilingError(f"attention: q {t.name} dims {t.dims!r} and k {tk.name} dims {tk.dims!r} do not match")
-        return self._new("attention", (q, k, v), t.dims, t.shape, {"scale": 1.0 / math.sqrt(t.shape[-1])}, name)
+        p = {"scale": 1.0 / math.sqrt(t.shape[-1])} | _seq(seq)
+        return self._new("attention", (q, k, v), t.dims, t.shape, p, name)
+
+
+def _seq(seq: int | None) -> dict:
+    return {} if seq is None else {"seq": int(seq)}
 
 
 @dataclass(frozen=True)
@@ -219,12 +271,48 @@ class _Lowering:
             idx: self._emit(node, idx, "rmsnorm", node.inputs) for idx in self.grid(node.out)
         }
 
+    def seq_of(self, node: Node) -> int:
+        """Tokens per sequence of a batched op (the whole token dim without ``seq``); token tiles must not
+        straddle sequences."""
+        t = node.out
+        n = t.shape[0]
+        seq = int(node.params.get("seq", n))
+        tile = self.T.tiles.get(t.dims[0], n)
+        if n % seq or (seq % tile and seq < n):
+            raise TilingError(f"{node.op} {t.name}: {n} tokens in sequences of {seq} need a token tile dividing "
+                              f"{seq}, not {tile}")  # fmt: skip
+        return seq
+
+    def _rmsnorm_bwd(self, node: Node):
+        self.whole(node.out, node.out.dims[-1], "rmsnorm_bwd")
+        self._map(node)
+
+    def _xent(self, node: Node):
+        self.whole(self.g.t(node.inputs[0]), self.g.t(node.inputs[0]).dims[1], node.op)
+        self._map(node)
+
+    _xent_bwd = _xent
+
+    def _cols(self, node: Node):
+        x, t = self.g.t(node.inputs[0]), node.out
+        self.whole(x, x.dims[-1], "cols")
+        for letter in t.dims[len(x.dims) - 1 :]:
+            self.whole(t, letter, "cols")
+        self._map(node)
+
+    def _attention_bwd(self, node: Node):
+        from turnip.graph_lower import lower_attention_bwd
+
+        lower_attention_bwd(self, node)
+
     def _rotary(self, node: Node):
         t = node.out
         self.whole(t, t.dims[-1], "rotary")
+        seq = self.seq_of(node)
         out = {}
         for idx in self.grid(t):
-            p = dict(node.params, pos_off=self.T.span(t.dims[0], t.shape[0], idx[0])[0])
+            p = {k: v for k, v in node.params.items() if k != "seq"}
+            p["pos_off"] = self.T.span(t.dims[0], t.shape[0], idx[0])[0] % seq
             out[idx] = self._emit(node, idx, "rotary", node.inputs, p)
         self.blocks[t.id] = out
 

@@ -9,6 +9,10 @@ from turnip.memgraph.plan import DTYPE_NBYTES
 from turnip.taskgraph import Builder
 
 
+class TilingError(ValueError):  # turnip.graph's (re-exported there)
+    pass
+
+
 def _accumulate(b: Builder, parts: list[int], gpu: int, moves: dict, name: str) -> int:
     """Sum partial tiles on ``gpu``: the first (moved there) is the accumulator, the rest sum into it."""
     acc = b.to_gpu(parts[0], gpu, moves)
@@ -69,12 +73,13 @@ def lower_attention(lw, node) -> None:
     tile = T.tiles.get(tl, n_tok)
     per_range = max(1, int(T.tiles.get("kv", n_tok)) // tile)  # key blocks per range
     itemsize = DTYPE_NBYTES[t.dtype]
+    seq = lw.seq_of(node)
+    seq_blocks = nb if seq >= n_tok else seq // tile  # token blocks per sequence
     ranges: dict = {}
 
-    def key_range(x: int, hb: int, r: int, gpu: int) -> int:
-        key = (x, hb, r)
+    def key_range(x: int, hb: int, j0: int, j1: int, gpu: int) -> int:
+        key = (x, hb, j0)
         if key not in ranges:
-            j0, j1 = r * per_range, min((r + 1) * per_range, nb)
             parts = [lw.block(x, {tl: j, hl: hb}, gpu) for j in range(j0, j1)]
             if len(parts) == 1:
                 ranges[key] = parts[0]
@@ -97,13 +102,18 @@ def lower_attention(lw, node) -> None:
         out_shape = (tq, nh, group, dh) if group > 1 else (tq, nh, dh)
         qv = lw.block(q, coords, gpu)
         name = f"{t.name}{list(idx)}"
-        n_ranges = qi // per_range + 1
+        first = qi // seq_blocks * seq_blocks  # the sequence's first block and token
+        s0 = T.span(tl, n_tok, first)[0]
+        last = min(first + seq_blocks, nb)
+        n_ranges = (qi - first) // per_range + 1
         parts = []
         for r in range(n_ranges):
-            k0 = r * per_range * tile
-            kv = key_range(k, hb, r, gpu), key_range(v, hb, r, gpu)
+            j0 = first + r * per_range
+            k0 = T.span(tl, n_tok, j0)[0]
+            kv = (key_range(x, hb, j0, min(j0 + per_range, last), gpu) for x in (k, v))
+            kv = tuple(kv)
             rows = b.shape_of(kv[0])[0]
-            p = {"scale": node.params["scale"], "causal": True, "q_off": q0, "k_off": k0,
+            p = {"scale": node.params["scale"], "causal": True, "q_off": q0 - s0, "k_off": k0 - s0,
                  "tk": min(rows, q1 - k0), "partial": n_ranges > 1, "itemsize": itemsize}  # fmt: skip
             shape = (tq * nq * dh + nq * tq * 4 // itemsize,) if n_ranges > 1 else out_shape
             vname = f"{name}.A{r}" if n_ranges > 1 else name
@@ -113,4 +123,31 @@ def lower_attention(lw, node) -> None:
         else:
             p = {"tq": tq, "h": nq, "dh": dh, "itemsize": itemsize} | ({"r": group} if group > 1 else {})
             blocks[idx] = b.kernel("attn_combine", parts, out_shape, t.dtype, gpu, p, name=name)
+    lw.blocks[t.id] = blocks
+
+
+
+def lower_attention_bwd(lw, node) -> None:
+    """One ``sdpa_bwd`` vertex per (sequence, key-value head block): training keeps each sequence in one
+    token tile (its gradients for keys and values then need no accumulation across query blocks)."""
+    T, b = lw.T, lw.b
+    q, k, v, o, do = node.inputs
+    t = node.out
+    tl, hl = t.dims[0], t.dims[1]
+    lw.whole(t, t.dims[2], "attention_bwd")
+    qt = lw.g.t(q)
+    for letter in qt.dims[2:]:
+        lw.whole(qt, letter, "attention_bwd")
+    n_tok = t.shape[0]
+    seq = lw.seq_of(node)
+    tile = T.tiles.get(tl, n_tok)
+    if tile != seq:
+        raise TilingError(f"attention backward {t.name}: a sequence must be one token tile (t={seq}), not t={tile}")
+    blocks = {}
+    for idx in lw.grid(t):
+        coords = {tl: idx[0], hl: idx[1]}
+        gpu = T.place(coords)
+        args = [lw.block(x, coords, gpu) for x in (q, k, v, o, do)]
+        p = {"scale": node.params["scale"], "causal": True, "q_off": 0, "k_off": 0}
+        blocks[idx] = b.kernel("sdpa_bwd", args, lw.bshape(t, idx), t.dtype, gpu, p, name=f"{t.name}{list(idx)}")
     lw.blocks[t.id] = blocks

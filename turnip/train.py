@@ -1,0 +1,336 @@
+"""LoRA fine-tuning of a LLaMA-family model as one plan per training step: forward, next-token
+cross-entropy, backward (``turnip.autodiff``) and an Adam step on the adapters, lowered into one taskgraph.
+
+A batch of B sequences of S tokens is one token dimension of B * S rows (``seq`` on attention and rotary:
+each sequence attends to itself; token tiles are whole sequences). Inputs of a step: the embedded tokens
+``x0`` (gathered on the host), the next-token ``targets`` (int32, -1 = no loss, the last position of every
+sequence), the frozen weights (names as ``turnip.models.llama_graph``), for every adapter
+``L{i}.{m}.lora_A`` / ``lora_B`` (float32 masters) with their Adam moments ``.m`` / ``.v``, and
+``adam_step`` (the step number, 1 first). Outputs: ``loss`` (per token, float32), every adapter's gradient
+(``.grad``, of the mean loss over the B * (S - 1) predicted tokens) and its new value and moments
+(``.new``, ``.m.new``, ``.v.new``): feed them back as the next step's inputs (``AdapterState``).
+
+Adapters follow PEFT: y = W x + (alpha / rank) B A x with A (rank, in) and B (out, rank); in turnip's
+layouts A has dims ``k`` + the input's feature dims and B the output's feature dims + ``k``, so A and B
+reshape to PEFT's ``lora_A.weight`` / ``lora_B.weight`` (``save_adapters``). With a half-precision model
+the adapters compute in that dtype (cast from the float32 masters) and their gradients go back to float32
+for Adam.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from turnip.autodiff import backward
+from turnip.graph import Graph, Tiling, lower
+from turnip.memgraph.plan import DTYPE_NBYTES
+from turnip.models import LlamaConfig, default_tiles
+from turnip.taskgraph import TaskGraph
+
+MODULES = ("q", "k", "v", "o", "gate", "up", "down")
+GROUPS = {"ffn": ("gate", "up", "down"), "attn": ("q", "k", "v", "o")}
+HF_MODULE = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+             "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}  # fmt: skip
+CHECKPOINT = ("auto", "on", "off")
+
+
+def parse_targets(text: str | tuple) -> tuple[str, ...]:
+    """'q,k,v,ffn' -> ('q', 'k', 'v', 'gate', 'up', 'down'); ``ValueError`` names an unknown module."""
+    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    out: list[str] = []
+    for t in items:
+        for m in GROUPS.get(t, (t,)):
+            if m not in MODULES:
+                raise ValueError(f"unknown LoRA target {t!r}; choose from {', '.join(MODULES)}, ffn, attn")
+            if m not in out:
+                out.append(m)
+    if not out:
+        raise ValueError("no LoRA targets given")
+    return tuple(m for m in MODULES if m in out)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = 16
+    alpha: float = 32.0
+    targets: tuple = ("q", "k", "v", "gate", "up", "down")
+    lr: float = 1e-4
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def check(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"rank must be positive, got {self.rank}")
+        parse_targets(self.targets)
+        if not self.lr > 0 or not 0 <= self.b1 < 1 or not 0 <= self.b2 < 1 or not self.eps > 0:
+            raise ValueError(f"Adam needs lr > 0, 0 <= b1, b2 < 1 and eps > 0; got {self.lr}, {self.b1}, {self.b2}, "
+                             f"{self.eps}")  # fmt: skip
+
+
+@dataclass
+class Adapter:
+    """One adapted module: its parameters' logical names and shapes."""
+
+    layer: int
+    module: str
+    a_dims: str
+    a_shape: tuple
+    b_dims: str
+    b_shape: tuple
+    names: dict = field(default_factory=dict)  # "A"/"B" -> logical input name
+
+    @property
+    def prefix(self) -> str:
+        return f"L{self.layer}.{self.module}"
+
+
+def activation_nbytes(cfg: LlamaConfig, tokens: int, n_layers: int, itemsize: int) -> int:
+    """Bytes of the activations a step keeps for its backward without checkpointing (per layer about ten
+    hidden-width and four FFN-width values per token)."""
+    per_token = 10 * cfg.d_model + 4 * cfg.d_ffn
+    return tokens * n_layers * per_token * itemsize
+
+
+def pick_checkpoint(mode: str, cfg: LlamaConfig, tokens: int, n_layers: int, dtype: str, budget: int | None) -> bool:
+    """``auto``: recompute each layer in the backward when the kept activations would pass half the budget."""
+    if mode not in CHECKPOINT:
+        raise ValueError(f"checkpoint must be one of {CHECKPOINT}, got {mode!r}")
+    if mode != "auto":
+        return mode == "on"
+    return budget is not None and activation_nbytes(cfg, tokens, n_layers, DTYPE_NBYTES[dtype]) > budget // 2
+
+
+def lora_graph(
+    cfg: LlamaConfig, seq: int, batch: int = 1, dtype: str = "fp16", n_layers: int | None = None,
+    lora: LoraConfig = LoraConfig(), checkpoint: bool = False,
+) -> tuple[Graph, list[Adapter]]:  # fmt: skip
+    """The logical graph of one LoRA training step (module doc) and its adapters."""
+    s = cfg
+    L = s.n_layers if n_layers is None else n_layers
+    H, Hk, r, e, d, f = s.n_heads, s.kv_heads, s.group, s.dh, s.d_model, s.d_ffn
+    n = batch * seq
+    g = Graph(dtype=dtype)
+    x = g.input("x0", "td", (n, d))
+    targets = g.input("targets", "t", (n,), dtype="int32")
+    step = g.input("adam_step", "", (), dtype="fp32")
+    rope = s.rope_params()
+    targets_set = set(lora.targets)
+    adapters: list[Adapter] = []
+    compute: dict[int, int] = {}  # adapter tensor used in the graph -> its float32 master input
+
+    def param(name: str, dims: str, shape) -> int:
+        p = g.input(name, dims, shape, dtype="fp32")
+        c = p if dtype == "fp32" else g.cast(p, dtype, name=name + ".c")
+        compute[c] = p
+        return c
+
+    def adapt(layer: int, mod: str, xin: int, y: int) -> int:
+        if mod not in targets_set:
+            return y
+        ti, to = g.t(xin), g.t(y)
+        ad = Adapter(layer, mod, "k" + ti.dims[1:], (lora.rank, *ti.shape[1:]), to.dims[1:] + "k",
+                     (*to.shape[1:], lora.rank))  # fmt: skip
+        ad.names = {"A": f"{ad.prefix}.lora_A", "B": f"{ad.prefix}.lora_B"}
+        a = param(ad.names["A"], ad.a_dims, ad.a_shape)
+        b = param(ad.names["B"], ad.b_dims, ad.b_shape)
+        adapters.append(ad)
+        ha = g.einsum(f"{ti.dims},{ad.a_dims}->tk", xin, a, name=f"{ad.prefix}.ax")
+        lo = g.einsum(f"tk,{ad.b_dims}->{to.dims}", ha, b, scale=lora.scale, name=f"{ad.prefix}.bax")
+        return g.map("add_n", y, lo, name=f"{ad.prefix}.y")
+
+    if r == 1:
+        q_sub, q_w, o_w = "td,hed->the", ("hed", (H, e, d)), ("dhe", (d, H, e))
+    else:
+        q_sub, q_w, o_w = "td,hred->thre", ("hred", (Hk, r, e, d)), ("dhre", (d, Hk, r, e))
+    segments: list[list[int]] = []
+    for i in range(L):
+        first = len(g.nodes)
+        p = f"L{i}."
+        h = g.rmsnorm(x, g.input(p + "attn_norm", "d", (d,)), eps=s.eps, name=p + "h")
+        q = adapt(i, "q", h, g.einsum(q_sub, h, g.input(p + "wq", *q_w), name=p + "q"))
+        k = adapt(i, "k", h, g.einsum("td,hed->the", h, g.input(p + "wk", "hed", (Hk, e, d)), name=p + "k"))
+        v = adapt(i, "v", h, g.einsum("td,hed->the", h, g.input(p + "wv", "hed", (Hk, e, d)), name=p + "v"))
+        qr = g.rotary(q, name=p + "qr", seq=seq, **rope)
+        kr = g.rotary(k, name=p + "kr", seq=seq, **rope)
+        a = g.attention(qr, kr, v, name=p + "attn", seq=seq)
+        o_sub = f"{g.t(a).dims},d{g.t(a).dims[1:]}->td"
+        o = adapt(i, "o", a, g.einsum(o_sub, a, g.input(p + "wo", *o_w), name=p + "o"))
+        x = g.map("add_n", x, o, name=p + "x1")
+        h2 = g.rmsnorm(x, g.input(p + "ffn_norm", "d", (d,)), eps=s.eps, name=p + "h2")
+        gate = adapt(i, "gate", h2, g.einsum("td,fd->tf", h2, g.input(p + "w_gate", "fd", (f, d)), name=p + "gate"))
+        up = adapt(i, "up", h2, g.einsum("td,fd->tf", h2, g.input(p + "w_up", "fd", (f, d)), name=p + "up"))
+        m = g.map("silu_mul", gate, up, name=p + "m")
+        down = adapt(i, "down", m, g.einsum("tf,df->td", m, g.input(p + "w_down", "df", (d, f)), name=p + "down"))
+        x = g.map("add_n", x, down, name=p + "x2")
+        segments.append(list(range(first, len(g.nodes))))
+    hn = g.rmsnorm(x, g.input("final_norm", "d", (d,)), eps=s.eps, name="out")
+    w = g.input("tok_embed" if s.tie_embeddings else "lm_head", "vd", (s.vocab, d))
+    logits = g.einsum("td,vd->tv", hn, w, name="logits")
+    loss = g.xent(logits, targets, name="loss")
+    dlogits = g.xent_bwd(logits, targets, name="dlogits")
+    wrt = list(compute)
+    grads = backward(g, {logits: dlogits}, wrt, recompute=segments if checkpoint else None)
+    n_pred = batch * (seq - 1) if seq > 1 else batch
+    outs = [loss]
+    for c in wrt:
+        if c not in grads:
+            raise ValueError(f"adapter {g.t(compute[c]).name} does not reach the loss")
+        pm = compute[c]
+        name = g.t(pm).name
+        gr = g.cast(grads[c], "fp32", alpha=1.0 / n_pred, name=name + ".grad")
+        t = g.t(pm)
+        mm = g.map("adam_m", g.input(name + ".m", t.dims, t.shape, dtype="fp32"), gr, b1=lora.b1, name=name + ".m.new")
+        vv = g.map("adam_v", g.input(name + ".v", t.dims, t.shape, dtype="fp32"), gr, b2=lora.b2, name=name + ".v.new")
+        new = g.map("adam_p", pm, mm, vv, step, lr=lora.lr, b1=lora.b1, b2=lora.b2, eps=lora.eps, name=name + ".new")
+        outs += [gr, mm, vv, new]
+    g.outputs = outs
+    return g, adapters
+
+
+def train_tiles(cfg: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str, tiles: dict | None,
+                budget_nbytes: int | None) -> dict:  # fmt: skip
+    """Tiles of a training step: a sequence per token tile, heads and FFN as for a prefill of ``seq``
+    tokens, the vocabulary whole (the loss reads whole rows of logits); given tiles override, but ``t`` must
+    stay ``seq`` and ``v`` whole."""
+    t = {k: v for k, v in default_tiles(cfg, seq, n_gpus, dtype, budget_nbytes).items() if k in ("h", "f")}
+    t["t"] = seq
+    for k, v in (tiles or {}).items():
+        if k == "t" and v != seq:
+            raise ValueError(f"training keeps a sequence in one token tile: t must be {seq} (the sequence length)")
+        if k in ("v", "kv"):
+            raise ValueError(f"tile {k} is not used in training (the vocabulary and key ranges stay whole)")
+        if k not in ("t", "h", "f"):
+            raise ValueError(f"unknown tile {k!r}; training tiles are h (key-value heads) and f (FFN columns)")
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+            raise ValueError(f"tile {k}={v!r} must be a positive integer")
+        t[k] = int(v)
+    return t
+
+
+def lora_step(
+    cfg: LlamaConfig, seq: int, batch: int = 1, n_gpus: int = 1, dtype: str = "fp16", tiles: dict | None = None,
+    n_layers: int | None = None, budget_nbytes: int | None = None, lora: LoraConfig = LoraConfig(),
+    checkpoint: str = "auto",
+) -> TaskGraph:  # fmt: skip
+    """The taskgraph of one LoRA training step (module doc)."""
+    from turnip.models import check_llama_args
+
+    lora.check()
+    if batch < 1:
+        raise ValueError(f"batch must be positive, got {batch}")
+    if seq < 2:
+        raise ValueError(f"training needs sequences of at least 2 tokens, got {seq}")
+    check_llama_args(cfg, seq, n_gpus, dtype, None, n_layers)
+    L = cfg.n_layers if n_layers is None else n_layers
+    ck = pick_checkpoint(checkpoint, cfg, batch * seq, L, dtype, budget_nbytes)
+    t = train_tiles(cfg, seq, batch, n_gpus, dtype, tiles, budget_nbytes)
+    g, adapters = lora_graph(cfg, seq, batch, dtype, n_layers, lora, ck)
+    tg = lower(g, Tiling(t, n_gpus=n_gpus, parallel="thf"))
+    tg.meta.update(
+        model=cfg.name or "llama", seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head="train",
+        embed={"input": "x0", "table": "model.embed_tokens.weight"},
+        train={"lora": asdict(lora) | {"targets": list(lora.targets)}, "checkpoint": ck, "n_layers": L,
+               "predicted_tokens": batch * (seq - 1),
+               "adapters": [{"layer": a.layer, "module": a.module, "A": a.names["A"], "B": a.names["B"],
+                             "a_shape": list(a.a_shape), "b_shape": list(a.b_shape)} for a in adapters]},
+    )  # fmt: skip
+    return tg
+
+
+# ---------------------------------------------------------------- host side
+
+
+def next_token_targets(ids: np.ndarray) -> np.ndarray:
+    """Targets of a batch of token ids (B, S): each position's next token, -1 at the last position."""
+    ids = np.asarray(ids)
+    t = np.full(ids.shape, -1, dtype=np.int32)
+    t[:, :-1] = ids[:, 1:]
+    return t.reshape(-1)
+
+
+@dataclass
+class AdapterState:
+    """The trainable state between steps: every adapter matrix (float32), its Adam moments, the step count."""
+
+    params: dict  # logical name -> array
+    m: dict
+    v: dict
+    step: int = 0
+
+    @classmethod
+    def init(cls, tg: TaskGraph, seed: int = 0, b_std: float = 0.0) -> AdapterState:
+        """PEFT's initialisation: A uniform in +-1/sqrt(fan in) (kaiming_uniform with a = sqrt(5)), B zero
+        (``b_std`` > 0: normal instead, for tests where B must not be zero)."""
+        rng = np.random.default_rng(seed)
+        params = {}
+        for a in tg.meta["train"]["adapters"]:
+            fan_in = math.prod(a["a_shape"][1:])
+            bound = 1.0 / math.sqrt(fan_in)
+            params[a["A"]] = rng.uniform(-bound, bound, size=a["a_shape"]).astype(np.float32)
+            b = rng.standard_normal(a["b_shape"]) * b_std if b_std else np.zeros(a["b_shape"])
+            params[a["B"]] = b.astype(np.float32)
+        zeros = {k: np.zeros_like(x) for k, x in params.items()}
+        return cls(params, zeros, {k: x.copy() for k, x in zeros.items()}, 0)
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        """The logical inputs of the next step."""
+        out = dict(self.params)
+        out |= {k + ".m": x for k, x in self.m.items()}
+        out |= {k + ".v": x for k, x in self.v.items()}
+        out["adam_step"] = np.array(self.step + 1, dtype=np.float32)
+        return out
+
+    def update(self, outputs: dict[str, np.ndarray]) -> None:
+        """Take a step's outputs (logical name -> array) as the new state."""
+        for k in self.params:
+            self.params[k] = outputs[k + ".new"]
+            self.m[k] = outputs[k + ".m.new"]
+            self.v[k] = outputs[k + ".v.new"]
+        self.step += 1
+
+
+def peft_name(logical: str) -> str:
+    """'L3.q.lora_A' -> 'base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight' (PEFT's key)."""
+    layer, mod, which = logical.split(".")
+    return f"base_model.model.model.layers.{layer[1:]}.{HF_MODULE[mod]}.{which}.weight"
+
+
+def save_adapters(path: str | Path, state: AdapterState, tg: TaskGraph, base_model: str = "") -> Path:
+    """Write the adapters as a PEFT adapter directory (``adapter_model.safetensors`` and
+    ``adapter_config.json``); written to a temporary name and renamed, so a failure leaves nothing."""
+    from turnip.runtime.weights import write_safetensors
+
+    path = Path(path)
+    tr = tg.meta["train"]
+    lo = tr["lora"]
+    tensors = {}
+    for a in tr["adapters"]:
+        A, B = state.params[a["A"]], state.params[a["B"]]
+        tensors[peft_name(a["A"])] = np.ascontiguousarray(A.reshape(A.shape[0], -1))
+        tensors[peft_name(a["B"])] = np.ascontiguousarray(B.reshape(-1, B.shape[-1]))
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lo["rank"], "lora_alpha": lo["alpha"],
+        "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
+        "target_modules": sorted({HF_MODULE[m].split(".")[1] for m in lo["targets"]}),
+        "base_model_name_or_path": base_model, "init_lora_weights": True, "use_rslora": False,
+    }  # fmt: skip
+    tmp = path.with_name(path.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    write_safetensors(tmp / "adapter_model.safetensors", tensors)
+    (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if path.exists():
+        import shutil
+
+        shutil.rmtree(path)
+    tmp.rename(path)
+    return path
