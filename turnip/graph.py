@@ -79,13 +79,14 @@ class Graph:
         return self._new("einsum", (a, b), out, [ext[l] for l in out], {"subscripts": subscripts, "scale": scale}, name)
 
     def map(self, op: str, *xs: int, name: str = "", **params) -> int:
-        """Elementwise op; the output takes the dims of the widest input, the others broadcast."""
+        """Elementwise op; the output takes the dims of the widest input (the others broadcast) and the dtype
+        of the first."""
         full = max((self.t(x) for x in xs), key=lambda t: len(t.dims))
         for x in xs:
             t = self.t(x)
             if any(full.shape[full.dims.index(l)] != s for l, s in zip(t.dims, t.shape, strict=True)):
                 raise TilingError(f"{op}: {t.name}{t.shape} does not broadcast to {full.name}{full.shape}")
-        return self._new(op, xs, full.dims, full.shape, params, name)
+        return self._new(op, xs, full.dims, full.shape, params, name, dtype=self.t(xs[0]).dtype)
 
     def rmsnorm(self, x: int, w: int, eps: float = 1e-5, name: str = "") -> int:
         t = self.t(x)

@@ -199,10 +199,20 @@ def lora_graph(
 
 def train_tiles(cfg: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str, tiles: dict | None,
                 budget_nbytes: int | None) -> dict:  # fmt: skip
-    """Tiles of a training step: a sequence per token tile, heads and FFN as for a prefill of ``seq``
-    tokens, the vocabulary whole (the loss reads whole rows of logits); given tiles override, but ``t`` must
-    stay ``seq`` and ``v`` whole."""
-    t = {k: v for k, v in default_tiles(cfg, seq, n_gpus, dtype, budget_nbytes).items() if k in ("h", "f")}
+    """Tiles of a training step: a sequence per token tile, the vocabulary whole (the loss reads whole rows
+    of logits), key-value heads and FFN columns in one block per GPU (a step has many token tiles to
+    overlap; fewer, larger blocks keep the plan small: 7B at 8 x 1K is 35K vertices), split further only
+    where a block of FFN weights would pass an eighth of the budget (tiny models: two blocks, as their
+    prefill). Given tiles override, but ``t`` must stay ``seq``."""
+    if cfg.d_model <= 256:
+        t = {k: v for k, v in default_tiles(cfg, seq, n_gpus, dtype, budget_nbytes).items() if k in ("h", "f")}
+    else:
+        G, nb = max(1, n_gpus), DTYPE_NBYTES[dtype]
+        blocks = G
+        if budget_nbytes is not None:
+            while blocks < cfg.d_ffn and 3 * cfg.d_model * -(-cfg.d_ffn // blocks) * nb > budget_nbytes // 8:
+                blocks += G
+        t = {"h": -(-cfg.kv_heads // G), "f": -(-cfg.d_ffn // blocks)}
     t["t"] = seq
     for k, v in (tiles or {}).items():
         if k == "t" and v != seq:
@@ -215,6 +225,15 @@ def train_tiles(cfg: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str,
             raise ValueError(f"tile {k}={v!r} must be a positive integer")
         t[k] = int(v)
     return t
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """What makes a plan a training step: sequences per batch, the adapters, activation checkpointing."""
+
+    batch: int = 1
+    lora: LoraConfig = LoraConfig()
+    checkpoint: str = "auto"
 
 
 def lora_step(

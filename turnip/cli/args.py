@@ -170,15 +170,48 @@ def _fmt_tiles(tiles: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in tiles.items()) or "fixed"
 
 
+def add_train_flags(p, always: bool = False) -> None:
+    """The flags that make a plan one LoRA training step (``--train lora``; ``always``: the command only
+    trains, so there is no --train)."""
+    if not always:
+        p.add_argument("--train", default="none", choices=["none", "lora"],
+                       help="lora: compile one LoRA training step (forward, loss, backward, Adam on the adapters) "
+                       "instead of a prefill; --seq is then the length of each of --batch sequences")  # fmt: skip
+    p.add_argument("--batch", type=int_in(1, 4096), default=1, help="sequences per training step")
+    p.add_argument("--rank", type=int_in(1, 4096), default=16, help="LoRA rank")
+    p.add_argument("--alpha", type=float_in(0.0, lo_open=True), default=32.0,
+                   help="LoRA alpha (the adapters' output is scaled by alpha / rank)")
+    p.add_argument("--targets", default="q,k,v,ffn",
+                   help="adapted matrices: q, k, v, o, gate, up, down; ffn = gate,up,down; attn = q,k,v,o")
+    p.add_argument("--lr", type=float_in(0.0, lo_open=True), default=1e-4, help="Adam learning rate")
+    p.add_argument("--checkpoint", default="auto", choices=["auto", "on", "off"],
+                   help="activation checkpointing: recompute each layer's forward in its backward (on), keep "
+                   "activations (off; the plan offloads them), auto: on when the kept activations would pass half "
+                   "the budget")  # fmt: skip
+
+
+def train_spec(a):
+    """The ``TrainSpec`` of the training flags, or None for a prefill; ``CliError`` for bad targets."""
+    if getattr(a, "train", "lora" if hasattr(a, "rank") else "none") == "none":
+        return None
+    from turnip.train import LoraConfig, TrainSpec, parse_targets
+
+    try:
+        targets = parse_targets(a.targets)
+    except ValueError as e:
+        raise CliError(f"--targets {a.targets}: {e}", USAGE) from None
+    return TrainSpec(a.batch, LoraConfig(a.rank, a.alpha, targets, a.lr), a.checkpoint)
+
+
 def guard(model: str, seq: int, gpus: int, dtype: str, tiles: dict | None, layers: int | None, budget: int,
-          force: bool, extra_nbytes=None, quiet: bool = False, head: str | None = None):  # fmt: skip
+          force: bool, extra_nbytes=None, quiet: bool = False, head: str | None = None, train=None):  # fmt: skip
     """Estimate what compiling would cost and refuse (exit 1) when it is too large, unless ``force``.
     Invalid model parameters are usage errors. Prints the estimate on stderr when the compile is long.
     ``extra_nbytes(estimate)``: host memory the command needs on top of the compile (a run's inputs)."""
     from turnip.compile import MAX_COMPILE_S, MAX_VERTICES, estimate
 
     try:
-        est = estimate(model, seq, gpus, dtype, tiles, layers, budget, head=head)
+        est = estimate(model, seq, gpus, dtype, tiles, layers, budget, head=head, train=train)
     except ValueError as e:
         raise CliError(f"{e}; see `turnip compile --help`", USAGE) from None
     need = est.host_nbytes + (extra_nbytes(est) if extra_nbytes else 0)
@@ -195,8 +228,10 @@ def guard(model: str, seq: int, gpus: int, dtype: str, tiles: dict | None, layer
             why.append(f"over {MAX_COMPILE_S:.0f} s")
         if over_mem:
             why.append(f"more than this machine's {_sz(mem)} of memory")
-        if est.too_large():
+        if est.too_large() and train is None:
             fix = _suggest(model, seq, gpus, dtype, tiles, layers, budget, est)
+        elif est.too_large():
+            fix = "use a shorter --seq, a smaller --batch or fewer --layers"
         else:  # memory alone: mostly the weights, which tiles do not change
             fix = "use a machine with more memory, a smaller model or fewer --layers"
         raise CliError(f"{what}: {' and '.join(why)}; {fix}, or pass --force", FAILED)

@@ -61,6 +61,7 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true",
                    help="compile even when the estimate is above the limits (2M vertices, 120 s, host memory)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ck.add_train_flags(p)
     p.set_defaults(func=cmd_compile)
 
     v = sub.add_parser(
@@ -140,7 +141,7 @@ def compile_args(a, force: bool = False, extra_nbytes=None, budget_flag: str = "
     ck.nbytes(a.resident, "--resident", auto=True)
     ck.nbytes(getattr(a, "workspace", "auto"), "--workspace", auto=True)
     est = ck.guard(a.model, a.seq, a.gpus, a.dtype, tiles, layers, budget, force, extra_nbytes,
-                   head=getattr(a, "logits", None))
+                   head=getattr(a, "logits", None), train=ck.train_spec(a))
     return tiles, budget, est
 
 
@@ -151,7 +152,7 @@ def build_plan(a, tiles, budget, est, config=None, seed: int = 0, label: str = "
 
     with Heartbeat(f"{label}: lowering ~{est.vertices:,} vertices", est.lower_s):
         tg = make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles, seed=seed, n_layers=getattr(a, "layers", None),
-                            budget_nbytes=budget, head=getattr(a, "logits", None))  # fmt: skip
+                            budget_nbytes=budget, head=getattr(a, "logits", None), train=ck.train_spec(a))  # fmt: skip
     with Progress(tg.n, f"{label}: build") as bar:
         mg = build_with_resident(tg, budget, config, a.resident, progress=bar.update,
                                  workspace=getattr(a, "workspace", "auto"))  # fmt: skip

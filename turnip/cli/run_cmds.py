@@ -75,6 +75,7 @@ def register(sub) -> None:
     p.add_argument("--trace", metavar="OUT.json", help="write the last timed run as a Chrome/Perfetto trace")
     p.add_argument("--csv", metavar="OUT.csv", help="write one row per timed run (the simulator's columns)")
     p.add_argument("--force", action="store_true", help="compile --model even when it is very large")
+    ck.add_train_flags(p)
     p.set_defaults(func=cmd_run)
 
 
