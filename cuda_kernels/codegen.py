@@ -1,4 +1,5 @@
-"""Kernel source generation: elementwise, RMSNorm, rotary, attention and combine kernels for arrays of rank 1 to 3.
+"""Kernel source generation: elementwise, RMSNorm (and its backward), rotary, cross-entropy, attention and
+combine kernels for arrays of rank 1 to 3.
 
 Numba kernels are typed per array rank, and the runtime passes already-shaped views (no reshaping at
 launch), so each op's kernel is generated for its operand ranks and index expressions. Generated
@@ -7,7 +8,8 @@ sources are compiled once per distinct text (``jit`` caches them). Inside kernel
 
 Thread layout of elementwise kernels (ranks 1-3 of the output, indices named ``a, b, c``): the last
 axis ``c`` runs over ``blockIdx.x * blockDim.x + threadIdx.x`` with a grid-stride loop, ``b`` is
-``blockIdx.y`` and ``a`` is ``blockIdx.z``. RMSNorm runs one block per row of the last axis.
+``blockIdx.y`` and ``a`` is ``blockIdx.z``. Row kernels (RMSNorm, its backward, cross-entropy) run one
+block per row of the last axis with shared-memory tree reductions.
 
 bf16 (``bf16=True`` in the generators): numba has no bfloat16 arrays, so bf16 operands arrive as uint16
 views of their bits; loads convert with ``BF2F`` (the bits shifted into a float32) and stores with ``F2BF``
@@ -193,6 +195,14 @@ def row_block() -> int:
     return 32 if simulating() else 256
 
 
+def _tree_sum(block: int, arrays: tuple[str, ...]) -> list[str]:
+    """Lines summing the shared arrays ``arrays`` (one slot per thread ``t``, power-of-two ``block``) into
+    slot 0: a barrier, then a tree of barriers (no warp shuffles, so the simulator runs it)."""
+    L = ["    cuda.syncthreads()", f"    s = {block // 2}", "    while s > 0:", "        if t < s:"]
+    L += [f"            {a}[t] = {a}[t] + {a}[t + s]" for a in arrays]
+    return L + ["        cuda.syncthreads()", "        s //= 2"]
+
+
 def rmsnorm_source(ndim: int, block: int, bf16: bool = False) -> str:
     """One block per row of the last axis: ``kern(out, x, w, eps)``, a shared-memory tree reduction of
     the sum of squares (no warp shuffles, so the simulator runs it), then the scaled row."""
@@ -209,10 +219,8 @@ def rmsnorm_source(ndim: int, block: int, bf16: bool = False) -> str:
         L += [f"        w{u} = ZERO", f"        j = j0 + {u * block}", "        if j < n:",
               f"            v = {ld(f'x[{xi}]', bf16)}", f"            w{u} = v * v"]
     L += [f"        acc = acc + w{u}" for u in range(U)]
-    L += [f"        j0 += {block * U}", "    sh[t] = acc", "    cuda.syncthreads()", f"    s = {block // 2}",
-          "    while s > 0:", "        if t < s:", "            sh[t] = sh[t] + sh[t + s]",
-          "        cuda.syncthreads()",
-          "        s //= 2", "    r = ONE / math.sqrt(sh[0] / np.float32(n) + eps)", "    j = t", "    while j < n:",
+    L += [f"        j0 += {block * U}", "    sh[t] = acc", *_tree_sum(block, ("sh",)),
+          "    r = ONE / math.sqrt(sh[0] / np.float32(n) + eps)", "    j = t", "    while j < n:",
           f"        out[{xi}] = {st(ld(f'x[{xi}]', bf16) + ' * r * ' + ld('w[j]', bf16), bf16)}",
           f"        j += {block}"]
     return "\n".join(L) + "\n"
@@ -222,11 +230,11 @@ ROTARY_HEADS_PER_THREAD = 4
 
 
 def rotary_source(heads_per_thread: int = ROTARY_HEADS_PER_THREAD, scaled: bool = False,
-                  bf16: bool = False) -> str:
+                  bf16: bool = False, inverse: bool = False) -> str:
     """Grid (ceil(dh/2 / block), t, ceil(h / heads_per_thread)); one angle per thread, applied to
     ``heads_per_thread`` heads. The angle is reduced to [-pi, pi] in float64, then cos/sin in float32.
     ``kern(out, x, pos_off, theta)``; ``scaled`` adds LLaMA-3 rope scaling of the frequency (in float64):
-    ``kern(out, x, pos_off, theta, factor, low, high, orig)``."""
+    ``kern(out, x, pos_off, theta, factor, low, high, orig)``; ``inverse`` rotates by minus the angle."""
     H = heads_per_thread
     L = [f"def kern(out, x, pos_off, theta{', factor, low, high, orig' if scaled else ''}):",
          "    half = x.shape[2] // 2",
@@ -239,7 +247,8 @@ def rotary_source(heads_per_thread: int = ROTARY_HEADS_PER_THREAD, scaled: bool 
               "            inv = (1.0 - sm) * inv / factor + sm * inv"]
     L += ["        ang = (pos_off + a) * inv",
          "        ang = ang - 6.283185307179586 * math.floor(ang / 6.283185307179586 + 0.5)",
-         "        r = np.float32(ang)", "        cs = math.cos(r)", "        sn = math.sin(r)"]
+         "        r = np.float32(ang)", "        cs = math.cos(r)",
+         f"        sn = {'-' if inverse else ''}math.sin(r)"]
     for u in range(H):
         L += [f"        p{u} = np.float32(0.0)", f"        q{u} = np.float32(0.0)",
               f"        if b0 + {u} < x.shape[1]:", f"            p{u} = {ld(f'x[a, b0 + {u}, c]', bf16)}",
@@ -250,6 +259,71 @@ def rotary_source(heads_per_thread: int = ROTARY_HEADS_PER_THREAD, scaled: bool 
               f"            out[a, b0 + {u}, c + half] = {st(f'q{u} * cs + p{u} * sn', bf16)}"]
     return "\n".join(L) + "\n"
 
+
+def _row_loads(block: int, loads: dict[str, str], pad: str = "ZERO") -> list[str]:
+    """The head of an unrolled loop over the row ``b``'s columns ``j`` (per thread ``t``, ``unroll()``
+    columns per trip, each a block apart): ``name{u} = expr`` for every ``loads`` entry (``pad`` past
+    the row's end). The caller adds the trip's body and then ``j0 += block * unroll()``."""
+    L = ["    j0 = t", "    while j0 < n:"]
+    for u in range(unroll()):
+        L += [f"        {k}{u} = {pad}" for k in loads]
+        L += [f"        j = j0 + {u * block}", "        if j < n:"]
+        L += [f"            {k}{u} = {e}" for k, e in loads.items()]
+    return L
+
+
+def rmsnorm_bwd_source(block: int, bf16: bool = False) -> str:
+    """dx of RMSNorm, one block per row: ``kern(out, x, w, dy, eps)`` with out, x, dy (rows, d) and w (d,);
+    shared-memory tree reductions of sum(x^2) and sum(x w dy), then dx = r w dy - x r^3 mean(x w dy)."""
+    x, g = ld("x[b, j]", bf16), f"{ld('dy[b, j]', bf16)} * {ld('w[j]', bf16)}"
+    L = ["def kern(out, x, w, dy, eps):", _CONSTS.rstrip("\n"), f"    sx = cuda.shared.array({block}, np.float32)",
+         f"    sg = cuda.shared.array({block}, np.float32)", "    b = cuda.blockIdx.x", "    t = cuda.threadIdx.x",
+         "    n = x.shape[1]", "    ax = ZERO", "    ag = ZERO", *_row_loads(block, {"p": x, "g": g})]
+    for u in range(unroll()):
+        L += [f"        ax = ax + p{u} * p{u}", f"        ag = ag + p{u} * g{u}"]
+    L += [f"        j0 += {block * unroll()}", "    sx[t] = ax", "    sg[t] = ag", *_tree_sum(block, ("sx", "sg")),
+          "    r = ONE / math.sqrt(sx[0] / np.float32(n) + eps)", "    q = r * r * r * (sg[0] / np.float32(n))",
+          "    j = t", "    while j < n:", f"        out[b, j] = {st(f'r * {g} - {x} * q', bf16)}",
+          f"        j += {block}"]
+    return "\n".join(L) + "\n"
+
+
+def softmax_row_source(block: int, backward: bool, bf16: bool = False) -> str:
+    """Cross-entropy of logits z (t, V) against int32 targets tg (t,), one block per row ``b``: each
+    thread keeps an online (max, sum of exp) over its columns, a shared-memory tree merges them.
+    Forward ``kern(out, z, tg)``: out (t,) float32 = logsumexp(z[b]) - z[b, tg[b]]. ``backward``:
+    ``kern(out, z, tg, scale)``, out (t, V) = (softmax(z[b]) - onehot(tg[b])) * scale (``bf16``: z and,
+    backward, out are bf16 bits). Rows with tg < 0 give 0 (and read nothing); tg >= V gives NaN, and so
+    does a NaN logit."""
+    z = ld("z[b, j]", bf16)
+    L = [f"def kern(out, z, tg{', scale' if backward else ''}):", _CONSTS.rstrip("\n"),
+         f"    sm = cuda.shared.array({block}, np.float32)", f"    sl = cuda.shared.array({block}, np.float32)",
+         "    b = cuda.blockIdx.x", "    t = cuda.threadIdx.x", "    n = z.shape[1]", "    k = tg[b]",
+         "    if k < 0:"]  # the same for the whole block: its threads leave together
+    if backward:
+        L += ["        j = t", "        while j < n:", f"            out[b, j] = {st('ZERO', bf16)}",
+              f"            j += {block}"]
+    else:
+        L += ["        if t == 0:", "            out[b] = ZERO"]
+    L += ["        return", "    m = NEG_INF", "    l = ZERO", *_row_loads(block, {"w": z}, "NEG_INF")]
+    for u in range(unroll()):
+        L += [f"        if w{u} > m:", f"            l = l * math.exp(m - w{u}) + ONE", f"            m = w{u}",
+              f"        elif w{u} != NEG_INF:", f"            l = l + math.exp(w{u} - m)"]  # NaN: l = NaN
+    L += [f"        j0 += {block * unroll()}", "    sm[t] = m", "    sl[t] = l", "    cuda.syncthreads()",
+          f"    s = {block // 2}", "    while s > 0:", "        if t < s:", "            m1 = sm[t]",
+          "            m2 = sm[t + s]", "            mx = m1 if m1 > m2 else m2", "            if mx > NEG_INF:",
+          "                sl[t] = sl[t] * math.exp(m1 - mx) + sl[t + s] * math.exp(m2 - mx)",
+          "                sm[t] = mx", "            else:", "                sl[t] = sl[t] + sl[t + s]",
+          "        cuda.syncthreads()", "        s //= 2", "    m = sm[0]", "    l = sl[0]"]
+    if backward:
+        L += ["    il = ONE / l", "    if k >= n:", "        il = np.float32(math.nan)", "    j = t",
+              "    while j < n:", f"        p = math.exp({z} - m) * il", "        if j == k:",
+              "            p = p - ONE", f"        out[b, j] = {st('p * scale', bf16)}", f"        j += {block}"]
+    else:
+        zk = ld("z[b, k]", bf16)
+        L += ["    if t == 0:", "        if k < n:", f"            out[b] = m + math.log(l) - {zk}", "        else:",
+              "            out[b] = np.float32(math.nan)"]
+    return "\n".join(L) + "\n"
 
 
 def sdpa_source(dh: int, partial: bool, group: int = 1, bf16: bool = False) -> str:

@@ -13,6 +13,15 @@ Log-sum-exp statistics (float32, (h, tq)) are written only for partial outputs.
 Execution goes through ``LibCall``: the runtime calls it with the stream slot's ``StreamContext``, whose
 ``handles["cudnn"]`` is a cuDNN handle bound to that slot's stream and whose workspace lies in the plan's
 arena (cuDNN asks for a few hundred bytes).
+
+Backward (``CudnnSdpaBwd``, op ``sdpa_bwd``, as many keys as queries): cuDNN's ``sdpa_backward`` needs the
+forward's log-sum-exp, so one call runs the forward with stats first (O into the output buffer, which the
+backward then overwrites; the stats, float32 (h, t), at the start of the slot's workspace), then the backward,
+writing dQ, dK, dV with strides straight into turnip's packed (t, hk, (r + 2) dh) output. Grouped-query tiles
+are seen as hk batches of r query heads over one key/value head (a (b, h, s, d) stride cannot step over the
+dK, dV columns between key/value heads). The backward's workspace is large (the frontend accumulates dQ in
+float32: h t dh 4 bytes, plus h t 4); the launcher falls back to the portable kernels when the plan's
+per-slot workspace is smaller.
 """
 
 from __future__ import annotations
@@ -145,3 +154,90 @@ def supports(tq: int, tk: int, h: int, dh: int, dtype: str, params: dict, hk: in
     return (usable() and dtype in DTYPES and dh % 8 == 0 and dh <= 256 and tq > 0 and tk > 0
             and (hk is None or 0 < hk and h % hk == 0)
             and mask_mode(tq, tk, params) is not None and math.isfinite(params.get("scale", 1.0)))  # fmt: skip
+
+
+def supports_bwd(t: int, h: int, dh: int, dtype: str, params: dict, hk: int) -> bool:
+    """Whether an ``sdpa_bwd`` tile (t queries and keys) can take the cuDNN path: fp16 or bf16, head dim a
+    multiple of 8 up to 128 (every architecture's backward limit), t > 1, a causal mask cuDNN expresses."""
+    return (usable() and dtype in DTYPES and dh % 8 == 0 and dh <= 128 and t > 1 and 0 < hk and h % hk == 0
+            and mask_mode(t, t, params) is not None and math.isfinite(params.get("scale", 1.0)))  # fmt: skip
+
+
+def bwd_layout(t: int, hk: int, r: int, dh: int) -> dict[str, tuple[list[int], list[int]]]:
+    """(dim, stride) in elements of the backward's tensors over turnip's buffers: ``q`` (also o, dO) in
+    (t, hk, r, dh), ``kv`` in (t, hk, dh), ``stats`` float32 (h, t), ``dq`` and ``dkv`` (dK, dV, each from
+    its own column offset) in the packed output (t, hk, (r + 2) dh). Multi-head (r = 1): one batch of hk
+    heads; grouped-query: hk batches of r query heads and one key/value head."""
+    h, row = hk * r, hk * (r + 2) * dh
+    if r == 1:
+        b, hq, hv, qb, kb, ob, oh = 1, hk, hk, t * h * dh, t * hk * dh, t * row, 3 * dh
+    else:
+        b, hq, hv, qb, kb, ob, oh = hk, r, 1, r * dh, dh, (r + 2) * dh, dh
+    return {
+        "q": ([b, hq, t, dh], [qb, dh, h * dh, 1]),
+        "kv": ([b, hv, t, dh], [kb, dh, hk * dh, 1]),
+        "stats": ([b, hq, t, 1], [hq * t, t, 1, 1]),
+        "dq": ([b, hq, t, dh], [ob, oh, row, 1]),
+        "dkv": ([b, hv, t, dh], [ob, oh, row, 1]),
+    }
+
+
+class CudnnSdpaBwd:
+    """cuDNN forward (for its stats) then backward of one ``sdpa_bwd`` tile shape; ``bind`` fixes the
+    pointers. ``ws_nbytes``: the stats (rounded up to 256 bytes) plus the larger of the two graphs'
+    workspaces, which share one range after them."""
+
+    def __init__(self, t: int, hk: int, r: int, dh: int, dtype: str, scale: float, mode: str):
+        if mode not in ("none", "bottom_right"):
+            raise ValueError(f"cuDNN SDPA backward: mask {mode!r} not supported")
+        self.fwd = CudnnSdpa(t, t, t, hk * r, dh, dtype, scale, mode, True, hk)
+        key = ("bwd", t, hk, r, dh, dtype, float(scale), mode)
+        hit = _GRAPHS.get(key)
+        if hit is None:
+            hit = _GRAPHS[key] = _build_bwd(*key[1:])
+        self.graph, self.tensors = hit
+        self.stats_nbytes = -(-hk * r * t * 4 // 256) * 256
+        self.ws_nbytes = self.stats_nbytes + max(self.fwd.ws_nbytes, int(self.graph.get_workspace_size()))
+        self.r, self.dh = r, dh
+
+    def bind(self, out_ptr: int, q_ptr: int, k_ptr: int, v_ptr: int, o_ptr: int, do_ptr: int) -> LibCall:
+        fg, (fQ, fK, fV, fO, fS) = self.fwd.graph, self.fwd.tensors
+        g, (Q, K, V, O, dO, S, dQ, dK, dV) = self.graph, self.tensors
+        col = self.dh * 2  # bytes of one dh slot (fp16 / bf16)
+        dk_ptr, dv_ptr = out_ptr + self.r * col, out_ptr + (self.r + 1) * col
+        skip = self.stats_nbytes
+
+        def run(ctx) -> None:
+            stats, ws, h = ctx.ws_ptr, ctx.ws_ptr + skip, ctx.handles["cudnn"]
+            fg.execute({fQ: q_ptr, fK: k_ptr, fV: v_ptr, fO: out_ptr, fS: stats}, ws, handle=h)
+            g.execute({Q: q_ptr, K: k_ptr, V: v_ptr, O: o_ptr, dO: do_ptr, S: stats, dQ: out_ptr, dK: dk_ptr,
+                       dV: dv_ptr}, ws, handle=h)  # fmt: skip
+
+        return LibCall(run, self.ws_nbytes, "cudnn-sdpa-bwd", lib="cudnn")
+
+
+def _build_bwd(t, hk, r, dh, dtype, scale, mode):
+    import cudnn
+
+    if dtype not in DTYPES:
+        raise ValueError(f"cuDNN SDPA backward is {'/'.join(DTYPES)} only, not {dtype}")
+    dt, f32 = getattr(cudnn.data_type, DTYPES[dtype]), cudnn.data_type.FLOAT
+    g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=f32, compute_data_type=f32, handle=_build_handle())
+    lay = bwd_layout(t, hk, r, dh)
+
+    def tensor(name, part, data_type=dt):
+        dim, stride = lay[part]
+        return g.tensor(name=name, dim=dim, stride=stride, data_type=data_type)
+
+    Q, K, V, O, dO = (tensor(n, p) for n, p in (("Q", "q"), ("K", "kv"), ("V", "kv"), ("O", "q"), ("dO", "q")))
+    S = tensor("Stats", "stats", f32)
+    dQ, dK, dV = g.sdpa_backward(name="sdpa_backward", q=Q, k=K, v=V, o=O, dO=dO, stats=S, attn_scale=float(scale),
+                                 use_causal_mask=mode == "bottom_right")  # square tile: top-left = bottom-right
+    for x, part in ((dQ, "dq"), (dK, "dkv"), (dV, "dkv")):
+        x.set_output(True).set_dim(lay[part][0]).set_stride(lay[part][1]).set_data_type(dt)
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    return g, (Q, K, V, O, dO, S, dQ, dK, dV)

@@ -14,7 +14,8 @@ arrays; computed in fp32 and rounded once (to nearest even) to the output dtype)
   rmsnorm   x (..., d), w (d,) -> x / sqrt(mean(x^2) + eps) * w   (params: eps, default 1e-5)
   rotary    x (t, h, dh) or (t, ..., dh) (middle axes are heads), dh even, rotate-half, angle
             (pos_off + token) * inv_freq_i, inv_freq_i = theta^(-2i/dh) with LLaMA-3 scaling when rope_factor
-            is set (params: pos_off, theta default 10000, rope_factor, rope_low, rope_high, rope_orig)
+            is set (params: pos_off, theta default 10000, rope_factor, rope_low, rope_high, rope_orig;
+            not ``inverse``, rotary's backward: None, the numba kernel runs it)
   silu_mul  (gate, up) -> silu(gate) * up;   silu (x);   mul (a, b);   scale (x; params: alpha)
   add_n     2..4 same-shaped inputs -> sum (in input order);   sum_into (acc, x): acc += x in place
   embed     ids (t,) int32, table (V, d) -> out[i, :] = table[ids[i], :]
@@ -863,6 +864,8 @@ def _build(op: str, in_shapes, out_shape, dtype: str, params: dict | None) -> Fa
               and in_shapes[1] == (out_shape[-1],))
         return fk if ok else None
     if op == "rotary":
+        if params.get("inverse", False):  # rotary's backward (minus the angle): the numba kernel takes it
+            return None
         try:
             rope_params(params)
         except (KeyError, TypeError, ValueError):

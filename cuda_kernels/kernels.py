@@ -16,11 +16,14 @@ opt-in with ``fast=True``), ``memcpy`` concatenation and row slices, and generat
 
 Dtypes: fp16, fp32 and, when ``ml_dtypes`` is installed, bf16 (``ml_dtypes.bfloat16`` arrays). numba has
 no bfloat16: its kernels get bf16 arrays as uint16 views of their bits and convert in the kernel
-(``codegen.bf16_functions``). Importing this module needs numpy only; numba is imported by ``prepare``.
+(``codegen.bf16_functions``). ``dtype`` is the vertex's (the output's): ops whose inputs have another name
+it in ``params["src"]`` (``cast``, ``xent``); targets are int32; Adam and ``xent``'s output are float32 only.
+Importing this module needs numpy only; numba is imported by ``prepare``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -142,27 +145,44 @@ def _kern(k: Compiled, args_of: Callable, bits: bool = False) -> tuple[Callable,
     return (lambda stream, out, ins: k.launch(stream, args_of(out, ins))), (lambda out, ins: k.bind(args_of(out, ins)))
 
 
-def _ew(src: str, out_shape, argtypes, scalars=(), bits: bool = False) -> tuple[Callable, Callable]:
+def _ew(src: str, out_shape, argtypes, scalars=(), bits: bool = False, view=None) -> tuple[Callable, Callable]:
+    """(run, bind) of an elementwise kernel over ``out_shape``; ``view(out, ins)`` reshapes the arrays first."""
     if any(e == 0 for e in out_shape):
         return _noop, _noop_bind
     grid, block = cg.elementwise_geometry(out_shape, per_thread=cg.unroll())
     k = Compiled(cg.jit(src), argtypes, grid, block)
     sc = tuple(scalars)
-    return _kern(k, lambda out, ins: (out, *ins, *sc), bits)
+    if view is None:
+        return _kern(k, lambda out, ins: (out, *ins, *sc), bits)
+
+    def args_of(out, ins):
+        o, xs = view(out, ins)
+        return (o, *xs, *sc)
+
+    return _kern(k, args_of, bits)
 
 
-def _simple(n_in: int, expr: str, n_scalars: int = 0, pre: tuple = ()):
-    """Elementwise op on same-shaped (or broadcastable) inputs."""
+def _as_1(x):
+    """A 0-d device array as shape (1,) (numba kernels take arrays of rank >= 1)."""
+    return x.reshape(1) if x.ndim == 0 else x
+
+
+def _simple(n_in: int, expr: str, scalars: Callable | None = None, pre: tuple = (), fp32: bool = False):
+    """Elementwise op on same-shaped (or broadcastable, 0-d included) inputs; ``scalars(params)`` gives the
+    float32 scalars ``s0, s1, ..``; ``pre`` are statements run before ``expr``; ``fp32``: float32 only."""
 
     def build(in_shapes, out_shape, dtype, params, opts):
         _need(len(in_shapes) == n_in if n_in else len(in_shapes) >= 1, f"expects {n_in or '>=1'} inputs")
+        _need(not fp32 or dtype == "fp32", f"computes float32 only, not {dtype}")
         nd, bf = len(out_shape), dtype == "bf16"
-        loads = [cg.load(k, cg.broadcast_index(s, out_shape), bf) for k, s in enumerate(in_shapes)]
+        shapes = [s or (1,) for s in in_shapes]
+        loads = [cg.load(k, cg.broadcast_index(s, out_shape), bf) for k, s in enumerate(shapes)]
         ex = expr(len(in_shapes)) if callable(expr) else expr
-        src = cg.elementwise_source(len(in_shapes), nd, loads, ex, n_scalars, pre, bf16=bf)
-        scal = [np.float32(params["alpha"])] if n_scalars else []
-        types = [_arr(dtype, nd), *(_arr(dtype, s) for s in in_shapes), *[scalar_type("f4")] * n_scalars]
-        run, bind = _ew(src, out_shape, types, scal, bf)
+        scal = [np.float32(v) for v in scalars(params)] if scalars else []
+        src = cg.elementwise_source(len(shapes), nd, loads, ex, len(scal), pre, bf16=bf)
+        types = [_arr(dtype, nd), *(_arr(dtype, s) for s in shapes), *[scalar_type("f4")] * len(scal)]
+        view = (lambda out, ins: (out, [_as_1(x) for x in ins])) if () in in_shapes else None
+        run, bind = _ew(src, out_shape, types, scal, bf, view)
         return "kernel", run, 0, bind
 
     return build
@@ -346,6 +366,14 @@ def standalone_context(stream, ws_nbytes: int, lib: str | None = None):
     return ctx
 
 
+def _sdpa_bwd(in_shapes, out_shape, dtype, params, opts):
+    """Gradients of causal attention: cuDNN where it fits the plan's workspace, else portable numba kernels
+    (``cuda_kernels.attn_bwd``)."""
+    from cuda_kernels import attn_bwd
+
+    return attn_bwd.build(in_shapes, out_shape, dtype, params, opts)
+
+
 def _attn_combine(in_shapes, out_shape, dtype, params, opts):
     tq, h, dh = int(params["tq"]), int(params["h"]), int(params["dh"])
     r = int(params.get("r", 1))  # grouped-query: output (tq, h / r, r, dh), the same memory as (tq, h, dh)
@@ -444,13 +472,90 @@ def _rotary(in_shapes, out_shape, dtype, params, opts):
     rope = rope_params(params)
     scaled, bf = rope[0] != 0.0, dtype == "bf16"
     types = [_arr(dtype, 3), _arr(dtype, 3), scalar_type("i8"), scalar_type("f8"), *[scalar_type("f8")] * (4 * scaled)]
-    k = Compiled(cg.jit(cg.rotary_source(scaled=scaled, bf16=bf)), types, grid, block)
+    src = cg.rotary_source(scaled=scaled, bf16=bf, inverse=bool(params.get("inverse", False)))
+    k = Compiled(cg.jit(src), types, grid, block)
     sc = (int(params["pos_off"]), float(params.get("theta", 10000.0)), *(rope if scaled else ()))
     if len(out_shape) == 3:
         run, bind = _kern(k, lambda out, ins: (out, ins[0], *sc), bf)
     else:  # middle axes flattened into heads: (t, h, dh) views
         run, bind = _kern(k, lambda out, ins: (out.reshape(t, h, dh), ins[0].reshape(t, h, dh), *sc), bf)
     return "kernel", run, 0, bind
+
+
+def _rmsnorm_bwd(in_shapes, out_shape, dtype, params, opts):
+    _need(len(in_shapes) == 3 and len(out_shape) >= 1 and in_shapes[0] == in_shapes[2] == out_shape
+          and in_shapes[1] == out_shape[-1:], "rmsnorm_bwd takes x (..., d), w (d,) and dy (..., d)")
+    d, blk, bf = out_shape[-1], cg.row_block(), dtype == "bf16"
+    rows = int(np.prod(out_shape[:-1], dtype=np.int64))
+    if rows == 0 or d == 0:
+        return "kernel", _noop, 0, _noop_bind
+    types = [_arr(dtype, 2), _arr(dtype, 2), _arr(dtype, 1), _arr(dtype, 2), scalar_type("f4")]
+    k = Compiled(cg.jit(cg.rmsnorm_bwd_source(blk, bf)), types, (rows,), (blk,))
+    eps = np.float32(params.get("eps", 1e-5))
+
+    def args_of(out, ins):  # rows of the last axis: (rows, d) views
+        return (out.reshape(rows, d), ins[0].reshape(rows, d), ins[1], ins[2].reshape(rows, d), eps)
+
+    run, bind = _kern(k, args_of, bf)
+    return "kernel", run, 0, bind
+
+
+def _xent(in_shapes, out_shape, dtype, params, opts, backward: bool = False):
+    """``xent`` (backward False: logits in dtype params["src"] -> (t,) float32) and ``xent_bwd`` (logits
+    in the vertex dtype -> (t, V) in it); targets int32."""
+    _need(len(in_shapes) == 2 and len(in_shapes[0]) == 2 and in_shapes[1] == in_shapes[0][:1]
+          and out_shape == (in_shapes[0] if backward else in_shapes[0][:1]),
+          "xent takes logits (t, V) and targets (t,) -> (t,) (xent_bwd: -> (t, V))")
+    src = dtype if backward else params.get("src", dtype)
+    _need(src in DTYPES and (backward or dtype == "fp32"), f"logits dtype {src!r} -> {dtype!r} not supported")
+    (t, v), blk, bf = in_shapes[0], cg.row_block(), src == "bf16"
+    if t == 0:
+        return "kernel", _noop, 0, _noop_bind
+    _need(v > 0, "xent over an empty vocabulary")
+    types = [_arr(dtype, 1 + backward), _arr(src, 2), _arr("int32", 1), *[scalar_type("f4")] * backward]
+    k = Compiled(cg.jit(cg.softmax_row_source(blk, backward, bf)), types, (t,), (blk,))
+    sc = (np.float32(params.get("scale", 1.0)),) if backward else ()
+    run, bind = _kern(k, lambda out, ins: (out, ins[0], ins[1], *sc), bf)
+    return "kernel", run, 0, bind
+
+
+def _cols(in_shapes, out_shape, dtype, params, opts):
+    a, b, tail = int(params["start"]), int(params["stop"]), tuple(int(e) for e in params["tail"])
+    _need(len(in_shapes) == 1 and len(in_shapes[0]) >= 1 and 0 <= a < b <= in_shapes[0][-1]
+          and int(np.prod(tail, dtype=np.int64)) == b - a and out_shape == (*in_shapes[0][:-1], *tail),
+          "cols takes x (..., n) and 0 <= start < stop <= n -> (..., *tail) with prod(tail) = stop - start")
+    lead = in_shapes[0][:-1]  # viewed as (lead0, rest, n) -> (lead0, rest, stop - start); a copy of bits
+    lead = lead if len(lead) <= 1 else (lead[0], int(np.prod(lead[1:], dtype=np.int64)))
+    vin, vout, nd = (*lead, in_shapes[0][-1]), (*lead, b - a), len(lead) + 1
+    idx = ", ".join([*cg.out_names(nd)[:-1], "c + s0"])
+    src = cg.elementwise_source(1, nd, [], f"x0[{idx}]", 1)
+    types = [_arr(dtype, nd), _arr(dtype, nd), scalar_type("i8")]
+    run, bind = _ew(src, vout, types, (np.int64(a),), dtype == "bf16",
+                    lambda out, ins: (out.reshape(vout), [ins[0].reshape(vin)]))
+    return "kernel", run, 0, bind
+
+
+def _cast(in_shapes, out_shape, dtype, params, opts):
+    src = params.get("src", dtype)
+    _need(len(in_shapes) == 1 and in_shapes[0] == out_shape and src in DTYPES and params.get("dtype", dtype) == dtype,
+          f"cast takes x in dtype src -> the same shape in the vertex dtype (src {src!r}, dtype "
+          f"{params.get('dtype')!r}, vertex {dtype!r})")
+    n = (int(np.prod(out_shape, dtype=np.int64)),)  # flat views
+    code = cg.elementwise_source(1, 1, [cg.load(0, "c", src == "bf16")], "v0 * s0", 1, bf16=dtype == "bf16")
+    types = [_arr(dtype, 1), _arr(src, 1), scalar_type("f4")]
+    run, bind = _ew(code, n, types, (np.float32(params.get("alpha", 1.0)),), True,
+                    lambda out, ins: (out.reshape(n), [ins[0].reshape(n)]))
+    return "kernel", run, 0, bind
+
+
+def _log(b: float) -> float:
+    return math.log(b) if b > 0 else -math.inf
+
+
+def _adam_scalars(p: dict) -> tuple:
+    """lr, log b1, log b2, eps: the kernel's bias corrections 1 - b^step = -expm1(step log b) lose no digits
+    to b rounded to float32."""
+    return (p["lr"], _log(float(p["b1"])), _log(float(p["b2"])), p["eps"])
 
 
 def _embed(in_shapes, out_shape, dtype, params, opts):
@@ -497,17 +602,28 @@ _BUILDERS: dict[str, Callable] = {
     "einsum": _einsum,
     "sdpa": _sdpa,
     "attn_combine": _attn_combine,
+    "sdpa_bwd": _sdpa_bwd,
     "concat": _concat,
     "rows": _rows,
     "add_n": _simple(0, lambda n: " + ".join(f"v{k}" for k in range(n))),
     "mul": _simple(2, "v0 * v1"),
-    "scale": _simple(1, "v0 * s0", n_scalars=1),
+    "scale": _simple(1, "v0 * s0", lambda p: (p["alpha"],)),
     "silu": _simple(1, "v0 / (ONE + math.exp(-v0))"),
     "silu_mul": _simple(2, "v0 / (ONE + math.exp(-v0)) * v1"),
+    "silu_mul_dg": _simple(3, "v2 * v1 * mm * (ONE + v0 * (ONE - mm))", pre=("mm = ONE / (ONE + math.exp(-v0))",)),
     "rmsnorm": _rmsnorm,
+    "rmsnorm_bwd": _rmsnorm_bwd,
     "rotary": _rotary,
     "embed": _embed,
     "sum_into": _sum_into,
     "mix": _mix,
+    "cols": _cols,
+    "xent": _xent,
+    "xent_bwd": lambda *a: _xent(*a, backward=True),
+    "cast": _cast,
+    "adam_m": _simple(2, "s0 * v0 + (ONE - s0) * v1", lambda p: (p["b1"],), fp32=True),
+    "adam_v": _simple(2, "s0 * v0 + (ONE - s0) * v1 * v1", lambda p: (p["b2"],), fp32=True),
+    "adam_p": _simple(4, "v0 - s0 / q1 * v1 / (math.sqrt(v2) / math.sqrt(q2) + s3)", _adam_scalars,
+                      pre=("q1 = -math.expm1(v3 * s1)", "q2 = -math.expm1(v3 * s2)"), fp32=True),
 }
 OPS = frozenset(_BUILDERS)  # every op of the specification (``turnip.reference``); a test checks they agree

@@ -34,7 +34,7 @@ class Case:
     in_shapes: tuple
     out_shape: tuple
     params: dict = field(default_factory=dict)
-    kinds: tuple = ()  # per input: normal | uniform | pos | scores | ids:V | rowmax:0
+    kinds: tuple = ()  # per input: normal | uniform | pos | ids:V | targets:V | step | partial
 
     @property
     def contraction(self) -> bool:
@@ -42,6 +42,20 @@ class Case:
 
 
 LLAMA3_ROPE = {"theta": 500000.0, "rope_factor": 8.0, "rope_low": 1.0, "rope_high": 4.0, "rope_orig": 8192}
+ADAM = {"lr": 0.5, "b1": 0.9, "b2": 0.999, "eps": 1e-8}  # a large lr: the update shows in the error
+FP32_ONLY = frozenset({"mix", "adam_m", "adam_v", "adam_p"})  # defined on float32: tested at fp32 only
+_FP32_OUT = FP32_ONLY | {"xent"}
+
+
+def vertex_dtype(case: Case, dtype: str) -> str:
+    """The dtype ``prepare`` gets, the output's: float32 for ``FP32_ONLY`` ops and ``xent``, else ``dtype``."""
+    return "fp32" if case.op in _FP32_OUT else dtype
+
+
+def input_dtype(case: Case, dtype: str) -> str:
+    """The dtype of the float inputs: the ``src`` param where the op has one (``cast``, ``xent``), else the
+    vertex dtype."""
+    return case.params.get("src", vertex_dtype(case, dtype))
 
 
 def llama_cases(t: int, hidden: int = 4096, ffn: int = 11008, heads: int = 32, dh: int = 128,
@@ -87,6 +101,49 @@ def llama_cases(t: int, hidden: int = 4096, ffn: int = 11008, heads: int = 32, d
         Case("embed", "embed", ((t,), (vocab, d)), (t, d), {}, (f"ids:{vocab}", "normal")),
         Case("sum_into", "sum_into", ((t, d), (t, d)), (t, d)),
         Case("mix", "mix", ((t * d,), (t * d // 2,), (1000,)), (t * d,), {"n_out": t * d}),
+        *training_cases(t, h, hk, dh, d, f, vocab, t // 4, 128256),
+    ]
+
+
+def training_cases(t: int, h: int, hk: int, dh: int, d: int, f: int, vocab: int, t_big: int,
+                   vocab_big: int) -> list[Case]:
+    """The backward, loss, cast and Adam ops at tile ``t``: ``cols`` takes parts of an ``sdpa_bwd`` output
+    (t, hk, (r + 2) dh); ``xent`` also at a vocabulary of ``vocab_big`` on ``t_big`` tokens; Adam on (d, d)."""
+    r = h // hk
+    pack = (t, hk, (r + 2) * dh)
+    tg = f"targets:{vocab}"
+    return [
+        Case("rmsnorm_bwd", "rmsnorm_bwd", ((t, d), (d,), (t, d)), (t, d), {"eps": 1e-5}),
+        Case("rmsnorm_bwd_heads", "rmsnorm_bwd", ((t_big, hk, dh), (dh,), (t_big, hk, dh)), (t_big, hk, dh),
+             {"eps": 1e-6}),
+        Case("silu_mul_dg", "silu_mul_dg", ((t, f),) * 3, (t, f)),
+        Case("rotary_inverse", "rotary", ((t, h, dh),), (t, h, dh),
+             {"pos_off": 3 * t, "theta": 10000.0, "inverse": True}),
+        Case("rotary_inverse_llama3", "rotary", ((t, hk, r, dh),), (t, hk, r, dh),
+             {"pos_off": 32768 - t // 2, "inverse": True} | LLAMA3_ROPE),
+        Case("cols_dq", "cols", (pack,), (t, hk, r, dh), {"start": 0, "stop": r * dh, "tail": (r, dh)}),
+        Case("cols_dv", "cols", (pack,), (t, hk, dh), {"start": (r + 1) * dh, "stop": (r + 2) * dh, "tail": (dh,)}),
+        *sdpa_bwd_cases(t, h, hk, dh),
+        Case("cols_2d", "cols", ((t, f),), (t, f // 2), {"start": 3, "stop": 3 + f // 2, "tail": (f // 2,)}),
+        Case("xent", "xent", ((t, vocab), (t,)), (t,), {"src": "fp16"}, ("normal", tg)),
+        Case("xent_big_vocab", "xent", ((t_big, vocab_big), (t_big,)), (t_big,), {"src": "fp16"},
+             ("normal", f"targets:{vocab_big}")),
+        Case("xent_bwd", "xent_bwd", ((t, vocab), (t,)), (t, vocab), {"scale": 1.0 / t}, ("normal", tg)),
+        Case("cast", "cast", ((t, d),), (t, d), {"alpha": 0.5, "dtype": "fp16", "src": "fp32"}),
+        Case("adam_m", "adam_m", ((d, d),) * 2, (d, d), ADAM),
+        Case("adam_v", "adam_v", ((d, d),) * 2, (d, d), ADAM, ("pos", "normal")),
+        Case("adam_p", "adam_p", ((d, d),) * 3 + ((),), (d, d), ADAM, ("normal", "normal", "pos", "step")),
+    ]
+
+
+def sdpa_bwd_cases(t: int, h: int, hk: int, dh: int, q_off: int = 0, k_off: int = 0) -> list[Case]:
+    """``sdpa_bwd`` at tile ``t``: multi-head (h heads) and grouped-query (hk key/value heads), causal."""
+    p = {"scale": 1.0 / math.sqrt(dh), "causal": True, "q_off": q_off, "k_off": k_off}
+    r = h // hk
+    return [
+        Case("sdpa_bwd", "sdpa_bwd", ((t, h, dh),) * 5, (t, h, 3 * dh), p),
+        Case("sdpa_bwd_gqa", "sdpa_bwd", ((t, hk, r, dh), (t, hk, dh), (t, hk, dh), (t, hk, r, dh), (t, hk, r, dh)),
+             (t, hk, (r + 2) * dh), p),
     ]
 
 
@@ -136,6 +193,11 @@ def tiny_cases() -> list[Case]:
         Case("embed", "embed", ((t,), (11, d)), (t, d), {}, ("ids:11", "normal")),
         Case("sum_into", "sum_into", ((t, d), (t, d)), (t, d)),
         Case("mix", "mix", ((30,), (7,), (0,), (2, 3)), (40,), {"n_out": 40}),
+        *training_cases(t, 4, h, dh, d, f, 37, 3, 150),
+        *[Case(f"{c.name}_t13_off", c.op, c.in_shapes, c.out_shape, c.params, c.kinds)
+          for c in sdpa_bwd_cases(13, 3, 1, 4, q_off=1, k_off=3)],  # odd extents; rows 0, 1 see no key
+        Case("sdpa_bwd_flat_gqa", "sdpa_bwd", ((7, 4, 8), (7, 2, 8), (7, 2, 8), (7, 4, 8), (7, 4, 8)), (7, 2, 32),
+             {"scale": 0.3, "causal": False, "q_off": 0, "k_off": 0}),
     ]
 
 
@@ -146,7 +208,14 @@ def _sdpa(scale: float, tq: int, q_off: int, tk: int, k_off: int = 0, partial: b
 
 def for_dtype(case: Case, dtype: str) -> Case:
     """The case with attention partials sized for ``dtype`` (their length counts elements of the tile
-    dtype; the cases are written for fp16)."""
+    dtype; the cases are written for fp16), ``xent``'s logits in ``dtype`` and ``cast`` into ``dtype`` from
+    another precision (fp32 from bf16, or fp16 without ml_dtypes; half precisions from fp32)."""
+    if case.op == "xent":
+        return Case(case.name, case.op, case.in_shapes, case.out_shape, case.params | {"src": dtype}, case.kinds)
+    if case.op == "cast":
+        src = "fp32" if dtype != "fp32" else "bf16" if "bf16" in NP_DTYPE else "fp16"
+        p = case.params | {"dtype": dtype, "src": src}
+        return Case(case.name, case.op, case.in_shapes, case.out_shape, p, case.kinds)
     if "itemsize" not in case.params:
         return case
     p = case.params
@@ -171,14 +240,23 @@ def is_float(dtype) -> bool:
 
 
 def make_inputs(case: Case, dtype: str, rng: np.random.Generator) -> list[np.ndarray]:
-    """Fresh random inputs in ``dtype`` (ids int32). ``partial`` inputs are attention partials (random
+    """Fresh random inputs in ``input_dtype`` (ids and targets int32; targets with some -1 entries, the
+    first always, the last never; ``step`` a 0-d float32 step number). ``partial`` inputs are attention partials (random
     outputs, log-sum-exps spread over a few units, one row with no visible key: -inf)."""
-    dt = NP_DTYPE[dtype] if case.op != "mix" else np.float32
+    dt = NP_DTYPE[input_dtype(case, dtype)]
     kinds = case.kinds or ("normal",) * len(case.in_shapes)
     xs: list[np.ndarray] = []
     for kind, shape in zip(kinds, case.in_shapes, strict=True):
         if kind.startswith("ids:"):
             xs.append(rng.integers(0, int(kind[4:]), size=shape, dtype=np.int32))
+        elif kind.startswith("targets:"):
+            x = rng.integers(0, int(kind[8:]), size=shape, dtype=np.int32)
+            ignored = rng.random(shape) < 0.2
+            ignored.flat[0], ignored.flat[-1] = True, False
+            x[ignored] = -1
+            xs.append(x)
+        elif kind == "step":
+            xs.append(np.asarray(rng.integers(1, 10), dtype=np.float32).reshape(shape))
         elif kind == "partial":
             p = case.params
             x = np.empty(reference.partial_len(p["tq"], p["h"], p["dh"], dt), dtype=dt)

@@ -12,7 +12,16 @@ import numpy as np
 
 from cuda_kernels._numba import cuda, to_device, to_host
 from cuda_kernels.kernels import Launcher, prepare
-from tests.cuda_kernels.cases import NP_DTYPE, Case, decoded, for_dtype, make_inputs, reference_f64, rel_error
+from tests.cuda_kernels.cases import (
+    NP_DTYPE,
+    Case,
+    decoded,
+    for_dtype,
+    make_inputs,
+    reference_f64,
+    rel_error,
+    vertex_dtype,
+)
 
 
 @dataclass
@@ -26,7 +35,7 @@ class Prepared:
 
 
 def out_dtype(case: Case, dtype: str):
-    return np.float32 if case.op == "mix" else NP_DTYPE[dtype]
+    return NP_DTYPE[vertex_dtype(case, dtype)]
 
 
 def setup(case: Case, dtype: str, rng: np.random.Generator, gemm: str = "auto") -> Prepared:
@@ -37,8 +46,7 @@ def setup(case: Case, dtype: str, rng: np.random.Generator, gemm: str = "auto") 
         out = ins[0]
     else:
         out = to_device(np.full(case.out_shape, np.nan, dtype=out_dtype(case, dtype)))
-    lau = prepare(case.op, case.in_shapes, case.out_shape, "fp32" if case.op == "mix" else dtype,
-                  case.params, gemm=gemm)
+    lau = prepare(case.op, case.in_shapes, case.out_shape, vertex_dtype(case, dtype), case.params, gemm=gemm)
     return Prepared(case, dtype, lau, xs, ins, out)
 
 

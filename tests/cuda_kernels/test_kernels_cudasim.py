@@ -3,7 +3,7 @@
 
 import pytest
 
-from tests.cuda_kernels.cases import DTYPES, TOLERANCE, tiny_cases
+from tests.cuda_kernels.cases import DTYPES, FP32_ONLY, TOLERANCE, tiny_cases
 
 pytestmark = pytest.mark.cudasim
 
@@ -15,8 +15,8 @@ CASES = tiny_cases()
 def test_kernel_matches_reference(case, dtype, rng):
     from tests.cuda_kernels.harness import check
 
-    if case.op == "mix" and dtype != "fp32":
-        pytest.skip("mix is defined on float32 vectors")
+    if case.op in FP32_ONLY and dtype != "fp32":
+        pytest.skip(f"{case.op} is defined on float32")
     err, path = check(case, dtype, rng)
     assert path != "cublas"
     assert err <= TOLERANCE[dtype], f"{case.name} {dtype}: relative error {err:.3g}"

@@ -145,3 +145,44 @@ def test_rows_is_a_contiguous_slice():
     out = R.rows([x], {"start": 3, "stop": 4})
     assert out.flags.c_contiguous and out.shape == (1, 3, 2)
     np.testing.assert_array_equal(out, x[3:4])
+
+
+@pytest.mark.parametrize("q_shape,hk,p", [
+    ((5, 2, 4), 2, {"scale": 0.5, "causal": True, "q_off": 0, "k_off": 0}),
+    ((5, 2, 3, 4), 2, {"scale": 0.375, "causal": True, "q_off": 0, "k_off": 0}),
+    ((6, 4, 4), 2, {"scale": 0.5, "causal": True, "q_off": 1, "k_off": 3}),  # rows 0, 1 see no key
+    ((4, 1, 2, 4), 1, {"scale": 0.25, "causal": False, "q_off": 0, "k_off": 0}),
+], ids=["mha", "gqa", "gqa_offsets", "mqa_full"])  # fmt: skip
+def test_sdpa_bwd_is_the_gradient_of_sdpa(q_shape, hk, p):
+    """In float64, sdpa_bwd's dq, dk, dv (from o = sdpa(q, k, v) and do) match central differences of
+    L = sum(do * sdpa(q, k, v)); a key/value head's dk, dv sum over its group."""
+    from unittest import mock
+
+    rng = np.random.default_rng(7)
+    t, dh = q_shape[0], q_shape[-1]
+    q = rng.standard_normal(q_shape)
+    k, v = (rng.standard_normal((t, hk, dh)) for _ in range(2))
+    do = rng.standard_normal(q_shape)
+    r = math.prod(q_shape[1:-1]) // hk
+    with mock.patch.object(R, "_f32", lambda x: x.astype(np.float64, copy=False)):
+        out = R.sdpa_bwd([q, k, v, R.sdpa([q, k, v], p), do], p)
+
+        def loss(xs):
+            return float(np.sum(do * R.sdpa(xs, p)))
+
+        def numeric(i):
+            xs = [q.copy(), k.copy(), v.copy()]
+            g = np.empty_like(xs[i])
+            for idx in np.ndindex(g.shape):
+                x0, eps = xs[i][idx], 1e-6
+                xs[i][idx] = x0 + eps
+                up = loss(xs)
+                xs[i][idx] = x0 - eps
+                g[idx] = (up - loss(xs)) / (2 * eps)
+                xs[i][idx] = x0
+            return g
+
+        assert out.shape == (t, hk, (r + 2) * dh) and out.dtype == np.float64
+        np.testing.assert_allclose(out[..., : r * dh].reshape(q_shape), numeric(0), rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(out[..., r * dh : (r + 1) * dh], numeric(1), rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(out[..., (r + 1) * dh :], numeric(2), rtol=1e-6, atol=1e-8)
