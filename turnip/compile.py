@@ -219,11 +219,24 @@ def estimate(
     raise ValueError(f"unknown model {model!r}; choose from {MODELS}")
 
 
-def auto_workspace(budget: int) -> int:
+def auto_workspace(budget: int, tg: TaskGraph | None = None) -> int:
     """Workspace per stream slot for GPU runs (cuDNN attention asks for a few hundred bytes; GEMMs run
     without one): 1/256 of the budget in 256-byte units, at most 1 MiB (none below a 64 KiB budget:
-    kernels that need scratch then take their workspace-free fallback)."""
-    return min(1 << 20, budget // 256) // 256 * 256
+    kernels that need scratch then take their workspace-free fallback). A training plan's attention backward
+    (cuDNN) needs its float32 dq accumulator and row statistics, 4 t h (dh + 2) bytes for a tile of t tokens
+    and h query heads, plus 1 MiB: given up to 1/32 of the budget (else the portable kernel runs)."""
+    ws = min(1 << 20, budget // 256)
+    if tg is not None:
+        need = 0
+        for v in range(tg.n):
+            if tg.op[v] == "sdpa_bwd":
+                t, hk, packed = tg.shape[v]
+                dh = int(tg.shape[int(tg.args(v)[1])][-1])
+                h = hk * (packed // dh - 2)
+                need = max(need, 4 * t * h * (dh + 2) + (1 << 20))
+        if need:
+            ws = max(ws, min(need, budget // 32))
+    return ws // 256 * 256
 
 
 def build_with_resident(
@@ -233,7 +246,7 @@ def build_with_resident(
     none when that leaves too little room for some vertex. ``workspace``: bytes per stream slot kept for
     kernels' scratch (``"auto"``: ``auto_workspace``)."""
     cfg = config or BuildConfig()
-    ws = auto_workspace(budget) if str(workspace) == "auto" else parse_nbytes(str(workspace))
+    ws = auto_workspace(budget, tg) if str(workspace) == "auto" else parse_nbytes(str(workspace))
     cfg = dataclasses.replace(cfg, workspace_nbytes=ws)
     if str(resident) != "auto":
         return build_memgraph(
