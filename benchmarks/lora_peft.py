@@ -1,17 +1,19 @@
-"""PyTorch + PEFT as the reference of a turnip LoRA training step: the same weights, adapters and tokens,
-loss and adapter gradients compared (``compare``), and the time per step of both (``main``, on a GPU).
+"""turnip's LoRA training step against PyTorch + PEFT on a GPU, one process, the same random weights: the
+first step's loss and adapter gradients compared (``--check``), time per step of turnip under each
+``--rows B:S:BUDGET`` and policy, and of PyTorch + PEFT with gradient checkpointing and no memory limit
+(``--peft``). Results to ``--out`` (.csv and .md).
 
-    python benchmarks/lora_peft.py --model llama-tiny --seq 32 --batch 2 --dtype fp32 --steps 20   # anywhere
-    python benchmarks/lora_peft.py --model llama-7b --n-layers 32 --seq 1024 --batch 8 --budget 16GiB \\
-        --time --out benchmarks/results/lora_h100                                                 # GPU
+    PYTHONPATH=. python benchmarks/lora_peft.py --size 7b --rows 1:1024:16GiB 8:1024:16GiB --peft --check \\
+        --out benchmarks/results/lora_7b_h100
 
-Needs torch, transformers and peft. ``peft_step`` is also used by tests/test_train.py.
+Needs torch, transformers and peft. ``peft_model`` / ``peft_step`` are also tests/test_train.py's reference.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 import time
 from pathlib import Path
@@ -138,25 +140,201 @@ def rel(x, y) -> float:
     return float(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30))
 
 
-def main(argv=None) -> int:
-    from turnip.cli.train_cmds import add_train_args, run_training
+def _sd_inputs(tg, sd, skip):
+    """turnip's logical inputs (frozen weights) from a Hugging Face state dict, one tensor at a time."""
+    from turnip.runtime.weights import hf_name, logical_inputs
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    add_train_args(ap)
-    ap.add_argument("--time", action="store_true", help="also time PyTorch + PEFT steps (gradient checkpointing)")
+    for name, (shape, _blocks) in logical_inputs(tg).items():
+        if name not in skip:
+            yield name, sd[hf_name(name)].reshape(shape).contiguous().cpu().numpy()
+
+
+def turnip_rows(a, cfg, sd, B: int, S: int, budget_name: str, check_pm=None) -> list[dict]:
+    """Compile one training step, load it on the CUDA backend with the model's weights (``sd``; random
+    when None), run ``a.warmup + a.repeat`` steps per policy; with ``check_pm`` (a PEFT model holding the same
+    weights) compare the first step's loss and gradients with PEFT's."""
+    import torch
+
+    from turnip.compile import build_with_resident, parse_nbytes
+    from turnip.memgraph.interp import assemble
+    from turnip.runtime import execute, open_backend
+    from turnip.runtime.driver import lower_bound
+    from turnip.runtime.weights import iter_random_inputs, tile_inputs, write_streaming
+    from turnip.train import TrainSpec, lora_step, next_token_targets
+
+    lora = LoraConfig(rank=a.rank, alpha=2.0 * a.rank, lr=a.lr)
+    budget = parse_nbytes(budget_name)
+    t0 = time.perf_counter()
+    tg = lora_step(cfg, S, B, 1, a.dtype, None, a.layers, budget, lora, a.checkpoint)
+    mg = build_with_resident(tg, budget, None, a.resident)
+    t_compile = time.perf_counter() - t0
+    _ = TrainSpec
+    bound = lower_bound(mg, a.profile)
+    state = AdapterState.init(tg, seed=1, b_std=0.02 if check_pm is not None else 0.0)
+    per_step = set(state.inputs()) | {"x0", "targets"}
+    rng = np.random.default_rng(7)
+    rows = []
+    n_pred = tg.meta["train"]["predicted_tokens"]
+    emb = sd["model.embed_tokens.weight"] if sd is not None else None
+    with open_backend(a.backend, mg, 5) as be:
+        t0 = time.perf_counter()
+        src = _sd_inputs(tg, sd, per_step) if sd is not None else ((k, x) for k, x in iter_random_inputs(tg, 0)
+                                                                     if k not in per_step)  # fmt: skip
+        write_streaming(be, tg, src)
+        t_load = time.perf_counter() - t0
+        x0_rand = None if sd is not None else next(x for k, x in iter_random_inputs(tg, 0) if k == "x0")
+        for policy in a.policies:
+            walls, spans = [], []
+            for i in range(a.warmup + a.repeat):
+                w0 = time.perf_counter()
+                ids = rng.integers(0, cfg.vocab, size=(B, S))
+                x0 = x0_rand if emb is None else emb[torch.from_numpy(ids.reshape(-1)).to(emb.device)].cpu().numpy()
+                logical = state.inputs() | {"x0": x0, "targets": next_token_targets(ids)}
+                be.write_inputs(tile_inputs(tg, logical))
+                res = execute(mg, be, policy, 5, seed=i, stall_s=300)
+                outs = be.read_outputs()
+                got = {k: assemble(tg, outs, k) for k in tg.meta["output_blocks"]}
+                wall = time.perf_counter() - w0
+                loss = float(got["loss"].astype(np.float64).sum() / n_pred)
+                if check_pm is not None and i == 0 and policy == a.policies[0]:
+                    set_adapters(check_pm, state)
+                    ref = peft_step(check_pm, ids, state, lora)
+                    errs = {k: rel(got[k + ".grad"], g) for k, g in ref["grads"].items()}
+                    worst = max(errs, key=errs.get)
+                    print(f"check B={B} S={S} {a.dtype}: loss {loss:.5f} vs PEFT {ref['loss']:.5f} (rel "
+                          f"{abs(loss - ref['loss']) / abs(ref['loss']):.2e}); adapter gradients: worst rel err "
+                          f"{errs[worst]:.2e} ({worst}), median {np.median(list(errs.values())):.2e} over {len(errs)}",
+                          flush=True)  # fmt: skip
+                    rows.append({"kind": "check", "batch": B, "seq": S, "dtype": a.dtype, "loss": loss,
+                                 "peft_loss": ref["loss"], "grad_rel_err_max": errs[worst],
+                                 "grad_rel_err_median": float(np.median(list(errs.values()))), "worst": worst})
+                state.update(got)
+                if i >= a.warmup:
+                    walls.append(wall)
+                    spans.append(res.makespan_ns / 1e9)
+            row = {"kind": "turnip", "batch": B, "seq": S, "budget": budget_name, "policy": policy,
+                   "step_s": float(np.median(walls)), "makespan_s": float(np.median(spans)),
+                   "lower_bound_s": bound["lower_bound_ns"] / 1e9, "vertices": mg.n,
+                   "offloads": int(mg.stats["n_offload"]), "checkpoint": tg.meta["train"]["checkpoint"],
+                   "compile_s": t_compile, "load_s": t_load, "loss_last": loss,
+                   "times_s": json.dumps([round(x, 3) for x in walls])}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def peft_time(a, pm, B: int, S: int, vocab: int) -> dict:
+    """PyTorch + PEFT steps (forward, backward, Adam) with gradient checkpointing, whole model on the GPU."""
+    import torch
+
+    lora = LoraConfig(rank=a.rank, alpha=2.0 * a.rank, lr=a.lr)
+    opt = adam(pm, lora)
+    dev = next(pm.parameters()).device
+    rng = np.random.default_rng(3)
+    ts = []
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        for i in range(a.warmup + a.repeat):
+            x = torch.from_numpy(rng.integers(0, vocab, size=(B, S))).to(dev)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            loss = pm(input_ids=x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            if i >= a.warmup:
+                ts.append(time.perf_counter() - t)
+    except torch.OutOfMemoryError as e:
+        return {"kind": "peft", "batch": B, "seq": S, "step_s": float("nan"), "error": str(e)[:120]}
+    row = {"kind": "peft", "batch": B, "seq": S, "step_s": float(np.median(ts)),
+           "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "times_s": json.dumps([round(x, 3) for x in ts])}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="7b", help="a preset of turnip.models.LLAMA")
+    ap.add_argument("--layers", type=int, default=None, help="first N decoder layers only")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
+    ap.add_argument("--rows", nargs="+", default=["1:1024:16GiB"], metavar="B:S:BUDGET")
+    ap.add_argument("--policies", nargs="+", default=["nondet", "det"])
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--checkpoint", default="auto", choices=["auto", "on", "off"])
+    ap.add_argument("--resident", default="auto")
+    ap.add_argument("--profile", default="h100")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--check", action="store_true", help="compare the first step with PyTorch + PEFT")
+    ap.add_argument("--peft", action="store_true", help="time PyTorch + PEFT with gradient checkpointing")
+    ap.add_argument("--no-hf", action="store_true", help="random turnip weights, no PyTorch model (large models)")
+    ap.add_argument("--backend", default="cuda", choices=["cuda", "cpu"], help="turnip's backend (cpu: smoke tests)")
     ap.add_argument("--out", type=Path, help="write OUT.csv and OUT.md")
     a = ap.parse_args(argv)
-    return run_training(a, reference=True)
+    from turnip.models import LLAMA
+
+    cfg = LLAMA[a.size]
+    rows: list[dict] = []
+    pm = sd = None
+    if not a.no_hf:
+        import torch
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from llama_prefill import hf_config as prefill_hf_config
+        from llama_prefill import random_llama
+
+        tdt = getattr(torch, TORCH_DTYPE[a.dtype])
+        model = random_llama(prefill_hf_config(cfg, 8192, a.layers), 0, tdt)
+        model.config.use_cache = False
+        sd = {k: v for k, v in model.state_dict().items()}
+        lora = LoraConfig(rank=a.rank, alpha=2.0 * a.rank, lr=a.lr)
+        pc = __import__("peft").LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, bias="none",
+                                           target_modules=sorted({HF_MODULE[m].split(".")[1] for m in lora.targets}))
+        if a.peft:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.enable_input_require_grads()
+        pm = __import__("peft").get_peft_model(model, pc)
+    done_peft = set()
+    for spec in a.rows:
+        b, s_, budget = spec.split(":")
+        B, S = int(b), int(s_)
+        if a.peft and (B, S) not in done_peft:
+            done_peft.add((B, S))
+            rows.append(peft_time(a, pm, B, S, cfg.vocab))
+        rows += turnip_rows(a, cfg, sd, B, S, budget, pm if a.check else None)
+    if a.out:
+        write_rows(a.out, rows, a)
+    return 0
+
+
+def write_rows(out: Path, rows: list[dict], a) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    peft = {(r["batch"], r["seq"]): r["step_s"] for r in rows if r["kind"] == "peft"}
+    head = ("| batch x seq | budget | policy | turnip step (s) | makespan (s) | bound (s) | PEFT+ckpt (s) | "
+            "turnip/PEFT |")
+    lines = [f"# LoRA training step: turnip vs PyTorch + PEFT ({a.size}, {a.dtype}, rank {a.rank})", "",
+             "command: `python benchmarks/lora_peft.py " + " ".join(sys.argv[1:]) + "`", "", head,
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if r["kind"] != "turnip":
+            continue
+        p = peft.get((r["batch"], r["seq"]), float("nan"))
+        lines.append(f"| {r['batch']} x {r['seq']} | {r['budget']} | {r['policy']} | {r['step_s']:.3f} | "
+                     f"{r['makespan_s']:.3f} | {r['lower_bound_s']:.3f} | {p:.3f} | {r['step_s'] / p:.2f} |")
+    for r in rows:
+        if r["kind"] == "check":
+            lines.append(f"\ncheck {r['batch']} x {r['seq']} {r['dtype']}: loss {r['loss']:.5f} vs "
+                         f"{r['peft_loss']:.5f}; gradient rel. err. max {r['grad_rel_err_max']:.2e} ({r['worst']}), "
+                         f"median {r['grad_rel_err_median']:.2e}")  # fmt: skip
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def write_rows(out: Path, rows: list[dict]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    _ = time  # (timing uses time.perf_counter in run_training)

@@ -334,3 +334,38 @@ def test_turnip_train_errors_are_one_line(args, msg, capsys, tmp_path, monkeypat
     err = capsys.readouterr().err
     assert rc == 2, err
     assert msg in err and err.strip().splitlines()[-1].startswith("error:")
+
+
+# ---------------------------------------------------------------- on a GPU
+
+
+def _gpus() -> int:
+    try:
+        from cuda_kernels._numba import available, cuda, simulating
+
+        return 0 if simulating() or not available() else len(cuda().gpus)
+    except Exception:
+        return 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype,budget,tol", [("fp32", 1 << 24, 1e-4), ("fp32", 96 * 1024, 1e-4),
+                                              ("fp16", 1 << 24, 2e-2)])  # fmt: skip
+def test_training_step_on_the_cuda_backend(dtype, budget, tol):
+    """Loss, gradients and new adapters of the CUDA runtime against the numpy evaluation of the same plan."""
+    from tests.runtime.helpers import rel_err
+
+    cfg = LLAMA["tiny-gqa"]
+    tg = lora_step(cfg, seq=16, batch=2, dtype=dtype, checkpoint="on")
+    mg = build_with_resident(tg, budget, None, "0")
+    logical, *_ = _step_inputs(tg, cfg)
+    values = tile_inputs(tg, logical)
+    ref = evaluate_taskgraph(tg, values)
+    with open_backend("cuda", mg, 5) as be:
+        be.write_inputs(values)
+        for policy in ("nondet", "det"):
+            execute(mg, be, policy, 5, seed=1)
+            out = be.read_outputs()
+            worst = max((rel_err(out[t], ref[t]), tg.name[t]) for t in out if np.abs(ref[t]).max() > 0)
+            assert worst[0] <= tol, worst
