@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.summary import CONFIG, policy_order, present_baselines
+from analysis.summary import CONFIG, policy_order, present_baselines, with_workload, workload_label
 
 _COLORS = {"kernel": "tab:blue", "h2d": "tab:green", "d2h": "tab:red", "p2p": "tab:purple"}
 
@@ -29,7 +29,8 @@ def _save(fig, path: Path) -> None:
 
 
 def _label(row) -> str:
-    return f"{row['model']} {int(row['seq']) // 1024}K {int(row['gpus'])}g {row['budget']}"
+    w = workload_label(row.get("workload", "prefill"))
+    return f"{row['model']} {int(row['seq']) // 1024}K {int(row['gpus'])}g {row['budget']}{w}"
 
 
 def speedup(table, path: Path, other: str = "nondet") -> None:
@@ -62,8 +63,9 @@ def speedup(table, path: Path, other: str = "nondet") -> None:
 def makespan_distributions(runs, path: Path) -> None:
     """Makespan over seeds per configuration and policy, relative to the configuration's lower bound."""
     plt = _plt()
+    runs = with_workload(runs)
     noisy = runs[~runs.mean_only.astype(bool)]
-    groups = list(noisy.groupby(CONFIG, sort=True))
+    groups = list(noisy.groupby(CONFIG, sort=True, observed=True))
     policies = policy_order(noisy.policy.unique())
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(groups) + 2), 4))
     w = 0.8 / max(1, len(policies))
@@ -85,14 +87,18 @@ def makespan_distributions(runs, path: Path) -> None:
 
 
 def efficiency(runs, path: Path) -> None:
-    """Lower bound / makespan of every run, per policy."""
+    """Lower bound / makespan of every run, per policy (and per workload: other markers than prefill's)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
+    runs = with_workload(runs)
     noisy = runs[~runs.mean_only.astype(bool)]
+    works = list(noisy.workload.cat.categories)
     for j, pol in enumerate(policy_order(noisy.policy.unique())):  # markers apart: policies often coincide
-        g = noisy[noisy.policy == pol]
-        ax.scatter(g.lower_bound_ns / 1e6, g.lower_bound_ns / g.makespan_ns, s=14, color=f"C{j}", label=pol,
-                   marker="o+x^vsd"[j % 7], facecolors="none" if j == 0 else None)  # fmt: skip
+        for k, w in enumerate(works):
+            g = noisy[(noisy.policy == pol) & (noisy.workload == w)]
+            label = pol + (workload_label(w) if len(works) > 1 else "")
+            ax.scatter(g.lower_bound_ns / 1e6, g.lower_bound_ns / g.makespan_ns, s=14, color=f"C{j}", label=label,
+                       marker=("o+x^vsd", "D1*<>ph")[k % 2][j % 7], facecolors="none" if j == 0 else None)  # fmt: skip
     ax.set_xscale("log")
     ax.set_xlabel("lower bound (ms)")
     ax.set_ylabel("efficiency = bound / makespan")
@@ -106,12 +112,15 @@ def efficiency(runs, path: Path) -> None:
 def offload_volume(runs, path: Path) -> None:
     """Bytes offloaded + reloaded (and loaded as inputs) against the per-GPU budget."""
     plt = _plt()
+    runs = with_workload(runs)
     one = runs[runs.policy == runs.policy.iloc[0]].drop_duplicates(CONFIG)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for j, ((model, seq, gpus), g) in enumerate(one.groupby(["model", "seq", "gpus"])):
+    lines = one.groupby(["model", "seq", "gpus", "workload"], observed=True)  # prefill and training apart
+    for j, ((model, seq, gpus, work), g) in enumerate(lines):
         g = g.sort_values("budget_nbytes")
         moved = (g.offload_nbytes + g.reload_nbytes + g.input_nbytes) / 1e9
-        ax.plot(g.budget_nbytes / 2**30, moved, "o-", color=f"C{j % 10}", label=f"{model} {seq // 1024}K {gpus}g")
+        ax.plot(g.budget_nbytes / 2**30, moved, "o-", color=f"C{j % 10}",
+                label=f"{model} {seq // 1024}K {gpus}g{workload_label(work)}")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xlabel("budget per GPU (GiB)")
     ax.set_ylabel("host<->GPU bytes moved (GB)")

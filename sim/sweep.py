@@ -1,4 +1,9 @@
-"""Ablation sweeps: models x seq lens x GPU counts x budgets x policies x seeds, on all local cores.
+"""Ablation sweeps: models x seq lens x GPU counts x budgets x workloads x policies x seeds, on all local cores.
+
+A workload (``WORKLOADS``) is what a plan computes: ``prefill`` (the default) or ``lora``, one LoRA training
+step of ``train_batch`` sequences of the configuration's length (``LORA``: rank 16 on q, k, v and the FFN,
+activation checkpointing when it must); each run's row names it (``workload``), so the report compares
+prefill and training of one model, length, GPU count and budget side by side and never mixes them.
 
 Plans are compiled once each (in parallel; inputs kept resident as ``--resident`` says, ``auto`` by default as
 for ``turnip run``) and cached as plan files under ``<out>/plans/`` (named with the compiler's source
@@ -21,6 +26,8 @@ from pathlib import Path
 from turnip.machine.profile import load_profile
 
 GiB = 1 << 30
+WORKLOADS = ("prefill", "lora")
+LORA = {"rank": 16, "targets": "q,k,v,ffn", "checkpoint": "auto"}  # the sweep's training step
 
 
 class SweepError(RuntimeError):
@@ -39,6 +46,8 @@ class SweepConfig:
     profile: str = "h100"
     resident: str = "auto"  # inputs kept on the GPU across runs: "auto" (as `turnip run --resident auto`) or bytes
     trace: dict = field(default_factory=lambda: {"model": "llama-7b", "seq": 4096, "gpus": 1, "budget": "tight"})
+    workloads: tuple[str, ...] = ("prefill",)  # WORKLOADS
+    train_batch: int = 1  # sequences per LoRA training step (workload lora)
 
     @staticmethod
     def from_toml(path: str | Path, **overrides) -> SweepConfig:
@@ -51,13 +60,21 @@ class SweepConfig:
         return SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
     def plans(self) -> list[dict]:
+        """One dict per configuration; a training step's also has ``batch``."""
         return [
-            {"model": m, "seq": s, "gpus": g, "budget": b, "budget_nbytes": _nbytes(v), "resident": str(self.resident)}
+            {"model": m, "seq": s, "gpus": g, "budget": b, "budget_nbytes": _nbytes(v), "workload": w,
+             "resident": str(self.resident)} | ({"batch": self.train_batch} if w == "lora" else {})
             for m in self.models
             for s in self.seqs
             for g in self.gpus
             for b, v in self.budgets.items()
-        ]
+            for w in self.workloads
+        ]  # fmt: skip
+
+    def is_traced(self, p: dict) -> bool:
+        """Whether configuration ``p`` is the one traced (``trace``; its workload defaults to the first)."""
+        want = {"workload": self.workloads[0]} | self.trace
+        return all(p.get(k) == v for k, v in want.items())
 
 
 def _nbytes(v) -> int:
@@ -66,11 +83,29 @@ def _nbytes(v) -> int:
     return int(v) if isinstance(v, int) else parse_nbytes(v)
 
 
+def _workload_rank(w: str) -> int:
+    return WORKLOADS.index(w) if w in WORKLOADS else len(WORKLOADS)
+
+
+def train_spec(p: dict):
+    """The ``TrainSpec`` of a configuration (None for a prefill)."""
+    w = p.get("workload", "prefill")
+    if w == "prefill":
+        return None
+    if w != "lora":
+        raise ValueError(f"unknown workload {w!r}; use one of {', '.join(WORKLOADS)}")
+    from turnip.train import LoraConfig, TrainSpec, parse_targets
+
+    return TrainSpec(int(p["batch"]), LoraConfig(LORA["rank"], targets=parse_targets(LORA["targets"])),
+                     LORA["checkpoint"])  # fmt: skip
+
+
 def plan_path(out: Path, p: dict) -> Path:
     from turnip.compile import compiler_fingerprint
 
     res = "" if str(p.get("resident", "0")) == "0" else f"_r{p['resident']}"
-    name = f"{p['model']}_{p['seq']}_{p['gpus']}g_{p['budget_nbytes']}{res}_{compiler_fingerprint()}.tplan"
+    work = "" if p.get("workload", "prefill") == "prefill" else f"_{p['workload']}-b{p['batch']}"
+    name = f"{p['model']}_{p['seq']}_{p['gpus']}g_{p['budget_nbytes']}{res}{work}_{compiler_fingerprint()}.tplan"
     return out / "plans" / name
 
 
@@ -84,7 +119,8 @@ def _compile(args) -> tuple[dict, float, str | None]:
 
     t0 = time.perf_counter()
     try:
-        tg, mg = compile_model(p["model"], p["seq"], p["gpus"], p["budget_nbytes"], resident=p.get("resident", "0"))
+        tg, mg = compile_model(p["model"], p["seq"], p["gpus"], p["budget_nbytes"], resident=p.get("resident", "0"),
+                               train=train_spec(p))  # fmt: skip
     except Exception as e:  # a budget too small for the plan: reported, the sweep goes on
         return p, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
     save_plan(path, mg)
@@ -124,7 +160,7 @@ def _run(task) -> tuple[dict, dict | None, object]:
     mg, tm = _load(plan_path(out, p))
     r = simulate(mg, _PROFILE, policy, seed, mean_only, tm, None if replay is None else replay[1])
     tr = r.trace(mg, p)
-    row = {k: p[k] for k in ("model", "seq", "gpus", "budget", "budget_nbytes")}
+    row = {k: p[k] for k in ("model", "seq", "gpus", "budget", "budget_nbytes", "workload")}
     row |= {"policy": policy, "seed": seed, "mean_only": mean_only, "lower_bound_ns": r.lower_bound_ns}
     row |= run_metrics(tr.spans, mg.n_gpus)
     row |= {f"bound_{k}": v for k, v in r.bound.items() if k != "lower_bound_ns"}
@@ -173,7 +209,8 @@ def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = 
         with Progress(len(plans), "ablate: compile plans") as bar:
             for i, (p, _, err) in enumerate(pool.imap_unordered(_compile, [(out, p) for p in plans]), 1):
                 if err:
-                    say(f"  skipped {p['model']} {p['seq']} {p['gpus']} GPUs {p['budget']}: {err}")
+                    what = "" if p["workload"] == "prefill" else f" {p['workload']} batch {p['batch']}"
+                    say(f"  skipped {p['model']} {p['seq']} {p['gpus']} GPUs {p['budget']}{what}: {err}")
                 else:
                     ok.append(p)
                 bar.update(i)
@@ -188,7 +225,7 @@ def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = 
             for phase in ([p for p in policies if p != "det-replay"], ["det-replay"] if replay else []):
                 tasks, plan_of = [], []
                 for i, p in enumerate(ok):
-                    is_tr = all(p.get(k) == v for k, v in cfg.trace.items())
+                    is_tr = cfg.is_traced(p)
                     rep = best[i][1:] if phase == ["det-replay"] else None
                     for pol in phase:
                         rec = replay and pol == "nondet"
@@ -204,7 +241,8 @@ def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = 
                     if order is not None and (i not in best or row["makespan_ns"] < best[i][0]):
                         best[i] = (row["makespan_ns"], row["seed"], order)
                     bar.update(len(rows))
-    runs = pd.DataFrame(rows).sort_values(["model", "seq", "gpus", "budget_nbytes", "policy", "mean_only", "seed"])
+    order = ["model", "seq", "gpus", "budget_nbytes", "workload", "policy", "mean_only", "seed"]
+    runs = pd.DataFrame(rows).sort_values(order, key=lambda c: c.map(_workload_rank) if c.name == "workload" else c)
     _write_csv(runs, out / "runs.csv")
     for pol, tr in traces.items():
         spans, mem = tr.to_frames()

@@ -63,3 +63,15 @@ def test_bad_inputs(tmp_path, capsys):
     assert "not a turnip plan" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["compile", "--model", "gpt-5"])
+
+
+def test_simulate_a_lora_training_step(tmp_path, capsys):
+    argv = ["simulate", "llama-tiny:16:1:96KiB", "--train", "lora", "--batch", "2", "--runs", "2"]
+    assert main([*argv, "--csv", str(tmp_path / "runs.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "one LoRA training step of 2 x 16 tokens" in out and "lower bound" in out
+    assert "lora,2" in (tmp_path / "runs.csv").read_text().splitlines()[1]
+    plan = tmp_path / "p.tplan"
+    assert main(["compile", "--model", "llama-tiny", "--seq", "16", "--budget", "96KiB", "-o", str(plan)]) == 0
+    assert main(["simulate", str(plan), "--train", "lora"]) == 2  # a compiled plan: compile it with --train
+    assert "compiled plan" in capsys.readouterr().err

@@ -6,9 +6,9 @@ Three measurements, all through the code a real run uses:
   sweep of prompt lengths and tile sizes run on the CUDA backend with one stream per GPU and the ``det``
   policy, so each vertex's device interval (CUDA events around its launch) is its kernel alone, timed after
   HEAT_S seconds of back-to-back runs (GPU clocks under sustained load, as in a long prefill). Vertices
-  are grouped by (op, einsum subscripts or ``*``, dtype, work), work being flops for ``einsum`` and
-  ``sdpa`` and bytes read plus written for the others; each group gives its mean, standard deviation and
-  count over every vertex and run. Different tile sizes give each op a curve over work.
+  are grouped by (op, einsum subscripts or ``*``, dtype, work), work being flops for ``einsum``, ``sdpa``
+  and ``sdpa_bwd`` and bytes read plus written for the others; each group gives its mean, standard deviation
+  and count over every vertex and run. Different tile sizes give each op a curve over work.
 - **copies**: host-to-device and device-to-host copies of pinned memory from 64 KiB to 512 MiB, alone and
   while the other direction streams, timed with events on their own streams.
 - **host costs**: a streamed plan run with the default stream slots and ``nondet``: median issue time per
@@ -99,6 +99,7 @@ def dependency_gaps(mg, runs) -> list[tuple[str, int]]:
     """(kind, ns) for every kernel that found its GPU idle: device time from its last dependency's end to
     its own start (the host saw the completion, handled it, issued the kernel, the device started it).
     Kind: ``gemm``, ``attn`` or ``kernel`` (the host's launch cost differs)."""
+    from turnip.machine.costs import cost_class
     from turnip.memgraph.plan import KIND_KERNEL
 
     kern = np.flatnonzero(mg.kind == KIND_KERNEL)
@@ -111,8 +112,8 @@ def dependency_gaps(mg, runs) -> list[tuple[str, int]]:
             ready = int(r.end_ns[deps].max()) if len(deps) else 0
             s0 = int(r.start_ns[v])
             if deps.size and ready >= prev_end and s0 >= ready:  # idle GPU, waiting on this kernel's inputs
-                op = mg.op[v]
-                out.append(("gemm" if op == "einsum" else "attn" if op == "sdpa" else "kernel", s0 - ready))
+                cls = cost_class(mg.op[v])
+                out.append(("gemm" if cls == "gemm" else "attn" if cls == "attention" else "kernel", s0 - ready))
             prev_end = max(prev_end, int(r.end_ns[v]))
     return out
 
@@ -203,6 +204,7 @@ def measure_copies(sizes: list[int], repeat: int = 10) -> list[dict]:
 def measure_host(dtype: str = "fp16", repeat: int = 3) -> dict:
     """Median host cost per vertex kind of a streamed plan (issue) and of completion handling."""
     from turnip.compile import build_with_resident, make_taskgraph
+    from turnip.machine.costs import cost_class
     from turnip.memgraph.plan import KIND_KERNEL
     from turnip.runtime import execute, open_backend
     from turnip.runtime.weights import iter_random_inputs, write_streaming
@@ -215,7 +217,7 @@ def measure_host(dtype: str = "fp16", repeat: int = 3) -> dict:
         runs = [execute(mg, be, "nondet", 5, seed=r) for r in range(repeat)]
     issue = np.concatenate([r.issue_ns - r.host_start_ns for r in runs])
     handle = np.concatenate([r.handle_ns for r in runs])
-    op = np.tile(np.asarray(mg.op, dtype=object), len(runs))
+    op = np.tile(np.asarray([cost_class(o) for o in mg.op], dtype=object), len(runs))
     kernel = np.tile(mg.kind == KIND_KERNEL, len(runs))
     dispatched = np.concatenate([r.issue_ns > 0 for r in runs])
 
@@ -224,9 +226,9 @@ def measure_host(dtype: str = "fp16", repeat: int = 3) -> dict:
         return int(np.median(issue[sel])) if sel.any() else 0
 
     return {
-        "gemm_launch_ns": med(kernel & (op == "einsum")),
-        "attn_launch_ns": med(kernel & (op == "sdpa")),
-        "kernel_launch_ns": med(kernel & (op != "einsum") & (op != "sdpa")),
+        "gemm_launch_ns": med(kernel & (op == "gemm")),
+        "attn_launch_ns": med(kernel & (op == "attention")),
+        "kernel_launch_ns": med(kernel & (op == "memory")),
         "copy_launch_ns": med(~kernel),  # inputs streamed from the host, reloads, offloads
         "completion_ns": int(np.median(handle[dispatched])),
     }

@@ -43,3 +43,18 @@ def test_simulate_and_ablate_small(tmp_path, capsys):
         assert summary[f"nondet_over_{base}"].between(0.2, 5).all()
     assert main(["report", str(out)]) == 0
     assert main(["report", str(tmp_path / "missing")]) == 2
+
+
+def test_ablate_workloads(tmp_path, capsys):
+    out = tmp_path / "rep"
+    argv = ["ablate", "--models", "llama-tiny", "--seqs", "16", "--gpus", "1", "--budgets", "tight=96KiB",
+            "--policies", "nondet", "det", "--seeds", "1", "--no-mean-only", "--jobs", "1", "--out", str(out),
+            "--workloads", "prefill", "lora", "--train-batch", "2"]  # fmt: skip
+    assert main(argv) == 0
+    assert "lora" in capsys.readouterr().out
+    assert pd.read_csv(out / "summary.csv").workload.tolist() == ["prefill", "lora"]
+    assert main(["report", str(out)]) == 0
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[ablate]\nworkloads = ["decode"]\n')
+    assert main(["ablate", "--config", str(cfg), "--out", str(out)]) == 2
+    assert "workloads" in capsys.readouterr().err

@@ -39,6 +39,7 @@ def register(sub) -> None:
     s.add_argument("--mean-only", action="store_true", help="no timing variance: every duration at its mean")
     s.add_argument("--trace", metavar="OUT.json", help="write the first run as a Chrome/Perfetto trace")
     s.add_argument("--csv", metavar="OUT.csv", help="write one row per run")
+    ck.add_train_flags(s)  # for MODEL:SEQ:GPUS:BUDGET: a LoRA training step, SEQ tokens per sequence
     s.set_defaults(func=cmd_simulate)
 
     a = sub.add_parser(
@@ -50,7 +51,9 @@ def register(sub) -> None:
         "issue order of each configuration's fastest nondet run, replayed fixed), 5 seeds (+ one noise-free run "
         "each), on the h100 profile. The report gives per configuration the paired makespan ratios nondet/det, "
         "nondet/det-kernels and nondet/det-replay (below 1: adapting at run time wins). Plans are compiled once "
-        "and cached in OUT/plans. Options override the config file, which overrides the defaults.",
+        "and cached in OUT/plans. `--workloads prefill lora` adds one LoRA training step per configuration "
+        "(--train-batch sequences of each length), reported next to that configuration's prefill. Options "
+        "override the config file, which overrides the defaults.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     a.add_argument("--config", metavar="FILE.toml", help="sweep config ([ablate] table with the keys below)")
@@ -61,6 +64,11 @@ def register(sub) -> None:
     a.add_argument("--budgets", nargs="+", metavar="NAME=SIZE", help="default tight=1GiB roomy=16GiB")
     a.add_argument("--policies", nargs="+", choices=POLICIES,
                    help="default nondet det det-kernels det-replay (det-replay adds nondet when absent)")
+    a.add_argument("--workloads", nargs="+", choices=["prefill", "lora"],
+                   help="what each plan computes: prefill, and/or lora: one LoRA training step (rank 16 on q, k, v "
+                   "and the FFN, checkpointing auto) of --train-batch sequences of each length, reported next to "
+                   "the prefill of the same configuration (default prefill)")
+    a.add_argument("--train-batch", type=ck.COUNT, metavar="N", help="sequences per LoRA training step (default 1)")
     a.add_argument("--seeds", type=ck.COUNT, help="seeds per configuration and policy (default 5)")
     a.add_argument("--resident", metavar="auto|BYTES",
                    help="inputs kept on the GPU across runs: auto (a quarter of the budget when the plan still "
@@ -87,13 +95,20 @@ def register(sub) -> None:
     r.set_defaults(func=cmd_report)
 
 
-def _plan(spec: str, force: bool, seed: int = 0):
+def _plan(spec: str, force: bool, seed: int = 0, train: argparse.Namespace | None = None):
+    """The memgraph of PLAN and its trace metadata. ``train``: the parsed training flags (``--train lora``
+    and the rest; ``ck.add_train_flags``), which apply when PLAN is MODEL:SEQ:GPUS:BUDGET."""
     from pathlib import Path
 
     from turnip.cli.compile_cmds import build_plan, compile_args, load_plan_arg
     from turnip.compile import MODELS
 
+    flags = {k: getattr(train, k) for k in ("train", "batch", "rank", "alpha", "targets", "lr", "checkpoint")
+             if train is not None and hasattr(train, k)}  # fmt: skip
     if Path(spec).is_file():
+        if flags.get("train", "none") != "none":
+            raise ck.CliError(f"--train applies to MODEL:SEQ:GPUS:BUDGET; {spec} is a compiled plan (compile it "
+                              "with `turnip compile --train lora` instead)", ck.USAGE)  # fmt: skip
         return load_plan_arg(spec)[0], {"plan": spec}
     parts = spec.rsplit(":", 3)  # MODEL may be a path
     if len(parts) != 4:
@@ -110,10 +125,14 @@ def _plan(spec: str, force: bool, seed: int = 0):
     except argparse.ArgumentTypeError as e:
         which = "SEQ" if not seq.isdigit() or int(seq) < 1 else "GPUS"
         raise ck.CliError(f"{which} in {spec!r}: {e}; e.g. llama-7b:4096:1:6GiB", ck.USAGE) from None
-    a = argparse.Namespace(model=model, seq=seq_n, gpus=gpus_n, budget=budget, dtype="fp16", tile=[], resident="0")
+    a = argparse.Namespace(model=model, seq=seq_n, gpus=gpus_n, budget=budget, dtype="fp16", tile=[], resident="0",
+                           **flags)  # fmt: skip
     tiles, nbytes, est = compile_args(a, force, budget_flag=f"BUDGET in {spec!r}")
     mg = build_plan(a, tiles, nbytes, est, seed=seed)[1]
-    return mg, {"model": model, "seq": seq_n, "gpus": gpus_n, "budget": budget}
+    meta = {"model": model, "seq": seq_n, "gpus": gpus_n, "budget": budget}
+    if ck.train_spec(a) is not None:
+        meta |= {"workload": "lora", "batch": a.batch}
+    return mg, meta
 
 
 def cmd_simulate(a) -> int:
@@ -128,7 +147,7 @@ def cmd_simulate(a) -> int:
     if a.record_runs is not None and a.policy != "det-replay":
         raise ck.CliError("--record-runs applies to --policy det-replay only; drop it", ck.USAGE)
     prof = ck.load_profile(a.profile)
-    mg, meta = _plan(a.plan, a.force, a.seed)
+    mg, meta = _plan(a.plan, a.force, a.seed, a)
     tm = TimingModel(mg, prof)
     order, replayed = None, ""
     if a.policy == "det-replay":
@@ -153,7 +172,8 @@ def cmd_simulate(a) -> int:
     lb = rows[0]["lower_bound_ns"] / 1e6
     wall = sum(x["wall_s"] for x in rows)
     rate = f"{mg.n * len(rows) / wall:,.0f}" if wall > 0 else "-"
-    print(f"{mg.n} vertices, {mg.n_gpus} GPU(s), policy {a.policy}, profile {prof.name}, {a.runs} run(s)")
+    step = f", one LoRA training step of {meta['batch']} x {meta['seq']} tokens" if "batch" in meta else ""
+    print(f"{mg.n} vertices{step}, {mg.n_gpus} GPU(s), policy {a.policy}, profile {prof.name}, {a.runs} run(s)")
     if replayed:
         print(replayed)
     print(f"makespan  mean {ms.mean():.3f} ms  sd {ms.std():.3f}  min {ms.min():.3f}  max {ms.max():.3f}")
@@ -175,7 +195,8 @@ SWEEP_KEYS = {"models": "list of model names", "seqs": "list of sequence lengths
               "budgets": "table NAME = SIZE", "policies": "list of policies", "seeds": "seeds per configuration",
               "mean_only": "true/false", "profile": "machine profile name or file",
               "resident": "auto or bytes of inputs kept resident per GPU",
-              "trace": "table with model, seq, gpus, budget"}  # fmt: skip
+              "trace": "table with model, seq, gpus, budget, workload",
+              "workloads": "list of prefill, lora", "train_batch": "sequences per LoRA training step"}  # fmt: skip
 
 
 def _read_config(path: str) -> None:
@@ -201,6 +222,7 @@ def _read_config(path: str) -> None:
 def _check_sweep(cfg, where: str, force: bool) -> None:
     """Every value of the final sweep config (from the file, options and defaults) valid, every plan of a
     size that compiles in reasonable time; usage errors name ``where`` the value came from."""
+    from sim.sweep import WORKLOADS, train_spec
     from turnip.compile import MODELS, parse_nbytes
     from turnip.sched import POLICIES
 
@@ -240,10 +262,16 @@ def _check_sweep(cfg, where: str, force: bool) -> None:
             parse_nbytes(str(cfg.resident))
         except ValueError as e:
             bad("resident", f"is {cfg.resident!r}: {e}; or auto")
-    if not isinstance(cfg.trace, dict) or set(cfg.trace) - {"model", "seq", "gpus", "budget"}:
-        bad("trace", f"is {cfg.trace!r}; it must be a table with keys among model, seq, gpus, budget")
+    if not isinstance(cfg.trace, dict) or set(cfg.trace) - {"model", "seq", "gpus", "budget", "workload"}:
+        bad("trace", f"is {cfg.trace!r}; it must be a table with keys among model, seq, gpus, budget, workload")
+    work = cfg.workloads
+    if not isinstance(work, tuple | list) or not work or any(w not in WORKLOADS for w in work):
+        bad("workloads", f"is {cfg.workloads!r}; it must be a list of {', '.join(WORKLOADS)}")
+    if isinstance(cfg.train_batch, bool) or not isinstance(cfg.train_batch, int) or cfg.train_batch < 1:
+        bad("train_batch", f"is {cfg.train_batch!r}; it must be an integer >= 1")
     for p in cfg.plans():
-        ck.guard(p["model"], p["seq"], p["gpus"], "fp16", None, None, p["budget_nbytes"], force, quiet=True)
+        ck.guard(p["model"], p["seq"], p["gpus"], "fp16", None, None, p["budget_nbytes"], force, quiet=True,
+                 train=train_spec(p))  # fmt: skip
 
 
 def cmd_ablate(a) -> int:
@@ -259,7 +287,7 @@ def cmd_ablate(a) -> int:
             budgets[name] = size
     over = {"models": a.models, "seqs": a.seqs, "gpus": a.gpus, "budgets": budgets, "policies": a.policies,
             "seeds": a.seeds, "profile": a.profile, "mean_only": False if a.no_mean_only else None,
-            "resident": a.resident}  # fmt: skip
+            "resident": a.resident, "workloads": a.workloads, "train_batch": a.train_batch}  # fmt: skip
     ck.output_dir(a.out, "--out")
     if a.config:
         _read_config(a.config)

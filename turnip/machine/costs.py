@@ -12,6 +12,12 @@ lower bound (``turnip.machine.bound``) is built from floors and the simulator's 
   efficiency per op from ``kernel_calibration`` (CSV) or the profile's constant; copies: latency + bytes /
   bandwidth.
 
+An op measured by neither (a training op on a profile calibrated on prefills, an einsum of other subscripts)
+borrows from the measured ops of its **cost class** (``cost_class``: ``gemm``, ``attention`` or ``memory``)
+and dtype: the median of their tables at its own work (never below the roofline at full efficiency), else the
+median of their calibration efficiencies, else the profile's ``kernel_efficiency``. The class also picks the
+host launch cost (``gemm_launch_ns``, ``attn_launch_ns``, ``kernel_launch_ns``).
+
 ``VertexCosts`` holds the arrays for one plan and one profile; it owns nothing else and never changes.
 """
 
@@ -27,12 +33,20 @@ from turnip.memgraph.plan import KIND_KERNEL, KIND_OFFLOAD, KIND_TRANSFER, MemGr
 # engine classes of a vertex
 ENG_KERNEL, ENG_H2D, ENG_D2H, ENG_P2P = 0, 1, 2, 3
 COPY_KIND = {ENG_H2D: "h2d", ENG_D2H: "d2h", ENG_P2P: "p2p"}
-WORK_FLOPS = ("einsum", "sdpa")  # ops whose work is flops; the others: bytes read plus written
+# GEMMs and attention (forward and backward) are flop-bound; every other op is memory-bound
+COST_CLASS = {"einsum": "gemm", "sdpa": "attention", "sdpa_bwd": "attention"}
+WORK_FLOPS = tuple(COST_CLASS)  # ops whose work is flops; the others: bytes read plus written
+
+
+def cost_class(op: str) -> str:
+    """``gemm`` (einsum), ``attention`` (sdpa, sdpa_bwd) or ``memory`` (every other op): whose measurements
+    an op without its own borrows, and which host launch cost it pays."""
+    return COST_CLASS.get(op, "memory")
 
 
 def work_of(op: str) -> str:
-    """What a kernel table's ``work`` measures for ``op``: ``"flops"`` (``mg.flops[v]``) for einsum and
-    sdpa, ``"io_nbytes"`` (``mg.io_nbytes()[v]``: bytes read plus written) for every other op."""
+    """What a kernel table's ``work`` measures for ``op``: ``"flops"`` (``mg.flops[v]``) for einsum, sdpa
+    and sdpa_bwd, ``"io_nbytes"`` (``mg.io_nbytes()[v]``: bytes read plus written) for every other op."""
     return "flops" if op in WORK_FLOPS else "io_nbytes"
 
 
@@ -57,11 +71,16 @@ def engine_class(mg: MemGraph) -> np.ndarray:
     return e
 
 
+def roofline_ns(mg: MemGraph, prof: MachineProfile) -> np.ndarray:
+    """max(flops / peak, bytes touched / HBM bandwidth) in float ns: every vertex at full efficiency."""
+    peak = np.array([prof.fp32_flops_per_s if d == "fp32" else prof.fp16_flops_per_s for d in mg.dtype])
+    return np.maximum(mg.flops / peak, mg.io_nbytes() / prof.hbm_bytes_per_s) * 1e9
+
+
 def kernel_floor_ns(mg: MemGraph, prof: MachineProfile) -> np.ndarray:
     """Roofline: max(flops / peak, bytes touched / HBM bandwidth) / efficiency, at least kernel_min_ns."""
-    peak = np.array([prof.fp32_flops_per_s if d == "fp32" else prof.fp16_flops_per_s for d in mg.dtype])
-    t = np.maximum(mg.flops / peak, mg.io_nbytes() / prof.hbm_bytes_per_s) / kernel_efficiency(mg, prof)
-    return np.maximum(np.rint(t * 1e9), prof.kernel_min_ns).astype(np.int64)
+    t = roofline_ns(mg, prof) / kernel_efficiency(mg, prof)
+    return np.maximum(np.rint(t), prof.kernel_min_ns).astype(np.int64)
 
 
 def load_calibration(name: str) -> dict[tuple[str, str, str], float]:
@@ -77,22 +96,36 @@ def load_calibration(name: str) -> dict[tuple[str, str, str], float]:
 
 
 def kernel_efficiency(mg: MemGraph, prof: MachineProfile) -> np.ndarray:
-    """Per-vertex efficiency: the calibration's entry for (op, subscripts) or (op, *), else the profile's."""
+    """Per-vertex efficiency: the calibration's entry for (op, subscripts) or (op, *), else the median of
+    its entries of the vertex's cost class and dtype, else the profile's ``kernel_efficiency``."""
+    return _calibrated(mg, prof)[0]
+
+
+def _calibrated(mg: MemGraph, prof: MachineProfile) -> tuple[np.ndarray, np.ndarray]:
+    """``kernel_efficiency`` and, per vertex, whether the calibration has an entry for its own op."""
+    out, own = np.full(mg.n, prof.kernel_efficiency), np.zeros(mg.n, dtype=bool)
     if not prof.kernel_calibration:
-        return np.full(mg.n, prof.kernel_efficiency)
+        return out, own
     cal = load_calibration(prof.kernel_calibration)
-    out = np.empty(mg.n)
+    pooled: dict[tuple[str, str], list[float]] = {}
+    for (op, _, dt), e in cal.items():
+        if e:
+            pooled.setdefault((cost_class(op), dt), []).append(e)
+    median = {k: float(np.median(v)) for k, v in pooled.items()}
     for v, (op, dt, par) in enumerate(zip(mg.op, mg.dtype, mg.params, strict=True)):
         e = cal.get((op, par.get("subscripts", "*"), dt)) or cal.get((op, "*", dt))
-        out[v] = e if e else prof.kernel_efficiency
-    return out
+        own[v] = bool(e)
+        out[v] = e if e else median.get((cost_class(op), dt), prof.kernel_efficiency)
+    return out, own
 
 
 def launch_ns(mg: MemGraph, prof: MachineProfile, eng: np.ndarray | None = None) -> np.ndarray:
-    """Host time to issue each vertex: GEMM, attention, other kernel or copy; 0 for resident inputs."""
+    """Host time to issue each vertex: GEMM, attention (``cost_class``), other kernel or copy; 0 for
+    resident inputs."""
     eng = engine_class(mg) if eng is None else eng
-    gemm = np.array([op == "einsum" for op in mg.op], dtype=bool)
-    attn = np.array([op == "sdpa" for op in mg.op], dtype=bool)
+    cls = [cost_class(op) for op in mg.op]
+    gemm = np.array([c == "gemm" for c in cls], dtype=bool)
+    attn = np.array([c == "attention" for c in cls], dtype=bool)
     gemm_ns = prof.kernel_launch_ns if prof.gemm_launch_ns is None else prof.gemm_launch_ns
     attn_ns = prof.kernel_launch_ns if prof.attn_launch_ns is None else prof.attn_launch_ns
     kernel_launch = np.where(gemm, gemm_ns, np.where(attn, attn_ns, prof.kernel_launch_ns))
@@ -125,7 +158,8 @@ class VertexCosts:
     issue cost; ``link_nbytes`` a host<->device copy's occupancy of its link in bytes at the solo rate
     (its floor less ``copy_latency_ns``, times the rate: ``nbytes`` without a table); ``table_mean_ns`` /
     ``table_cv`` the measured mean and cv where a table covers the vertex (``covered``), else NaN;
-    ``contended_mean_ns`` / ``contended_cv`` the same from the contended copy tables (host link copies);
+    ``borrowed`` kernels covered by the tables of other ops of their cost class (nothing measured of their
+    own); ``contended_mean_ns`` / ``contended_cv`` the same from the contended copy tables (host link copies);
     ``copy_floor_ns`` copies' floors in float ns; ``roofline_copy_ns`` latency + bytes / bandwidth."""
 
     def __init__(self, mg: MemGraph, prof: MachineProfile):
@@ -137,6 +171,7 @@ class VertexCosts:
         n = mg.n
         self.table_mean_ns, self.table_cv = np.full(n, np.nan), np.full(n, np.nan)
         self.contended_mean_ns, self.contended_cv = np.full(n, np.nan), np.full(n, np.nan)
+        self.borrowed = np.zeros(n, dtype=bool)
         if prof.tables is not None:
             self._read_tables()
         self.covered = ~np.isnan(self.table_mean_ns)
@@ -165,12 +200,23 @@ class VertexCosts:
         match = vertex_match(mg)
         for v in kern.tolist():
             groups.setdefault((mg.op[v], match[v], mg.dtype[v]), []).append(v)
+        own_csv = _calibrated(mg, self.prof)[1]
+        roof = roofline_ns(mg, self.prof)
         for (op, m, dt), vs in groups.items():
+            vs = np.asarray(vs)
             c = t.kernel_curve(op, m, dt)
             if c is not None:
-                vs = np.asarray(vs)
                 self.table_mean_ns[vs] = np.maximum(c.mean_ns(work[vs]), self.prof.kernel_min_ns)
                 self.table_cv[vs] = c.cv_at(work[vs])
+                continue
+            vs = vs[~own_csv[vs]]  # an op's own calibration entry beats other ops' tables
+            cls = cost_class(op)
+            same = t.kernel_curves(dt, lambda o, cls=cls: cost_class(o) == cls)
+            if same and len(vs):  # the median of its class's tables at its work, never above full efficiency
+                mean = np.median([s.mean_ns(work[vs]) for s in same], axis=0)
+                self.table_mean_ns[vs] = np.maximum(np.maximum(mean, roof[vs]), self.prof.kernel_min_ns)
+                self.table_cv[vs] = np.median([s.cv_at(work[vs]) for s in same], axis=0)
+                self.borrowed[vs] = True
         for cls, kind in COPY_KIND.items():
             vs = np.flatnonzero((e == cls) & ~self.preloaded)
             for contended, mean, cv in ((False, self.table_mean_ns, self.table_cv),

@@ -31,7 +31,7 @@ class KernelPoint:
     op: str
     match: str  # an einsum's subscripts, or "*" for any vertex of the op
     dtype: str
-    work: float  # flops (einsum, sdpa) or bytes read plus written (other ops): turnip.machine.costs.work_of
+    work: float  # flops (einsum, sdpa, sdpa_bwd) or bytes read plus written (other ops): turnip.machine.costs.work_of
     ns_mean: float
     ns_sd: float
     n: int
@@ -107,6 +107,11 @@ class CostTables:
         """The table for (op, match, dtype), else (op, "*", dtype), else None."""
         c = self._kernel_curves.get((op, match, dtype))
         return c if c is not None else self._kernel_curves.get((op, "*", dtype))
+
+    def kernel_curves(self, dtype: str, keep) -> list[Curve]:
+        """Every kernel curve of ``dtype`` whose op passes ``keep(op)`` (any match), in key order."""
+        return [c for (op, _, dt), c in sorted(self._kernel_curves.items(), key=lambda kv: kv[0])
+                if dt == dtype and keep(op)]  # fmt: skip
 
     def copy_curve(self, kind: str, contended: bool) -> Curve | None:
         return self._copy_curves.get((kind, bool(contended)))
