@@ -156,11 +156,10 @@ def turnip_rows(a, cfg, sd, B: int, S: int, budget_name: str, check_pm=None) -> 
     import torch
 
     from turnip.compile import build_with_resident, parse_nbytes
-    from turnip.memgraph.interp import assemble
-    from turnip.runtime import execute, open_backend
+    from turnip.runtime import open_backend
     from turnip.runtime.driver import lower_bound
-    from turnip.runtime.weights import iter_random_inputs, tile_inputs, write_streaming
-    from turnip.train import TrainSpec, lora_step, next_token_targets
+    from turnip.runtime.weights import iter_random_inputs, write_streaming
+    from turnip.train import Stepper, lora_step, next_token_targets
 
     lora = LoraConfig(rank=a.rank, alpha=2.0 * a.rank, lr=a.lr)
     budget = parse_nbytes(budget_name)
@@ -168,19 +167,18 @@ def turnip_rows(a, cfg, sd, B: int, S: int, budget_name: str, check_pm=None) -> 
     tg = lora_step(cfg, S, B, 1, a.dtype, None, a.layers, budget, lora, a.checkpoint)
     mg = build_with_resident(tg, budget, None, a.resident)
     t_compile = time.perf_counter() - t0
-    _ = TrainSpec
     bound = lower_bound(mg, a.profile)
     state = AdapterState.init(tg, seed=1, b_std=0.02 if check_pm is not None else 0.0)
     per_step = set(state.inputs()) | {"x0", "targets"}
     rng = np.random.default_rng(7)
     rows = []
-    n_pred = tg.meta["train"]["predicted_tokens"]
     emb = sd["model.embed_tokens.weight"] if sd is not None else None
     with open_backend(a.backend, mg, 5) as be:
         t0 = time.perf_counter()
         src = _sd_inputs(tg, sd, per_step) if sd is not None else ((k, x) for k, x in iter_random_inputs(tg, 0)
                                                                      if k not in per_step)  # fmt: skip
         write_streaming(be, tg, src)
+        stepper = Stepper(tg, mg, be, state)
         t_load = time.perf_counter() - t0
         x0_rand = None if sd is not None else next(x for k, x in iter_random_inputs(tg, 0) if k == "x0")
         for policy in a.policies:
@@ -189,26 +187,14 @@ def turnip_rows(a, cfg, sd, B: int, S: int, budget_name: str, check_pm=None) -> 
                 w0 = time.perf_counter()
                 ids = rng.integers(0, cfg.vocab, size=(B, S))
                 x0 = x0_rand if emb is None else emb[torch.from_numpy(ids.reshape(-1)).to(emb.device)].cpu().numpy()
-                logical = state.inputs() | {"x0": x0, "targets": next_token_targets(ids)}
-                be.write_inputs(tile_inputs(tg, logical))
-                res = execute(mg, be, policy, 5, seed=i, stall_s=300)
-                outs = be.read_outputs()
-                got = {k: assemble(tg, outs, k) for k in tg.meta["output_blocks"]}
+                check = check_pm is not None and i == 0 and policy == a.policies[0]
+                if check:
+                    before = AdapterState({k: x.copy() for k, x in stepper.fetch().params.items()}, {}, {})
+                loss, res, grads = stepper.step(x0, next_token_targets(ids), policy, 5, seed=i, stall_s=300,
+                                                grads=check)  # fmt: skip
                 wall = time.perf_counter() - w0
-                loss = float(got["loss"].astype(np.float64).sum() / n_pred)
-                if check_pm is not None and i == 0 and policy == a.policies[0]:
-                    set_adapters(check_pm, state)
-                    ref = peft_step(check_pm, ids, state, lora)
-                    errs = {k: rel(got[k + ".grad"], g) for k, g in ref["grads"].items()}
-                    worst = max(errs, key=errs.get)
-                    print(f"check B={B} S={S} {a.dtype}: loss {loss:.5f} vs PEFT {ref['loss']:.5f} (rel "
-                          f"{abs(loss - ref['loss']) / abs(ref['loss']):.2e}); adapter gradients: worst rel err "
-                          f"{errs[worst]:.2e} ({worst}), median {np.median(list(errs.values())):.2e} over {len(errs)}",
-                          flush=True)  # fmt: skip
-                    rows.append({"kind": "check", "batch": B, "seq": S, "dtype": a.dtype, "loss": loss,
-                                 "peft_loss": ref["loss"], "grad_rel_err_max": errs[worst],
-                                 "grad_rel_err_median": float(np.median(list(errs.values()))), "worst": worst})
-                state.update(got)
+                if check:
+                    rows += _check_rows(a, check_pm, ids, before, lora, loss, grads, B, S)
                 if i >= a.warmup:
                     walls.append(wall)
                     spans.append(res.makespan_ns / 1e9)
@@ -216,10 +202,40 @@ def turnip_rows(a, cfg, sd, B: int, S: int, budget_name: str, check_pm=None) -> 
                    "step_s": float(np.median(walls)), "makespan_s": float(np.median(spans)),
                    "lower_bound_s": bound["lower_bound_ns"] / 1e9, "vertices": mg.n,
                    "offloads": int(mg.stats["n_offload"]), "checkpoint": tg.meta["train"]["checkpoint"],
+                   "resident_gib": int(mg.stats["resident_input_nbytes"]) / 2**30,
                    "compile_s": t_compile, "load_s": t_load, "loss_last": loss,
                    "times_s": json.dumps([round(x, 3) for x in walls])}  # fmt: skip
             print(json.dumps(row), flush=True)
             rows.append(row)
+    return rows
+
+
+def _check_rows(a, pms, ids, before, lora, loss, grads, B, S) -> list[dict]:
+    """The first step's loss and gradients against PEFT in the same dtype and (when given) in float32."""
+    rows = []
+    for tag, pm in pms.items():
+        set_adapters(pm, before)
+        ref = peft_step(pm, ids, before, lora)
+        errs = {k: rel(grads[k], g) for k, g in ref["grads"].items()}
+        worst = max(errs, key=errs.get)
+        print(f"check B={B} S={S} turnip {a.dtype} vs PEFT {tag}: loss {loss:.5f} vs {ref['loss']:.5f}; adapter "
+              f"gradients: worst rel err {errs[worst]:.2e} ({worst}), median {np.median(list(errs.values())):.2e} "
+              f"over {len(errs)}", flush=True)  # fmt: skip
+        rows.append({"kind": "check", "batch": B, "seq": S, "dtype": a.dtype, "reference": f"PEFT {tag}",
+                     "loss": loss, "peft_loss": ref["loss"], "grad_rel_err_max": errs[worst],
+                     "grad_rel_err_median": float(np.median(list(errs.values()))), "worst": worst,
+                     "ref_grads": {k: g for k, g in ref["grads"].items()}})  # fmt: skip
+    if len(rows) == 2:  # PEFT in the model's dtype against PEFT in float32: the precision of the dtype itself
+        g16, g32 = rows[0].pop("ref_grads"), rows[1]["ref_grads"]
+        errs = {k: rel(g16[k], g32[k]) for k in g32}
+        worst = max(errs, key=errs.get)
+        print(f"check PEFT {a.dtype} vs PEFT fp32: gradients worst rel err {errs[worst]:.2e} ({worst}), median "
+              f"{np.median(list(errs.values())):.2e}", flush=True)  # fmt: skip
+        rows.append({"kind": "check", "batch": B, "seq": S, "dtype": a.dtype, "reference": "PEFT fp32 (of PEFT)",
+                     "loss": rows[0]["peft_loss"], "peft_loss": rows[1]["peft_loss"], "grad_rel_err_max": errs[worst],
+                     "grad_rel_err_median": float(np.median(list(errs.values()))), "worst": worst})  # fmt: skip
+    for r in rows:
+        r.pop("ref_grads", None)
     return rows
 
 
@@ -268,6 +284,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--check", action="store_true", help="compare the first step with PyTorch + PEFT")
+    ap.add_argument("--check-fp32", action="store_true",
+                    help="also against PEFT on a float32 copy of the model (and PEFT itself against it)")
     ap.add_argument("--peft", action="store_true", help="time PyTorch + PEFT with gradient checkpointing")
     ap.add_argument("--no-hf", action="store_true", help="random turnip weights, no PyTorch model (large models)")
     ap.add_argument("--backend", default="cuda", choices=["cuda", "cpu"], help="turnip's backend (cpu: smoke tests)")
@@ -278,6 +296,7 @@ def main(argv=None) -> int:
     cfg = LLAMA[a.size]
     rows: list[dict] = []
     pm = sd = None
+    pms: dict = {}
     if not a.no_hf:
         import torch
 
@@ -296,6 +315,16 @@ def main(argv=None) -> int:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.enable_input_require_grads()
         pm = __import__("peft").get_peft_model(model, pc)
+        pms[a.dtype] = pm
+        if a.check_fp32 and a.dtype != "fp32":
+            from transformers import LlamaForCausalLM
+
+            torch.set_default_dtype(torch.float32)
+            with torch.device("cuda"):
+                m32 = LlamaForCausalLM(prefill_hf_config(cfg, 8192, a.layers))
+            m32.load_state_dict({k: v.float() for k, v in sd.items()})
+            m32.config.use_cache = False
+            pms["fp32"] = __import__("peft").get_peft_model(m32, pc)
     done_peft = set()
     for spec in a.rows:
         b, s_, budget = spec.split(":")
@@ -303,7 +332,7 @@ def main(argv=None) -> int:
         if a.peft and (B, S) not in done_peft:
             done_peft.add((B, S))
             rows.append(peft_time(a, pm, B, S, cfg.vocab))
-        rows += turnip_rows(a, cfg, sd, B, S, budget, pm if a.check else None)
+        rows += turnip_rows(a, cfg, sd, B, S, budget, pms if a.check else None)
     if a.out:
         write_rows(a.out, rows, a)
     return 0
@@ -330,7 +359,8 @@ def write_rows(out: Path, rows: list[dict], a) -> None:
                      f"{r['makespan_s']:.3f} | {r['lower_bound_s']:.3f} | {p:.3f} | {r['step_s'] / p:.2f} |")
     for r in rows:
         if r["kind"] == "check":
-            lines.append(f"\ncheck {r['batch']} x {r['seq']} {r['dtype']}: loss {r['loss']:.5f} vs "
+            lines.append(f"\ncheck {r['batch']} x {r['seq']} {r['dtype']} against {r['reference']}: loss "
+                         f"{r['loss']:.5f} vs "
                          f"{r['peft_loss']:.5f}; gradient rel. err. max {r['grad_rel_err_max']:.2e} ({r['worst']}), "
                          f"median {r['grad_rel_err_median']:.2e}")  # fmt: skip
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -174,14 +174,22 @@ def _simple(n_in: int, expr: str, scalars: Callable | None = None, pre: tuple = 
     def build(in_shapes, out_shape, dtype, params, opts):
         _need(len(in_shapes) == n_in if n_in else len(in_shapes) >= 1, f"expects {n_in or '>=1'} inputs")
         _need(not fp32 or dtype == "fp32", f"computes float32 only, not {dtype}")
-        nd, bf = len(out_shape), dtype == "bf16"
+        bf = dtype == "bf16"
+        view = (lambda out, ins: (out, [_as_1(x) for x in ins])) if () in in_shapes else None
+        if len(out_shape) > 1 and all(s in (out_shape, ()) for s in in_shapes):  # no broadcasting: run flat
+            n = int(np.prod(out_shape, dtype=np.int64))
+            in_shapes, out_shape = [(n,) if s else () for s in in_shapes], (n,)
+
+            def view(out, ins, n=n):
+                return out.reshape(n), [x.reshape(n) if x.ndim else x.reshape(1) for x in ins]
+
+        nd = len(out_shape)
         shapes = [s or (1,) for s in in_shapes]
         loads = [cg.load(k, cg.broadcast_index(s, out_shape), bf) for k, s in enumerate(shapes)]
         ex = expr(len(in_shapes)) if callable(expr) else expr
         scal = [np.float32(v) for v in scalars(params)] if scalars else []
         src = cg.elementwise_source(len(shapes), nd, loads, ex, len(scal), pre, bf16=bf)
         types = [_arr(dtype, nd), *(_arr(dtype, s) for s in shapes), *[scalar_type("f4")] * len(scal)]
-        view = (lambda out, ins: (out, [_as_1(x) for x in ins])) if () in in_shapes else None
         run, bind = _ew(src, out_shape, types, scal, bf, view)
         return "kernel", run, 0, bind
 

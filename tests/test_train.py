@@ -172,6 +172,54 @@ def test_training_plan_verifies_and_runs_on_the_cpu_backend_under_chaos():
                 np.testing.assert_allclose(x, firsts[t], rtol=1e-5, atol=1e-7)
 
 
+def _steps_reference(tg, logical, batches, table):
+    """Losses and final state of steps evaluated in numpy, the state handed over on the host."""
+    from turnip.train import AdapterState as S
+
+    state = S({k: logical[k] for k in logical if k.endswith(("lora_A", "lora_B"))},
+              {k: logical[k + ".m"] for k in logical if k.endswith(("lora_A", "lora_B"))},
+              {k: logical[k + ".v"] for k in logical if k.endswith(("lora_A", "lora_B"))})  # fmt: skip
+    losses = []
+    for ids in batches:
+        lg = logical | state.inputs() | {"x0": table[ids.reshape(-1)], "targets": next_token_targets(ids)}
+        vals = evaluate_taskgraph(tg, tile_inputs(tg, lg))
+        losses.append(float(assemble(tg, vals, "loss").astype(np.float64).sum()) / tg.meta["train"]["predicted_tokens"])
+        state.update({k: assemble(tg, vals, k) for k in tg.meta["output_blocks"]})
+    return losses, state
+
+
+@pytest.mark.parametrize("budget", [96 * 1024, 4 << 20])
+def test_steps_hand_the_state_over_inside_the_backend(budget):
+    """Three steps through ``Stepper`` (state carried by the backend: on the host under a tight budget,
+    resident on the GPU arena under a roomy one) give the losses and adapters of three numpy steps."""
+    from turnip.train import Stepper
+
+    cfg = LLAMA["tiny"]
+    tg = lora_step(cfg, seq=16, batch=2, dtype="fp32", lora=LoraConfig(lr=1e-2))
+    mg = build_with_resident(tg, budget, None, "0")
+    resident = int(mg.stats["resident_input_nbytes"])
+    assert (resident > 0) == (budget > 1 << 20)
+    logical, weights, _, state = _step_inputs(tg, cfg)
+    rng = np.random.default_rng(9)
+    batches = [rng.integers(0, cfg.vocab, size=(2, 16)) for _ in range(3)]
+    table = weights["tok_embed"]
+    want_losses, want = _steps_reference(tg, dict(logical), batches, table)
+    with open_backend("cpu", mg, 3, chaos=0.2, chaos_max_s=0.0002, poison=True) as be:
+        be.write_inputs(tile_inputs(tg, {k: x for k, x in logical.items() if k not in state.inputs()}))
+        st = Stepper(tg, mg, be, state)
+        got = [st.step(table[ids.reshape(-1)], next_token_targets(ids), streams=3, seed=i)[0]
+               for i, ids in enumerate(batches)]
+        final = st.fetch()
+    np.testing.assert_allclose(got, want_losses, rtol=1e-5)
+    assert final.step == 3
+    for k in want.params:
+        # Adam moves an element by about lr * sign(gradient): where a gradient is near 0, rounding (the order
+        # of partial sums) can flip it, so a few elements may differ by up to 2 lr per step
+        close = np.isclose(final.params[k], want.params[k], rtol=1e-4, atol=1e-6)
+        assert close.mean() > 0.99 and np.abs(final.params[k] - want.params[k]).max() <= 6e-2, k
+        np.testing.assert_allclose(final.v[k], want.v[k], rtol=1e-3, atol=1e-12, err_msg=k)
+
+
 def test_checkpointing_keeps_only_each_layers_input_for_the_backward():
     """With recompute, the only forward tensors the backward reads are the layers' outputs (the next layer's
     input); without, it reads the layers' activations too."""
@@ -369,3 +417,28 @@ def test_training_step_on_the_cuda_backend(dtype, budget, tol):
             out = be.read_outputs()
             worst = max((rel_err(out[t], ref[t]), tg.name[t]) for t in out if np.abs(ref[t]).max() > 0)
             assert worst[0] <= tol, worst
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA device")
+@pytest.mark.parametrize("budget", [96 * 1024, 4 << 20])
+def test_steps_on_the_cuda_backend_hand_the_state_over(budget):
+    from turnip.train import Stepper
+
+    cfg = LLAMA["tiny-gqa"]
+    tg = lora_step(cfg, seq=16, batch=2, dtype="fp32", lora=LoraConfig(lr=1e-2))
+    mg = build_with_resident(tg, budget, None, "0")
+    logical, weights, _, state = _step_inputs(tg, cfg)
+    rng = np.random.default_rng(9)
+    batches = [rng.integers(0, cfg.vocab, size=(2, 16)) for _ in range(3)]
+    table = weights["tok_embed"]
+    want_losses, want = _steps_reference(tg, dict(logical), batches, table)
+    with open_backend("cuda", mg, 5) as be:
+        be.write_inputs(tile_inputs(tg, {k: x for k, x in logical.items() if k not in state.inputs()}))
+        st = Stepper(tg, mg, be, state)
+        got = [st.step(table[ids.reshape(-1)], next_token_targets(ids), seed=i)[0] for i, ids in enumerate(batches)]
+        final = st.fetch()
+    np.testing.assert_allclose(got, want_losses, rtol=1e-4)
+    for k in want.params:
+        close = np.isclose(final.params[k], want.params[k], rtol=1e-4, atol=1e-6)
+        assert close.mean() > 0.99, k

@@ -246,6 +246,12 @@ def build_with_resident(
     none when that leaves too little room for some vertex. ``workspace``: bytes per stream slot kept for
     kernels' scratch (``"auto"``: ``auto_workspace``)."""
     cfg = config or BuildConfig()
+    if tg.meta.get("train") and not cfg.keep_inputs:  # a training step's state stays on the GPU across steps
+        from turnip.train import state_inputs
+
+        keep = state_inputs(tg)
+        if int(tg.nbytes[list(keep)].sum()) <= budget // 4:  # else it streams like any input (carried on the host)
+            cfg = dataclasses.replace(cfg, keep_inputs=keep)
     ws = auto_workspace(budget, tg) if str(workspace) == "auto" else parse_nbytes(str(workspace))
     cfg = dataclasses.replace(cfg, workspace_nbytes=ws)
     if str(resident) != "auto":

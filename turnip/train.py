@@ -266,6 +266,33 @@ def lora_step(
     return tg
 
 
+# ---------------------------------------------------------------- across steps
+
+
+def state_names(tg: TaskGraph) -> list[tuple[str, str]]:
+    """(output, input) logical names of the state a step hands to the next: every adapter and its moments."""
+    out = []
+    for a in tg.meta["train"]["adapters"]:
+        for k in (a["A"], a["B"]):
+            out += [(k + ".new", k), (k + ".m.new", k + ".m"), (k + ".v.new", k + ".v")]
+    return out
+
+
+def carry_pairs(tg: TaskGraph) -> list[tuple[int, int]]:
+    """(output tensor, input tensor) per block of the state (``state_names``), for ``backend.carry``."""
+    outs, ins = tg.meta["output_blocks"], tg.meta["input_blocks"]
+    pairs = []
+    for o, i in state_names(tg):
+        src = dict((tuple(st), v) for st, v in outs[o][1])
+        pairs += [(int(src[tuple(st)]), int(v)) for st, v in ins[i][1]]
+    return pairs
+
+
+def state_inputs(tg: TaskGraph) -> tuple[int, ...]:
+    """The input tensors of the state: kept resident on the GPU, so steps hand it over without the host."""
+    return tuple(i for _, i in carry_pairs(tg))
+
+
 # ---------------------------------------------------------------- host side
 
 
@@ -353,3 +380,56 @@ def save_adapters(path: str | Path, state: AdapterState, tg: TaskGraph, base_mod
         shutil.rmtree(path)
     tmp.rename(path)
     return path
+
+
+class Stepper:
+    """Runs training steps of a loaded plan: per step only the tokens (``x0``, ``targets``) and the step
+    number go in and the per-token losses come out; the adapters and their moments pass from one step to
+    the next inside the backend (``backend.carry``: device copies when they are resident)."""
+
+    def __init__(self, tg: TaskGraph, mg, backend, state: AdapterState):
+        from turnip.runtime.weights import tile_inputs
+
+        self.tg, self.mg, self.be, self.state = tg, mg, backend, state
+        self.pairs = carry_pairs(tg)
+        blocks = tg.meta["output_blocks"]
+        self.loss_tensors = {int(v) for _, v in blocks["loss"][1]}
+        self.n_pred = tg.meta["train"]["predicted_tokens"]
+        backend.write_inputs(tile_inputs(tg, {k: x for k, x in state.inputs().items() if k != "adam_step"}))
+
+    def step(self, x0: np.ndarray, targets: np.ndarray, policy: str = "nondet", streams: int = 5, seed=None,
+             stall_s: float = 120.0, grads: bool = False):  # fmt: skip
+        """One step; returns (mean loss, RunResult, {name: gradient} when ``grads``)."""
+        from turnip.memgraph.interp import assemble
+        from turnip.runtime import execute
+        from turnip.runtime.weights import tile_inputs
+
+        tg = self.tg
+        step = np.array(self.state.step + 1, dtype=np.float32)
+        self.be.write_inputs(tile_inputs(tg, {"x0": x0, "targets": targets, "adam_step": step}))
+        res = execute(self.mg, self.be, policy, streams, seed=seed, stall_s=stall_s)
+        want = set(self.loss_tensors)
+        names = [k + ".grad" for k in self.state.params] if grads else []
+        for k in names:
+            want |= {int(v) for _, v in tg.meta["output_blocks"][k][1]}
+        outs = self.be.read_outputs(only=want)
+        loss = float(assemble(tg, outs, "loss").astype(np.float64).sum() / self.n_pred)
+        got = {k[: -len(".grad")]: assemble(tg, outs, k) for k in names}
+        self.be.carry(self.pairs)
+        self.state.step += 1
+        return loss, res, got
+
+    def fetch(self) -> AdapterState:
+        """The state after the last step, read back from the backend."""
+        from turnip.memgraph.interp import assemble
+
+        tg = self.tg
+        if self.state.step:
+            names = [o for o, _ in state_names(tg)]
+            want = {int(v) for k in names for _, v in tg.meta["output_blocks"][k][1]}
+            outs = self.be.read_outputs(only=want)
+            for k in self.state.params:
+                self.state.params[k] = assemble(tg, outs, k + ".new")
+                self.state.m[k] = assemble(tg, outs, k + ".m.new")
+                self.state.v[k] = assemble(tg, outs, k + ".v.new")
+        return self.state

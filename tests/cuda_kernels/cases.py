@@ -133,6 +133,9 @@ def training_cases(t: int, h: int, hk: int, dh: int, d: int, f: int, vocab: int,
         Case("adam_m", "adam_m", ((d, d),) * 2, (d, d), ADAM),
         Case("adam_v", "adam_v", ((d, d),) * 2, (d, d), ADAM, ("pos", "normal")),
         Case("adam_p", "adam_p", ((d, d),) * 3 + ((),), (d, d), ADAM, ("normal", "normal", "pos", "step")),
+        Case("adam_p_4d", "adam_p", ((2, 3, dh, 4),) * 3 + ((),), (2, 3, dh, 4), ADAM,
+             ("normal", "normal", "pos", "step")),  # a grouped-query LoRA B (hk, r, dh, rank): rank 4 runs flat
+        Case("add_4d", "add_n", ((2, 3, dh, 4),) * 2, (2, 3, dh, 4)),
     ]
 
 

@@ -128,11 +128,10 @@ def run_training(a, reference: bool = False) -> int:
     from turnip.cli.compile_cmds import build_plan, compile_args
     from turnip.cli.run_cmds import _checkpoint, _cuda_preflight
     from turnip.fileio import atomic_write
-    from turnip.memgraph.interp import assemble
     from turnip.progress import Progress
-    from turnip.runtime import execute, open_backend
-    from turnip.runtime.weights import iter_random_inputs, tile_inputs, write_streaming
-    from turnip.train import AdapterState, next_token_targets, save_adapters
+    from turnip.runtime import open_backend
+    from turnip.runtime.weights import iter_random_inputs, write_streaming
+    from turnip.train import AdapterState, Stepper, next_token_targets, save_adapters
 
     if a.backend == "cuda":
         _cuda_preflight()
@@ -153,7 +152,6 @@ def run_training(a, reference: bool = False) -> int:
     t_plan = time.perf_counter() - t0
     opts = {"chaos": a.chaos} if a.backend == "cpu" else {}
     rows = []
-    n_pred = tr["predicted_tokens"]
     print(f"LoRA rank {tr['lora']['rank']} on {','.join(tr['lora']['targets'])} of {tr['n_layers']} layers: "
           f"{sum(x.size for x in state.params.values()):,} trainable values; checkpointing "
           f"{'on' if tr['checkpoint'] else 'off'}; {mg.n:,} vertices, peak {format_nbytes(mg.stats.get('peak_nbytes', 0))}"
@@ -162,20 +160,15 @@ def run_training(a, reference: bool = False) -> int:
     with open_backend(a.backend, mg, a.streams, **opts) as be:
         src = ckpt.iter_inputs(tg, seed=a.seed) if ckpt is not None else iter_random_inputs(tg, a.seed)
         write_streaming(be, tg, ((k, x) for k, x in src if k not in per_step))
+        stepper = Stepper(tg, mg, be, state)
         t_load = time.perf_counter() - t1
         print(f"plan {t_plan:.1f} s, load {t_load:.1f} s; backend {a.backend}, policy {a.policy}")
         with Progress(a.steps, "train") as bar:
             for step in range(a.steps):
                 w0 = time.perf_counter()
                 ids = batches.next()
-                logical = state.inputs() | {"x0": _first_x0(tg, a.seed, ids.reshape(-1), ckpt),
-                                            "targets": next_token_targets(ids)}  # fmt: skip
-                be.write_inputs(tile_inputs(tg, logical))
-                res = execute(mg, be, a.policy, a.streams, seed=a.seed + step, stall_s=a.stall_s)
-                outs = be.read_outputs()
-                got = {k: assemble(tg, outs, k) for k in tg.meta["output_blocks"]}
-                state.update(got)
-                loss = float(got["loss"].astype(np.float64).sum() / n_pred)
+                x0 = _first_x0(tg, a.seed, ids.reshape(-1), ckpt)
+                loss, res, _ = stepper.step(x0, next_token_targets(ids), a.policy, a.streams, a.seed + step, a.stall_s)
                 wall = time.perf_counter() - w0
                 rows.append({"step": step + 1, "loss": loss, "makespan_ms": res.makespan_ns / 1e6,
                              "wall_ms": wall * 1e3, "policy": a.policy, "backend": a.backend})  # fmt: skip
@@ -184,6 +177,7 @@ def run_training(a, reference: bool = False) -> int:
                       f"(wall {wall * 1e3:.1f} ms)", flush=True)
                 if not np.isfinite(loss):
                     raise ck.CliError(f"the loss is {loss} at step {step + 1}; lower --lr", ck.FAILED)
+        state = stepper.fetch()
     ms = sorted(r["makespan_ms"] for r in rows)
     tokens = a.batch * a.seq
     print(f"median step {ms[len(ms) // 2]:.1f} ms ({tokens / ms[len(ms) // 2] * 1e3:,.0f} tokens/s); loss "

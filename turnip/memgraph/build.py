@@ -38,6 +38,7 @@ class BuildConfig:
     lookahead_nbytes: int | None = None  # cap on bytes reserved ahead
     order: tuple[int, ...] | None = None  # V; default index order
     resident_nbytes: int = 0  # per GPU: inputs kept on the GPU across runs (loaded once, never evicted)
+    keep_inputs: tuple[int, ...] = ()  # inputs resident whatever resident_nbytes says (a training step's state)
     reduce_memory_edges: bool = True  # drop memory edges that other paths imply (reachability unchanged)
     workspace_nbytes: int = 0  # per stream slot, kept free at the top of each GPU's arena for kernels' scratch
     workspace_slots: int = 5  # stream slots the workspace is reserved for (the runtime's streams per GPU)
@@ -91,12 +92,23 @@ class _Build:
         self.resident = self.place_resident(cfg.resident_nbytes)
 
     def place_resident(self, nbytes: int) -> set[int]:
-        """Steady state: the first inputs in V order that fit in ``nbytes`` per GPU stay resident."""
+        """Steady state: ``keep_inputs`` stay resident, then the first inputs in V order that fit in
+        ``nbytes`` per GPU."""
         keep, used = set(), [0] * len(self.arenas)
+        for v in self.cfg.keep_inputs:
+            v, g = int(v), int(self.tg.gpu[v])
+            if self.tg.kind[v] != KIND_INPUT:
+                raise ValueError(f"keep_inputs: vertex {v} ({self.tg.name[v]}) is not an input")
+            off = self.arenas[g].malloc(self.tg.nbytes[v], v)
+            if off < 0:
+                raise BudgetError(f"GPU {g}: the {len(self.cfg.keep_inputs)} inputs that must stay resident do not "
+                                  f"fit in {self.arenas[g].capacity} bytes (at {self.tg.name[v]}). Raise the budget")
+            self.off[v] = off
+            keep.add(v)
         for v in self.V:
             v = int(v)
             g = int(self.tg.gpu[v])
-            if self.tg.kind[v] == KIND_INPUT and used[g] + aligned(self.tg.nbytes[v]) <= nbytes:
+            if self.tg.kind[v] == KIND_INPUT and v not in keep and used[g] + aligned(self.tg.nbytes[v]) <= nbytes:
                 off = self.arenas[g].malloc(self.tg.nbytes[v], v)
                 if off >= 0:
                     used[g] += aligned(self.tg.nbytes[v])

@@ -25,6 +25,8 @@ _SIGS = {
     "cuMemcpyDtoHAsync_v2": [_P, _U64, _SZ, _P],
     "cuMemcpyPeerAsync": [_U64, _P, _U64, _P, _SZ, _P],
     "cuMemcpyHtoD_v2": [_U64, _P, _SZ],
+    "cuMemcpyDtoH_v2": [_P, _U64, _SZ],
+    "cuMemcpyDtoD_v2": [_U64, _U64, _SZ],
     "cuMemHostAlloc": [ctypes.POINTER(_P), _SZ, _U32],
     "cuMemAlloc_v2": [ctypes.POINTER(_U64), _SZ],
     "cuMemFree_v2": [_U64],

@@ -128,11 +128,26 @@ class CpuBackend:
                 if self.lay.resident[v] and t in self._written:
                     _Copy(self.buf(v), self._host_view(v))()
 
-    def read_outputs(self) -> dict[int, np.ndarray]:
+    def read_outputs(self, only=None) -> dict[int, np.ndarray]:
         out = {}
         for t, o, on_host in output_sources(self.mg):
-            out[t] = (self._host_view(o) if on_host else self.buf(o)).copy()
+            if only is None or t in only:
+                out[t] = (self._host_view(o) if on_host else self.buf(o)).copy()
         return out
+
+    def carry(self, pairs) -> None:
+        """Between runs: each (output tensor, input tensor) pair's output becomes that input's value for the
+        next run (copied into its resident GPU buffer, else its host copy), without a trip through Python
+        arrays: a training step's new adapters and Adam moments feed the next step."""
+        src = {t: (o, on_host) for t, o, on_host in output_sources(self.mg)}
+        for t_out, t_in in pairs:
+            o, on_host = src[t_out]
+            x = self._host_view(o) if on_host else self.buf(o)
+            vs = self._inputs[t_in]
+            for v in vs:
+                if self.lay.resident[v]:
+                    self.buf(v)[...] = x
+            self._host_view(vs[0])[...] = x  # also the host copy: ``poison`` reloads resident inputs from it
 
     # ------------------------------------------------------------------ runs
     def begin_run(self, seed: int | None = None) -> None:

@@ -289,18 +289,57 @@ class CudaBackend:
                     self.drv.check(self.drv.cuMemcpyHtoD_v2(self.base[g] + lay.out_offset[v], host, lay.nbytes[v]),
                                    f"loading resident input {mg.label(v)}")  # fmt: skip
 
-    def read_outputs(self) -> dict[int, np.ndarray]:
+    def read_outputs(self, only=None) -> dict[int, np.ndarray]:
+        """Every output tensor's value (``only``: just these tensors)."""
         from cuda_kernels._numba import to_host
         from turnip.runtime.layout import buffer_view
 
         out = {}
         for t, o, on_host in output_sources(self.mg):
+            if only is not None and t not in only:
+                continue
             if on_host:
                 out[t] = buffer_view(self.host_off, self.lay.host_offset[o], self.mg.shape[o], self.mg.dtype[o]).copy()
             else:
                 self._set_ctx(self.lay.gpu[o])
                 out[t] = to_host(self.view(o))
         return out
+
+    def carry(self, pairs) -> None:
+        """Between runs: each (output tensor, input tensor) pair's output becomes that input's value for the
+        next run: one device copy into its resident GPU buffer (a host copy when the output was offloaded or
+        the input streams from the host). A training step's new adapters and moments never leave the GPU."""
+        from turnip.runtime.layout import HOST_OFFLOAD
+
+        lay, drv = self.lay, self.drv
+        src = {t: (o, on_host) for t, o, on_host in output_sources(self.mg)}
+        for t_out, t_in in pairs:
+            o, on_host = src[t_out]
+            vs = self._inputs[t_in]
+            nb = int(lay.nbytes[vs[0]])
+            if nb != int(lay.nbytes[o]):
+                raise BackendError(f"carry: output {self.mg.label(o)} has {lay.nbytes[o]} bytes, input "
+                                   f"{self.mg.label(vs[0])} {nb}")  # fmt: skip
+            if on_host:
+                host = self._host_base[HOST_OFFLOAD] + lay.host_offset[o]
+            else:
+                self._set_ctx(lay.gpu[o])
+                dev = self.base[lay.gpu[o]] + lay.out_offset[o]
+            for v in vs:
+                if lay.resident[v]:
+                    dst = self.base[lay.gpu[v]] + lay.out_offset[v]
+                    self._set_ctx(lay.gpu[v])
+                    r = drv.cuMemcpyHtoD_v2(dst, host, nb) if on_host else drv.cuMemcpyDtoD_v2(dst, dev, nb)
+                    drv.check(r, f"carrying {self.mg.label(o)} into {self.mg.label(v)}")
+            if not all(lay.resident[v] for v in vs):
+                dst = self._host_base[HOST_INPUT] + lay.host_offset[vs[0]]
+                if on_host:
+                    ctypes.memmove(dst, host, nb)
+                else:
+                    drv.check(drv.cuMemcpyDtoH_v2(dst, dev, nb), f"carrying {self.mg.label(o)} to the host")
+        for g in range(self.mg.n_gpus):  # device-to-device copies do not wait for the host: finish them here
+            self._set_ctx(g)
+            drv.check(drv.cuCtxSynchronize(), "synchronizing after carry")
 
     # ------------------------------------------------------------------ runs
     def begin_run(self, seed: int | None = None) -> None:
