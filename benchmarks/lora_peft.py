@@ -221,7 +221,7 @@ def _check_rows(a, pms, ids, before, lora, loss, grads, B, S) -> list[dict]:
         print(f"check B={B} S={S} turnip {a.dtype} vs PEFT {tag}: loss {loss:.5f} vs {ref['loss']:.5f}; adapter "
               f"gradients: worst rel err {errs[worst]:.2e} ({worst}), median {np.median(list(errs.values())):.2e} "
               f"over {len(errs)}", flush=True)  # fmt: skip
-        rows.append({"kind": "check", "batch": B, "seq": S, "dtype": a.dtype, "reference": f"PEFT {tag}",
+        rows.append({"kind": "check", "batch": B, "seq": S, "subject": f"turnip {a.dtype}", "reference": f"PEFT {tag}",
                      "loss": loss, "peft_loss": ref["loss"], "grad_rel_err_max": errs[worst],
                      "grad_rel_err_median": float(np.median(list(errs.values()))), "worst": worst,
                      "ref_grads": {k: g for k, g in ref["grads"].items()}})  # fmt: skip
@@ -231,7 +231,7 @@ def _check_rows(a, pms, ids, before, lora, loss, grads, B, S) -> list[dict]:
         worst = max(errs, key=errs.get)
         print(f"check PEFT {a.dtype} vs PEFT fp32: gradients worst rel err {errs[worst]:.2e} ({worst}), median "
               f"{np.median(list(errs.values())):.2e}", flush=True)  # fmt: skip
-        rows.append({"kind": "check", "batch": B, "seq": S, "dtype": a.dtype, "reference": "PEFT fp32 (of PEFT)",
+        rows.append({"kind": "check", "batch": B, "seq": S, "subject": f"PEFT {a.dtype}", "reference": "PEFT fp32",
                      "loss": rows[0]["peft_loss"], "peft_loss": rows[1]["peft_loss"], "grad_rel_err_max": errs[worst],
                      "grad_rel_err_median": float(np.median(list(errs.values()))), "worst": worst})  # fmt: skip
     for r in rows:
@@ -359,7 +359,7 @@ def write_rows(out: Path, rows: list[dict], a) -> None:
                      f"{r['makespan_s']:.3f} | {r['lower_bound_s']:.3f} | {p:.3f} | {r['step_s'] / p:.2f} |")
     for r in rows:
         if r["kind"] == "check":
-            lines.append(f"\ncheck {r['batch']} x {r['seq']} {r['dtype']} against {r['reference']}: loss "
+            lines.append(f"\ncheck {r['batch']} x {r['seq']}: {r['subject']} against {r['reference']}: loss "
                          f"{r['loss']:.5f} vs "
                          f"{r['peft_loss']:.5f}; gradient rel. err. max {r['grad_rel_err_max']:.2e} ({r['worst']}), "
                          f"median {r['grad_rel_err_median']:.2e}")  # fmt: skip

@@ -176,9 +176,16 @@ def _inputs(a, tg, ids=None, ckpt=None):
         from turnip.memgraph.interp import random_inputs
 
         return random_inputs(tg, np.random.default_rng(a.seed))
-    if ckpt is not None:
-        return ckpt.iter_inputs(tg, ids=ids, seed=a.seed)
-    return iter_random_inputs(tg, a.seed, ids=ids)
+    src = ckpt.iter_inputs(tg, ids=ids, seed=a.seed) if ckpt is not None else iter_random_inputs(tg, a.seed, ids=ids)
+    if tg.meta.get("train"):  # a training step: fresh adapters (PEFT's initialisation), the ids' next tokens
+        from turnip.train import AdapterState, next_token_targets
+
+        b, lg = tg.meta["batch"], logical_inputs(tg)
+        vocab = next(lg[k][0][0] for k in ("lm_head", "tok_embed") if k in lg)
+        rows = ids if ids is not None else np.random.default_rng([a.seed, 7]).integers(0, vocab, b * tg.meta["seq"])
+        fixed = AdapterState.init(tg, a.seed).inputs() | {"targets": next_token_targets(rows.reshape(b, -1))}
+        return ((k, fixed.get(k, x)) for k, x in src)
+    return src
 
 
 def _write_inputs(a, tg, be, source) -> dict | None:

@@ -152,10 +152,11 @@ def run_training(a, reference: bool = False) -> int:
     t_plan = time.perf_counter() - t0
     opts = {"chaos": a.chaos} if a.backend == "cpu" else {}
     rows = []
+    peak = format_nbytes(max(mg.stats.get("peak_nbytes_per_gpu", [0])))
     print(f"LoRA rank {tr['lora']['rank']} on {','.join(tr['lora']['targets'])} of {tr['n_layers']} layers: "
           f"{sum(x.size for x in state.params.values()):,} trainable values; checkpointing "
-          f"{'on' if tr['checkpoint'] else 'off'}; {mg.n:,} vertices, peak {format_nbytes(mg.stats.get('peak_nbytes', 0))}"
-          f" per GPU under {format_nbytes(budget)}")  # fmt: skip
+          f"{'on' if tr['checkpoint'] else 'off'}; {mg.n:,} vertices, peak {peak} per GPU under "
+          f"{format_nbytes(budget)}")  # fmt: skip
     t1 = time.perf_counter()
     with open_backend(a.backend, mg, a.streams, **opts) as be:
         src = ckpt.iter_inputs(tg, seed=a.seed) if ckpt is not None else iter_random_inputs(tg, a.seed)

@@ -36,19 +36,16 @@ class Arena:
         n = aligned(nbytes)
         if n > self.largest:
             return -1
-        best = 0
         for i, r in enumerate(self.free):
-            size = r[1] - r[0]
-            if size >= n:
-                off = r[0]
-                if size == n:
+            off = r[0]
+            if r[1] - off >= n:
+                if r[1] - off == n:
                     del self.free[i]
                 else:
-                    r[0] += n
+                    r[0] = off + n
                 self._take(off, n, owner)
                 return off
-            best = max(best, size)
-        self.largest = best
+        self.largest = max((e - b for b, e in self.free), default=0)  # the scan failed: the bound is exact
         return -1
 
     def claim(self, off: int, nbytes: int, owner) -> None:

@@ -27,24 +27,44 @@ POLICIES = {"furthest": furthest_next_use, "lru": least_recently_used, "largest"
 
 
 def find_victims(arena, nbytes: int, evictable, key) -> tuple[list[int], int]:
-    """Best range of ``nbytes``: (tensors to evict, start offset), or ([], -1) when none exists."""
+    """Best range of ``nbytes``: (tensors to evict, start offset), or ([], -1) when none exists. For every
+    start segment, the shortest run of free or evictable segments from it that covers ``nbytes`` is a
+    candidate scored by its lowest key; one pass per run of such segments (two pointers, a deque of
+    window minima), keys computed only for evictable tensors."""
+    from collections import deque
+
     segs = arena.segments()
-    ok = [o is None or evictable(o) for _, _, o in segs]
-    keys = [math.inf if o is None or not k else key(o) for (_, _, o), k in zip(segs, ok, strict=True)]
-    best, best_i, best_j = -math.inf, -1, -1
     n = len(segs)
-    for i in range(n):
-        if not ok[i]:
+    best, best_i, best_j = -math.inf, -1, -1
+    i = 0
+    while i < n:
+        o = segs[i][2]
+        if o is not None and not evictable(o):
+            i += 1
             continue
-        total, score, j = 0, math.inf, i
-        while j < n and ok[j]:
-            total += segs[j][1] - segs[j][0]
-            score = min(score, keys[j])
-            if total >= nbytes:
+        a = i  # a run [a, b) of free or evictable segments
+        b = i
+        keys = []
+        while b < n and (segs[b][2] is None or evictable(segs[b][2])):
+            keys.append(math.inf if segs[b][2] is None else key(segs[b][2]))
+            b += 1
+        total, j, win = 0, a, deque()  # window [start, j): total bytes, deque of indices with rising keys
+        for start in range(a, b):
+            while j < b and total < nbytes:
+                total += segs[j][1] - segs[j][0]
+                while win and keys[win[-1] - a] >= keys[j - a]:
+                    win.pop()
+                win.append(j)
+                j += 1
+            if total < nbytes:
                 break
-            j += 1
-        if total >= nbytes and score > best and j < n:
-            best, best_i, best_j = score, i, j
+            score = keys[win[0] - a]
+            if score > best:
+                best, best_i, best_j = score, start, j - 1
+            total -= segs[start][1] - segs[start][0]
+            if win and win[0] == start:
+                win.popleft()
+        i = b + 1
     if best_i < 0:
         return [], -1
     victims = [segs[k][2] for k in range(best_i, best_j + 1) if segs[k][2] is not None]
