@@ -25,7 +25,7 @@ import numpy as np
 
 from cuda_kernels._numba import cuda, to_device
 from cuda_kernels.kernels import prepare
-from tests.cuda_kernels.cases import NP_DTYPE, Case, for_dtype, llama_cases, make_inputs
+from tests.cuda_kernels.cases import FP32_ONLY, NP_DTYPE, Case, for_dtype, llama_cases, make_inputs, vertex_dtype
 from turnip import ops
 
 FACTS = {"gemm_fp16_tflops": 740.0, "gemm_bf16_tflops": 740.0, "gemm_fp32_tflops": 52.0, "hbm_copy_gbps": 2900.0}
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     for dtype in a.dtypes.split(","):
         cases = llama_cases(a.tokens, 16, 24, 2, 8, 50) if a.smoke else llama_cases(a.tokens)
         for case in cases:
-            if case.op == "mix" and dtype != "fp32":
+            if case.op in FP32_ONLY and dtype != "fp32":
                 continue
             try:
                 rows.append(bench_case(b, for_dtype(case, dtype), dtype, rng, ceil, torch, torch_stream, a.fast))
@@ -193,11 +193,9 @@ def bench_case(b: Bench, case: Case, dtype: str, rng, ceil, torch, torch_stream,
     for _ in range(n_sets):
         xs = make_inputs(case, dtype, rng)
         ins = [to_device(x) for x in xs]
-        out = ins[0] if case.op == "sum_into" else c.device_array(case.out_shape, np.float32 if case.op == "mix"
-                                                                   else NP_DTYPE[dtype])
+        out = ins[0] if case.op == "sum_into" else c.device_array(case.out_shape, NP_DTYPE[vertex_dtype(case, dtype)])
         sets.append((out, ins))
-    lau = prepare(case.op, case.in_shapes, case.out_shape, "fp32" if case.op == "mix" else dtype, case.params,
-                  fast=fast)
+    lau = prepare(case.op, case.in_shapes, case.out_shape, vertex_dtype(case, dtype), case.params, fast=fast)
     us, host_us = b.time(lambda s, i: lau(s, sets[i][0], sets[i][1]), n_sets)
     flops = lau.flops or ops.flops(case.op, case.in_shapes, case.out_shape, case.params)
     row = dict(case=case.name, op=case.op, dtype=dtype, path=lau.path,
