@@ -148,15 +148,18 @@ def _step_inputs(tg, cfg, seed=0, b_std=0.1, batch=2, seq=16):
     return logical, weights | {"tok_embed": table}, ids, state
 
 
-def test_training_plan_verifies_and_runs_on_the_cpu_backend_under_chaos():
-    """A tight budget (offloads), random valid orders: every run's loss, gradients and new adapters equal the
-    unconstrained evaluation (up to the order of partial sums)."""
+@pytest.mark.parametrize("n_gpus", [1, 2])
+def test_training_plan_verifies_and_runs_on_the_cpu_backend_under_chaos(n_gpus):
+    """A tight budget (offloads), random valid orders, one GPU or two (sequences split across them, adapter
+    gradients summed across): every run's loss, gradients and new adapters equal the unconstrained
+    evaluation (up to the order of partial sums)."""
     cfg = LLAMA["tiny-gqa"]
-    tg = lora_step(cfg, seq=16, batch=2, dtype="fp32", checkpoint="on")
+    tg = lora_step(cfg, seq=16, batch=2 * n_gpus, n_gpus=n_gpus, dtype="fp32", checkpoint="on")
     mg = build_with_resident(tg, 96 * 1024, None, "0")
     assert mg.stats["n_offload"] > 0
     assert not verify(mg, tg)
-    logical, *_ = _step_inputs(tg, cfg)
+    assert (tg.op.count("transfer") > 0) == (n_gpus > 1)
+    logical, *_ = _step_inputs(tg, cfg, batch=2 * n_gpus)
     values = tile_inputs(tg, logical)
     ref = evaluate_taskgraph(tg, values)
     firsts = None

@@ -398,8 +398,9 @@ class Stepper:
         backend.write_inputs(tile_inputs(tg, {k: x for k, x in state.inputs().items() if k != "adam_step"}))
 
     def step(self, x0: np.ndarray, targets: np.ndarray, policy: str = "nondet", streams: int = 5, seed=None,
-             stall_s: float = 120.0, grads: bool = False):  # fmt: skip
-        """One step; returns (mean loss, RunResult, {name: gradient} when ``grads``)."""
+             stall_s: float = 120.0, grads: bool = False, device_times: bool = False):  # fmt: skip
+        """One step; returns (mean loss, RunResult, {name: gradient} when ``grads``). ``device_times``: read
+        every vertex's device times back (for traces; costs a driver call per vertex)."""
         from turnip.memgraph.interp import assemble
         from turnip.runtime import execute
         from turnip.runtime.weights import tile_inputs
@@ -407,7 +408,7 @@ class Stepper:
         tg = self.tg
         step = np.array(self.state.step + 1, dtype=np.float32)
         self.be.write_inputs(tile_inputs(tg, {"x0": x0, "targets": targets, "adam_step": step}))
-        res = execute(self.mg, self.be, policy, streams, seed=seed, stall_s=stall_s)
+        res = execute(self.mg, self.be, policy, streams, seed=seed, stall_s=stall_s, device_times=device_times)
         want = set(self.loss_tensors)
         names = [k + ".grad" for k in self.state.params] if grads else []
         for k in names:

@@ -169,7 +169,7 @@ print((peak - base) / weights)
     ratio = {m: float(subprocess.run([sys.executable, "-c", code, m], capture_output=True, text=True, check=True)
                       .stdout.split()[-1]) for m in ("stream", "dict")}  # fmt: skip
     assert ratio["stream"] <= 1.2, ratio
-    assert ratio["dict"] >= 1.6, ratio  # the check can tell the two apart
+    assert ratio["dict"] >= 1.4, ratio  # the check can tell the two apart (about 1.6-2: pages are touched lazily)
 
 
 def test_logical_inputs_of_a_llama_have_no_ids():

@@ -89,6 +89,7 @@ def execute(
     stall_s: float = 60.0,
     record_order: bool = False,
     order=None,
+    device_times: bool = True,
 ) -> RunResult:
     """Run ``mg`` once on ``backend`` under ``policy``; returns host and device timestamps per vertex.
     ``record_order``: keep the commands in issue order (``RunResult.order``); ``order``: the recorded order
@@ -142,12 +143,15 @@ def execute(
         if gc_was_enabled:
             gc.enable()
     wall_s = (clock() - t0) / 1e9
-    dev_start, dev_end = backend.end_run(t0)
     arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
     hs, iss, dn = arr(host_start), arr(issue), arr(done)
-    # device clocks and host clocks agree only to a few µs: keep the schema's ordering invariant
-    st = np.minimum(np.maximum(dev_start, iss), dn)
-    en = np.minimum(np.maximum(dev_end, st), dn)
+    if device_times:
+        dev_start, dev_end = backend.end_run(t0)
+        # device clocks and host clocks agree only to a few µs: keep the schema's ordering invariant
+        st = np.minimum(np.maximum(dev_start, iss), dn)
+        en = np.minimum(np.maximum(dev_end, st), dn)
+    else:
+        st, en = iss, dn
     return RunResult(
         policy=policy,
         seed=seed,
