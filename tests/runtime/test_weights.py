@@ -195,3 +195,20 @@ def test_random_x0_of_token_ids_is_rows_of_the_random_table():
         dict(iter_random_inputs(tg, 1, ids=[0, 96, 0, 0, 0, 0, 0, 0]))
     with pytest.raises(ValueError, match="3 token ids"):
         dict(iter_random_inputs(tg, 1, ids=[0, 1, 2]))
+
+
+def test_random_embedding_gives_the_rows_iter_random_inputs_gives():
+    from turnip.runtime.weights import iter_random_inputs, random_embedding
+    from turnip.train import lora_step
+
+    for model in ("tiny", "tiny-gqa"):
+        tg = lora_step(model_cfg(model), seq=16, batch=2, dtype="fp16")
+        ids = np.random.default_rng(0).integers(0, model_cfg(model).vocab, 32)
+        want = next(x for k, x in iter_random_inputs(tg, 3, ids=ids) if k == "x0")
+        np.testing.assert_array_equal(random_embedding(tg, 3)(ids), want)
+
+
+def model_cfg(name):
+    from turnip.models import LLAMA
+
+    return LLAMA[name]

@@ -109,16 +109,17 @@ def _data(a, vocab: int):
     return ids
 
 
-def _first_x0(tg, seed: int, ids, ckpt):
-    """``x0`` of a batch: the embedding rows of ``ids`` (only that tensor is read or made)."""
-    from turnip.runtime.weights import iter_random_inputs
+def _embedder(tg, seed: int, ckpt):
+    """``ids -> x0`` for the batches: the checkpoint's embedding rows, or the random weights' (made once)."""
+    from turnip.runtime.weights import random_embedding
 
-    src = ckpt.iter_inputs(tg, ids=ids, seed=seed, only={"x0"}) if ckpt is not None else iter_random_inputs(
-        tg, seed, ids=ids)
-    for name, x in src:
-        if name == "x0":
-            return x
-    raise ValueError("the plan has no embedded input x0")
+    if ckpt is None:
+        return random_embedding(tg, seed)
+
+    def rows(ids):
+        return next(x for name, x in ckpt.iter_inputs(tg, ids=ids, seed=seed, only={"x0"}) if name == "x0")
+
+    return rows
 
 
 def run_training(a, reference: bool = False) -> int:
@@ -162,13 +163,14 @@ def run_training(a, reference: bool = False) -> int:
         src = ckpt.iter_inputs(tg, seed=a.seed) if ckpt is not None else iter_random_inputs(tg, a.seed)
         write_streaming(be, tg, ((k, x) for k, x in src if k not in per_step))
         stepper = Stepper(tg, mg, be, state)
+        embed = _embedder(tg, a.seed, ckpt)
         t_load = time.perf_counter() - t1
         print(f"plan {t_plan:.1f} s, load {t_load:.1f} s; backend {a.backend}, policy {a.policy}")
         with Progress(a.steps, "train") as bar:
             for step in range(a.steps):
                 w0 = time.perf_counter()
                 ids = batches.next()
-                x0 = _first_x0(tg, a.seed, ids.reshape(-1), ckpt)
+                x0 = embed(ids.reshape(-1))
                 loss, res, _ = stepper.step(x0, next_token_targets(ids), a.policy, a.streams, a.seed + step, a.stall_s)
                 wall = time.perf_counter() - w0
                 rows.append({"step": step + 1, "loss": loss, "makespan_ms": res.makespan_ns / 1e6,

@@ -80,6 +80,23 @@ def random_inputs_for(tg, seed: int = 0, pool_elems: int = 1 << 22, ids=None) ->
     return dict(iter_random_inputs(tg, seed, pool_elems, ids))
 
 
+def random_embedding(tg, seed: int = 0, pool_elems: int = 1 << 22):
+    """``ids -> x0``: the rows of ``iter_random_inputs``'s random embedding table for token ids, the same
+    values it gives, with the pool and row offsets made once (a training loop embeds every batch)."""
+    lg = logical_inputs(tg)
+    vocab = next(lg[k][0][0] for k in ("tok_embed", "lm_head") if k in lg)
+    x0 = tg.meta["embed"]["input"]
+    dt, d = compute_dtype(tg, x0), lg[x0][0][1]
+    pool = (0.02 * np.tile(np.random.default_rng(seed).standard_normal(pool_elems).astype(np.float32), 2)).astype(dt)
+    row_off = np.random.default_rng([seed, 1]).integers(pool_elems, size=vocab)
+
+    def rows(ids) -> np.ndarray:
+        ids = check_ids(ids, vocab, f"token ids for {x0!r}")
+        return pool[row_off[ids][:, None] + np.arange(d)]
+
+    return rows
+
+
 def iter_random_inputs(tg, seed: int = 0, pool_elems: int = 1 << 22, ids=None):
     """``random_inputs_for`` one logical tensor at a time: (name, array) pairs, each made when asked for.
     The embedding table (``tok_embed``) is a random table whose row r is cut at an offset drawn for r, so
