@@ -154,3 +154,30 @@ def test_default_tiles_follow_the_budget():
     assert default_tiles(s, 16384, 1, "fp16", 256 << 20)["t"] == 1024
     assert default_tiles(s, 65536, 1, "fp16", 1 << 30)["kv"] == 32768  # K and V ranges within 512 MiB
     assert default_tiles(s, 4096, 8)["h"] == 4 and default_tiles(s, 4096, 8)["f"] == 1376
+
+
+@pytest.mark.parametrize("model,tiles", [("tiny", {"t": 4}), ("tiny-gqa", {"t": 8, "kv": 8}), ("tiny", None)])
+def test_batched_prefill_is_each_prompt_prefilled_alone(model, tiles):
+    """Prompts batched in the token dim (several token tiles per prompt, key ranges split) give each prompt's
+    own prefill: attention stays within a prompt and positions restart."""
+    from turnip.memgraph.interp import assemble, evaluate_taskgraph
+    from turnip.runtime.weights import random_inputs_for, tile_inputs
+
+    B, S = 3, 16
+    tb = llama_prefill(model, seq=S, dtype="fp32", tiles=tiles, head="all", batch=B)
+    one = llama_prefill(model, seq=S, dtype="fp32", tiles=tiles, head="all")
+    w = random_inputs_for(tb, seed=1)
+    xb = np.random.default_rng(2).standard_normal(w["x0"].shape).astype(np.float32)
+    got = assemble(tb, evaluate_taskgraph(tb, tile_inputs(tb, w | {"x0": xb})), "logits")
+    for b in range(B):
+        ref = assemble(one, evaluate_taskgraph(one, tile_inputs(one, w | {"x0": xb[b * S : (b + 1) * S]})), "logits")
+        np.testing.assert_allclose(got[b * S : (b + 1) * S], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_batched_prefill_refuses_last_logits_and_picks_a_dividing_tile():
+    with pytest.raises(ValueError, match="use --logits all"):
+        llama_prefill("tiny", seq=16, head="last", batch=2)
+    with pytest.raises(ValueError, match="must divide the prompt length"):
+        llama_prefill("tiny", seq=16, tiles={"t": 6}, batch=2)
+    tg = llama_prefill("7b", seq=3000, batch=2, n_layers=1, budget_nbytes=6 << 30)
+    assert 3000 % tg.meta["tiles"]["t"] == 0 and tg.meta["batch"] == 2

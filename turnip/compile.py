@@ -66,10 +66,12 @@ def make_taskgraph(
     budget_nbytes: int | None = None,
     head: str | None = None,
     train=None,
+    batch: int = 1,
 ) -> TaskGraph:
     """The taskgraph of a named model or a Hugging Face directory / config.json; LLaMA tiles default from
     the budget when it is given; ``head``: ``turnip.models.HEADS`` or auto (``resolve_head``); ``train``: a
-    ``turnip.train.TrainSpec`` for one LoRA training step instead of a prefill."""
+    ``turnip.train.TrainSpec`` for one LoRA training step instead of a prefill; ``batch``: prompts of a
+    prefill."""
     cfg = llama_config(model)
     if train is not None:
         from turnip.train import lora_step
@@ -79,8 +81,11 @@ def make_taskgraph(
         return lora_step(cfg, seq, train.batch, gpus, dtype, tiles, n_layers, budget_nbytes, train.lora,
                          train.checkpoint)  # fmt: skip
     if cfg is not None:
+        hd = resolve_head(model, head)
+        if batch > 1 and head in (None, "auto") and hd == "last":
+            hd = "all"
         return llama_prefill(cfg, seq=seq, n_gpus=gpus, dtype=dtype, tiles=tiles, n_layers=n_layers,
-                             budget_nbytes=budget_nbytes, head=resolve_head(model, head))
+                             budget_nbytes=budget_nbytes, head=hd, batch=batch)
     if model == "paper-matmul":
         return matmul_example()
     if model == "random":
@@ -191,6 +196,7 @@ def estimate(
     budget_nbytes: int | None = None,
     head: str | None = None,
     train=None,
+    batch: int = 1,
 ) -> Estimate:
     """The size of ``make_taskgraph(model, ...)`` without building it (exact for LLaMA; the other models
     are small; a training step is lowered to count it, about 1 s for 7B at 8 x 1K). Raises ``ValueError``
@@ -198,9 +204,9 @@ def estimate(
     from turnip.memgraph.plan import DTYPE_NBYTES
     from turnip.models import llama_tiles
 
-    if train is not None:
+    if train is not None or batch > 1:  # counted by lowering it
         tg = make_taskgraph(model, seq, gpus, dtype, tiles, n_layers=n_layers, budget_nbytes=budget_nbytes,
-                            train=train)  # fmt: skip
+                            head=head, train=train, batch=batch)  # fmt: skip
         inputs = int(tg.nbytes[tg.kind == 0].sum())
         return Estimate(tg.n, dict(tg.meta["tiles"]), inputs)
 

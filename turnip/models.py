@@ -242,18 +242,24 @@ def default_tiles(
 
 def llama_graph(
     cfg: LlamaConfig | str = "7b", seq: int = 4096, dtype: str = "fp16", n_layers: int | None = None,
-    head: str = "none",
+    head: str = "none", batch: int = 1,
 ) -> Graph:  # fmt: skip
     """Logical LLaMA prefill in Hugging Face weight layouts (a checkpoint loads by reshapes): the embedded
     prompt ``x0`` (gathered on the host from the embedding table), ``n_layers`` decoder layers, the final
     norm; then hidden states out (``head="none"``) or the LM head's logits of the last position
     (``"last"``) or of all positions (``"all"``). Grouped-query attention keeps query heads as (key-value
-    head, group) axes, letters ``h`` and ``r``, so a key-value head block carries its query heads."""
+    head, group) axes, letters ``h`` and ``r``, so a key-value head block carries its query heads. ``batch``
+    > 1: that many prompts of ``seq`` tokens one after another in the token dim (each attends to itself;
+    positions restart), with every position's output (head none or all)."""
     s = LLAMA[cfg] if isinstance(cfg, str) else cfg
     L = s.n_layers if n_layers is None else n_layers
     H, Hk, r, e, d = s.n_heads, s.kv_heads, s.group, s.dh, s.d_model
+    if batch > 1 and head == "last":
+        raise ValueError(f"the last position's logits are for one prompt; with a batch of {batch} use --logits all "
+                         "(every position's) or none")  # fmt: skip
+    sq = {"seq": seq} if batch > 1 else {}
     g = Graph(dtype=dtype)
-    x = g.input("x0", "td", (seq, d))
+    x = g.input("x0", "td", (batch * seq, d))
     rope = s.rope_params()
     if r == 1:
         q_sub, q_w, o_sub, o_w = "td,hed->the", ("hed", (H, e, d)), "the,dhe->td", ("dhe", (d, H, e))
@@ -265,7 +271,8 @@ def llama_graph(
         q = g.einsum(q_sub, h, g.input(p + "wq", *q_w), name=p + "q")
         k, v = (g.einsum("td,hed->the", h, g.input(p + w, "hed", (Hk, e, d)), name=p + n)
                 for w, n in (("wk", "k"), ("wv", "v")))  # fmt: skip
-        a = g.attention(g.rotary(q, name=p + "qr", **rope), g.rotary(k, name=p + "kr", **rope), v, name=p + "attn")
+        a = g.attention(g.rotary(q, name=p + "qr", **rope, **sq), g.rotary(k, name=p + "kr", **rope, **sq), v,
+                        name=p + "attn", **sq)  # fmt: skip
         x = g.map("add_n", x, g.einsum(o_sub, a, g.input(p + "wo", *o_w), name=p + "o"), name=p + "x1")
         h2 = g.rmsnorm(x, g.input(p + "ffn_norm", "d", (d,)), eps=s.eps, name=p + "h2")
         gate = g.einsum("td,fd->tf", h2, g.input(p + "w_gate", "fd", (s.d_ffn, d)), name=p + "gate")
@@ -295,20 +302,31 @@ def llama_prefill(
     n_layers: int | None = None,
     budget_nbytes: int | None = None,
     head: str = "none",
+    batch: int = 1,
 ) -> TaskGraph:
     """LLaMA prefill tiled over ``n_gpus`` (key-value head blocks, FFN and vocabulary blocks split across
     GPUs, tokens tiled); the default token tile grows with ``budget_nbytes`` when it is given
-    (``default_tiles``). ``size``: a preset name or a ``LlamaConfig``."""
+    (``default_tiles``). ``size``: a preset name or a ``LlamaConfig``. ``batch``: prompts of ``seq`` tokens
+    each (``llama_graph``); the token tile then divides ``seq``."""
     if isinstance(size, str):
         shape = LLAMA.get(size)
         if shape is None:
             raise ValueError(f"unknown LLaMA size {size!r}; choose from {sorted(LLAMA)}")
     else:
         shape = size
+    if batch < 1:
+        raise ValueError(f"batch must be positive, got {batch}")
     t = llama_tiles(shape, seq, n_gpus, dtype, tiles, n_layers, budget_nbytes, head)
-    tg = lower(llama_graph(shape, seq, dtype, n_layers, head), Tiling(t, n_gpus=n_gpus, parallel="hftv"))
+    if batch > 1 and seq % t["t"]:
+        if tiles and "t" in tiles:
+            raise ValueError(f"tile t={t['t']} must divide the prompt length {seq} when prompts are batched")
+        t["t"] = max(c for c in range(1, t["t"] + 1) if seq % c == 0)  # the largest tile that divides seq
+        if "kv" in t:
+            t["kv"] = max(t["t"], t["kv"] // t["t"] * t["t"])
+    graph = llama_graph(shape, seq, dtype, n_layers, head, batch)
+    tg = lower(graph, Tiling(t, n_gpus=n_gpus, parallel="hftv"))
     name = shape.name or (f"llama-{size}" if isinstance(size, str) else "llama")
-    tg.meta.update(model=name, seq=seq, n_gpus=n_gpus, dtype=dtype, head=head,
+    tg.meta.update(model=name, seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head=head,
                    embed={"input": "x0", "table": "model.embed_tokens.weight"})  # fmt: skip
     return tg
 

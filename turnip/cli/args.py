@@ -177,7 +177,8 @@ def add_train_flags(p, always: bool = False) -> None:
         p.add_argument("--train", default="none", choices=["none", "lora"],
                        help="lora: compile one LoRA training step (forward, loss, backward, Adam on the adapters) "
                        "instead of a prefill; --seq is then the length of each of --batch sequences")  # fmt: skip
-    p.add_argument("--batch", type=int_in(1, 4096), default=1, help="sequences per training step")
+    p.add_argument("--batch", type=int_in(1, 4096), default=1,
+                   help="sequences of --seq tokens: per training step, or prompts prefilled together (LLaMA)")
     p.add_argument("--rank", type=int_in(1, 4096), default=16, help="LoRA rank")
     p.add_argument("--alpha", type=float_in(0.0, lo_open=True), default=32.0,
                    help="LoRA alpha (the adapters' output is scaled by alpha / rank)")
@@ -204,14 +205,15 @@ def train_spec(a):
 
 
 def guard(model: str, seq: int, gpus: int, dtype: str, tiles: dict | None, layers: int | None, budget: int,
-          force: bool, extra_nbytes=None, quiet: bool = False, head: str | None = None, train=None):  # fmt: skip
+          force: bool, extra_nbytes=None, quiet: bool = False, head: str | None = None, train=None,
+          batch: int = 1):  # fmt: skip
     """Estimate what compiling would cost and refuse (exit 1) when it is too large, unless ``force``.
     Invalid model parameters are usage errors. Prints the estimate on stderr when the compile is long.
     ``extra_nbytes(estimate)``: host memory the command needs on top of the compile (a run's inputs)."""
     from turnip.compile import MAX_COMPILE_S, MAX_VERTICES, estimate
 
     try:
-        est = estimate(model, seq, gpus, dtype, tiles, layers, budget, head=head, train=train)
+        est = estimate(model, seq, gpus, dtype, tiles, layers, budget, head=head, train=train, batch=batch)
     except ValueError as e:
         raise CliError(f"{e}; see `turnip compile --help`", USAGE) from None
     need = est.host_nbytes + (extra_nbytes(est) if extra_nbytes else 0)
@@ -228,7 +230,7 @@ def guard(model: str, seq: int, gpus: int, dtype: str, tiles: dict | None, layer
             why.append(f"over {MAX_COMPILE_S:.0f} s")
         if over_mem:
             why.append(f"more than this machine's {_sz(mem)} of memory")
-        if est.too_large() and train is None:
+        if est.too_large() and train is None and batch == 1:
             fix = _suggest(model, seq, gpus, dtype, tiles, layers, budget, est)
         elif est.too_large():
             fix = "use a shorter --seq, a smaller --batch or fewer --layers"

@@ -141,7 +141,7 @@ def compile_args(a, force: bool = False, extra_nbytes=None, budget_flag: str = "
     ck.nbytes(a.resident, "--resident", auto=True)
     ck.nbytes(getattr(a, "workspace", "auto"), "--workspace", auto=True)
     est = ck.guard(a.model, a.seq, a.gpus, a.dtype, tiles, layers, budget, force, extra_nbytes,
-                   head=getattr(a, "logits", None), train=ck.train_spec(a))
+                   head=getattr(a, "logits", None), train=ck.train_spec(a), batch=getattr(a, "batch", 1))
     return tiles, budget, est
 
 
@@ -152,7 +152,8 @@ def build_plan(a, tiles, budget, est, config=None, seed: int = 0, label: str = "
 
     with Heartbeat(f"{label}: lowering ~{est.vertices:,} vertices", est.lower_s):
         tg = make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles, seed=seed, n_layers=getattr(a, "layers", None),
-                            budget_nbytes=budget, head=getattr(a, "logits", None), train=ck.train_spec(a))  # fmt: skip
+                            budget_nbytes=budget, head=getattr(a, "logits", None), train=ck.train_spec(a),
+                            batch=getattr(a, "batch", 1))  # fmt: skip
     with Progress(tg.n, f"{label}: build") as bar:
         mg = build_with_resident(tg, budget, config, a.resident, progress=bar.update,
                                  workspace=getattr(a, "workspace", "auto"))  # fmt: skip
