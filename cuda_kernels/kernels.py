@@ -23,30 +23,30 @@ Importing this module needs numpy only; numba is imported by ``prepare``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from cuda_kernels import codegen as cg
 from cuda_kernels import gemm as gm
-from cuda_kernels._numba import Compiled, array_type, scalar_type
+from cuda_kernels._build import (  # noqa: F401 - DTYPES, _BF16, _bits: also this module's interface
+    _BF16,
+    DTYPES,
+    _arr,
+    _bits,
+    _ew,
+    _kern,
+    _need,
+    _noop,
+    _noop_bind,
+    _ptr,
+    _simple,
+)
+from cuda_kernels._numba import Compiled, scalar_type
 from cuda_kernels.fast import rope_params
 from cuda_kernels.launch import LibCall, launch_raw
+from cuda_kernels.train_ops import _adam_scalars, _cast, _cols, _rmsnorm_bwd, _xent
 
-
-def _bf16_type():
-    try:
-        import ml_dtypes
-    except ImportError:
-        return None
-    return ml_dtypes.bfloat16
-
-
-DTYPES = {"fp16": np.float16, "fp32": np.float32}
-_BF16 = _bf16_type()
-if _BF16 is not None:
-    DTYPES["bf16"] = _BF16
 GEMM_MODES = ("auto", "cublas", "cublaslt", "numba")
 DEFAULT_WS_NBYTES = 1 << 20  # workspace per stream slot a launch may use (a plan's, at run time)
 
@@ -101,99 +101,6 @@ def prepare(op: str, in_shapes: Sequence[tuple], out_shape: tuple, dtype: str, p
         raise KernelPrepareError(f"{op} {in_shapes} -> {out_shape} {dtype} {params}: {e}") from e
     path, run, flops, bind = built
     return Launcher(op, in_shapes, out_shape, dtype, params, path, run, flops, bind)
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def _arr(dtype, shape_or_ndim):
-    nd = shape_or_ndim if isinstance(shape_or_ndim, int) else len(shape_or_ndim)
-    return array_type(DTYPES.get(dtype, dtype), nd)
-
-
-def _need(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
-def _ptr(a) -> int:
-    return a.device_ctypes_pointer.value or 0
-
-
-def _noop(*_args) -> None:
-    return None
-
-
-def _noop_bind(out, ins) -> LibCall:
-    return LibCall(_noop, 0, "empty")
-
-
-def _bits(a):
-    """A bf16 device array as the uint16 array of its bits (how numba kernels take bf16); others as they are."""
-    return a.view(np.uint16) if _BF16 is not None and getattr(a, "dtype", None) == _BF16 else a
-
-
-def _kern(k: Compiled, args_of: Callable, bits: bool = False) -> tuple[Callable, Callable]:
-    """(run, bind) of one numba kernel whose arguments are ``args_of(out, ins)`` (``bits``: bf16 arrays
-    among them are passed as their uint16 bits)."""
-    if bits:
-        typed = args_of
-
-        def args_of(out, ins):
-            return tuple(_bits(a) for a in typed(out, ins))
-
-    return (lambda stream, out, ins: k.launch(stream, args_of(out, ins))), (lambda out, ins: k.bind(args_of(out, ins)))
-
-
-def _ew(src: str, out_shape, argtypes, scalars=(), bits: bool = False, view=None) -> tuple[Callable, Callable]:
-    """(run, bind) of an elementwise kernel over ``out_shape``; ``view(out, ins)`` reshapes the arrays first."""
-    if any(e == 0 for e in out_shape):
-        return _noop, _noop_bind
-    grid, block = cg.elementwise_geometry(out_shape, per_thread=cg.unroll())
-    k = Compiled(cg.jit(src), argtypes, grid, block)
-    sc = tuple(scalars)
-    if view is None:
-        return _kern(k, lambda out, ins: (out, *ins, *sc), bits)
-
-    def args_of(out, ins):
-        o, xs = view(out, ins)
-        return (o, *xs, *sc)
-
-    return _kern(k, args_of, bits)
-
-
-def _as_1(x):
-    """A 0-d device array as shape (1,) (numba kernels take arrays of rank >= 1)."""
-    return x.reshape(1) if x.ndim == 0 else x
-
-
-def _simple(n_in: int, expr: str, scalars: Callable | None = None, pre: tuple = (), fp32: bool = False):
-    """Elementwise op on same-shaped (or broadcastable, 0-d included) inputs; ``scalars(params)`` gives the
-    float32 scalars ``s0, s1, ..``; ``pre`` are statements run before ``expr``; ``fp32``: float32 only."""
-
-    def build(in_shapes, out_shape, dtype, params, opts):
-        _need(len(in_shapes) == n_in if n_in else len(in_shapes) >= 1, f"expects {n_in or '>=1'} inputs")
-        _need(not fp32 or dtype == "fp32", f"computes float32 only, not {dtype}")
-        bf = dtype == "bf16"
-        view = (lambda out, ins: (out, [_as_1(x) for x in ins])) if () in in_shapes else None
-        if len(out_shape) > 1 and all(s in (out_shape, ()) for s in in_shapes):  # no broadcasting: run flat
-            n = int(np.prod(out_shape, dtype=np.int64))
-            in_shapes, out_shape = [(n,) if s else () for s in in_shapes], (n,)
-
-            def view(out, ins, n=n):
-                return out.reshape(n), [x.reshape(n) if x.ndim else x.reshape(1) for x in ins]
-
-        nd = len(out_shape)
-        shapes = [s or (1,) for s in in_shapes]
-        loads = [cg.load(k, cg.broadcast_index(s, out_shape), bf) for k, s in enumerate(shapes)]
-        ex = expr(len(in_shapes)) if callable(expr) else expr
-        scal = [np.float32(v) for v in scalars(params)] if scalars else []
-        src = cg.elementwise_source(len(shapes), nd, loads, ex, len(scal), pre, bf16=bf)
-        types = [_arr(dtype, nd), *(_arr(dtype, s) for s in shapes), *[scalar_type("f4")] * len(scal)]
-        run, bind = _ew(src, out_shape, types, scal, bf, view)
-        return "kernel", run, 0, bind
-
-    return build
 
 
 def _fast(op, in_shapes, out_shape, dtype, params):
@@ -488,82 +395,6 @@ def _rotary(in_shapes, out_shape, dtype, params, opts):
     else:  # middle axes flattened into heads: (t, h, dh) views
         run, bind = _kern(k, lambda out, ins: (out.reshape(t, h, dh), ins[0].reshape(t, h, dh), *sc), bf)
     return "kernel", run, 0, bind
-
-
-def _rmsnorm_bwd(in_shapes, out_shape, dtype, params, opts):
-    _need(len(in_shapes) == 3 and len(out_shape) >= 1 and in_shapes[0] == in_shapes[2] == out_shape
-          and in_shapes[1] == out_shape[-1:], "rmsnorm_bwd takes x (..., d), w (d,) and dy (..., d)")
-    d, blk, bf = out_shape[-1], cg.row_block(), dtype == "bf16"
-    rows = int(np.prod(out_shape[:-1], dtype=np.int64))
-    if rows == 0 or d == 0:
-        return "kernel", _noop, 0, _noop_bind
-    types = [_arr(dtype, 2), _arr(dtype, 2), _arr(dtype, 1), _arr(dtype, 2), scalar_type("f4")]
-    k = Compiled(cg.jit(cg.rmsnorm_bwd_source(blk, bf)), types, (rows,), (blk,))
-    eps = np.float32(params.get("eps", 1e-5))
-
-    def args_of(out, ins):  # rows of the last axis: (rows, d) views
-        return (out.reshape(rows, d), ins[0].reshape(rows, d), ins[1], ins[2].reshape(rows, d), eps)
-
-    run, bind = _kern(k, args_of, bf)
-    return "kernel", run, 0, bind
-
-
-def _xent(in_shapes, out_shape, dtype, params, opts, backward: bool = False):
-    """``xent`` (backward False: logits in dtype params["src"] -> (t,) float32) and ``xent_bwd`` (logits
-    in the vertex dtype -> (t, V) in it); targets int32."""
-    _need(len(in_shapes) == 2 and len(in_shapes[0]) == 2 and in_shapes[1] == in_shapes[0][:1]
-          and out_shape == (in_shapes[0] if backward else in_shapes[0][:1]),
-          "xent takes logits (t, V) and targets (t,) -> (t,) (xent_bwd: -> (t, V))")
-    src = dtype if backward else params.get("src", dtype)
-    _need(src in DTYPES and (backward or dtype == "fp32"), f"logits dtype {src!r} -> {dtype!r} not supported")
-    (t, v), blk, bf = in_shapes[0], cg.row_block(), src == "bf16"
-    if t == 0:
-        return "kernel", _noop, 0, _noop_bind
-    _need(v > 0, "xent over an empty vocabulary")
-    types = [_arr(dtype, 1 + backward), _arr(src, 2), _arr("int32", 1), *[scalar_type("f4")] * backward]
-    k = Compiled(cg.jit(cg.softmax_row_source(blk, backward, bf)), types, (t,), (blk,))
-    sc = (np.float32(params.get("scale", 1.0)),) if backward else ()
-    run, bind = _kern(k, lambda out, ins: (out, ins[0], ins[1], *sc), bf)
-    return "kernel", run, 0, bind
-
-
-def _cols(in_shapes, out_shape, dtype, params, opts):
-    a, b, tail = int(params["start"]), int(params["stop"]), tuple(int(e) for e in params["tail"])
-    _need(len(in_shapes) == 1 and len(in_shapes[0]) >= 1 and 0 <= a < b <= in_shapes[0][-1]
-          and int(np.prod(tail, dtype=np.int64)) == b - a and out_shape == (*in_shapes[0][:-1], *tail),
-          "cols takes x (..., n) and 0 <= start < stop <= n -> (..., *tail) with prod(tail) = stop - start")
-    lead = in_shapes[0][:-1]  # viewed as (lead0, rest, n) -> (lead0, rest, stop - start); a copy of bits
-    lead = lead if len(lead) <= 1 else (lead[0], int(np.prod(lead[1:], dtype=np.int64)))
-    vin, vout, nd = (*lead, in_shapes[0][-1]), (*lead, b - a), len(lead) + 1
-    idx = ", ".join([*cg.out_names(nd)[:-1], "c + s0"])
-    src = cg.elementwise_source(1, nd, [], f"x0[{idx}]", 1)
-    types = [_arr(dtype, nd), _arr(dtype, nd), scalar_type("i8")]
-    run, bind = _ew(src, vout, types, (np.int64(a),), dtype == "bf16",
-                    lambda out, ins: (out.reshape(vout), [ins[0].reshape(vin)]))
-    return "kernel", run, 0, bind
-
-
-def _cast(in_shapes, out_shape, dtype, params, opts):
-    src = params.get("src", dtype)
-    _need(len(in_shapes) == 1 and in_shapes[0] == out_shape and src in DTYPES and params.get("dtype", dtype) == dtype,
-          f"cast takes x in dtype src -> the same shape in the vertex dtype (src {src!r}, dtype "
-          f"{params.get('dtype')!r}, vertex {dtype!r})")
-    n = (int(np.prod(out_shape, dtype=np.int64)),)  # flat views
-    code = cg.elementwise_source(1, 1, [cg.load(0, "c", src == "bf16")], "v0 * s0", 1, bf16=dtype == "bf16")
-    types = [_arr(dtype, 1), _arr(src, 1), scalar_type("f4")]
-    run, bind = _ew(code, n, types, (np.float32(params.get("alpha", 1.0)),), True,
-                    lambda out, ins: (out.reshape(n), [ins[0].reshape(n)]))
-    return "kernel", run, 0, bind
-
-
-def _log(b: float) -> float:
-    return math.log(b) if b > 0 else -math.inf
-
-
-def _adam_scalars(p: dict) -> tuple:
-    """lr, log b1, log b2, eps: the kernel's bias corrections 1 - b^step = -expm1(step log b) lose no digits
-    to b rounded to float32."""
-    return (p["lr"], _log(float(p["b1"])), _log(float(p["b2"])), p["eps"])
 
 
 def _embed(in_shapes, out_shape, dtype, params, opts):

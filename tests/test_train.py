@@ -75,7 +75,8 @@ def _random_graph(rng, batch: int, seq: int, d: int = 8, heads: int = 2, group: 
         elif kind == "scale":
             x = g.map("scale", x, alpha=0.7)
         else:
-            x = g.rmsnorm(g.map("mul", x, g.map("add_n", x, w(f"M{i}", "td", (n, d), tr))), w(f"n{i}", "d", (d,), False))
+            y = g.map("mul", x, g.map("add_n", x, w(f"M{i}", "td", (n, d), tr)))
+            x = g.rmsnorm(y, w(f"n{i}", "d", (d,), False))
     if not train:
         train.append(g.nodes[1].out.id)
     return g, train, x
@@ -107,9 +108,9 @@ def test_autodiff_matches_finite_differences(seed):
         name = g.t(p).name
         grad = assemble(tg, out, g.t(grads[p]).name).astype(np.float64)
         u = rng.standard_normal(grad.shape)
-        def central(h):
+        def central(h, name=name, u=u):
             lp, lm = (float((assemble(tg, run(vals | {name: (vals[name] + s * h * u).astype(np.float32)}),
-                                          g.t(y).name) * R).sum()) for s in (1, -1))  # fmt: skip
+                                      g.t(y).name) * R).sum()) for s in (1, -1))  # fmt: skip
             return (lp - lm) / (2 * h)
 
         fd = (4 * central(2e-3) - central(4e-3)) / 3  # Richardson: the h^2 term cancels
