@@ -42,6 +42,7 @@ class KernelPlan:
     tiles: dict
     layers: int = 1
     head: str = "none"
+    batch: int = 0  # > 0: a LoRA training step of this many sequences of ``seq`` tokens (rank 16, q,k,v,ffn)
 
 
 def kernel_plans(quick: bool = False) -> list[KernelPlan]:
@@ -62,6 +63,10 @@ def kernel_plans(quick: bool = False) -> list[KernelPlan]:
     if Path(gqa).exists():
         plans += [KernelPlan(gqa, 6144, {"t": 2048, "h": 4, "f": 7168, "v": 32064}, head="last"),
                   KernelPlan(gqa, 20480, {"t": 5120, "h": 4, "f": 3584})]  # fmt: skip
+    # training steps (their backward ops, LoRA's small GEMMs, the loss, Adam) at sequence lengths and head/FFN
+    # blocks apart from the training benchmark's (1K and 4K sequences, whole heads and FFN)
+    plans += [KernelPlan("llama-7b", 1536, {"h": 16, "f": 5504}, batch=3),
+              KernelPlan("llama-7b", 2560, {"h": 8, "f": 2752}, batch=2)]  # fmt: skip
     return plans[::2] if quick else plans
 
 
@@ -126,7 +131,12 @@ def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 
 
     samples: dict = {}
     for i, p in enumerate(plans):
-        tg = make_taskgraph(p.model, p.seq, 1, dtype, p.tiles, n_layers=p.layers, head=p.head)
+        train = None
+        if p.batch:
+            from turnip.train import TrainSpec
+
+            train = TrainSpec(p.batch, checkpoint="on")
+        tg = make_taskgraph(p.model, p.seq, 1, dtype, p.tiles, n_layers=p.layers, head=p.head, train=train)
         inputs = int(sum(int(np.prod(tg.shape[v])) for v in np.flatnonzero(tg.kind == 0))) * 4
         budget = 3 * inputs + (4 << 30)
         mg = build_with_resident(tg, budget, None, str(inputs + (1 << 20)))

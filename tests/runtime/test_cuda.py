@@ -52,6 +52,23 @@ def test_tiny_llama_matches_numpy(budget, resident, policy):
         assert (be.allocations, be.views_built) == (n_alloc, n_views)
 
 
+@needs_gpu
+def test_budget_not_a_multiple_of_256_keeps_the_workspace_aligned():
+    """A budget of any byte count: the stream slots' workspace (cuBLASLt's, cuDNN's) stays 256-byte aligned."""
+    from turnip.compile import build_with_resident
+    from turnip.models import llama_prefill
+
+    tg = llama_prefill("7b", seq=256, n_layers=1, dtype="fp16", tiles={"t": 256})
+    mg = build_with_resident(tg, (1 << 30) + 12, None, "0", workspace="1MiB")
+    inputs, ref = reference(tg)
+    with open_backend("cuda", mg) as be:
+        assert all(c.ws_ptr % 256 == 0 for row in be.sctx for c in row)
+        be.write_inputs(inputs)
+        execute(mg, be, "nondet", seed=0)
+        out = be.read_outputs()
+        assert max(rel_err(out[t], ref[t]) for t in out) <= 2e-2
+
+
 @pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")
 def test_tiny_llama_on_two_gpus_with_transfers():
     tg, mg = tiny_llama(1 << 20, "fp16", n_gpus=2)

@@ -142,8 +142,10 @@ class CudaBackend:
 
     # ------------------------------------------------------------------ plan load
     def _ws_ptr(self, g: int, slot: int) -> int:
-        """Slot ``slot``'s workspace on GPU ``g``: the top of the arena, one ``ws_slot`` range per slot."""
-        return self.base[g] + int(self.mg.budget_nbytes[g]) - (slot + 1) * self.ws_slot if self.ws_slot else 0
+        """Slot ``slot``'s workspace on GPU ``g``: the top of the arena, one ``ws_slot`` range per slot, 256-byte
+        aligned whatever the budget (cuBLASLt refuses a misaligned workspace: CUBLAS_STATUS_INVALID_VALUE)."""
+        top = int(self.mg.budget_nbytes[g]) // 256 * 256  # tensors end below top - slots * ws_slot
+        return self.base[g] + top - (slot + 1) * self.ws_slot if self.ws_slot else 0
 
     def _handles(self, g: int, lib: str | None) -> None:
         """Create the handles of library ``lib`` on every stream slot of GPU ``g`` (once)."""
