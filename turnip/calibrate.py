@@ -65,8 +65,11 @@ def kernel_plans(quick: bool = False) -> list[KernelPlan]:
                   KernelPlan(gqa, 20480, {"t": 5120, "h": 4, "f": 3584})]  # fmt: skip
     # training steps (their backward ops, LoRA's small GEMMs, the loss, Adam) at sequence lengths and head/FFN
     # blocks apart from the training benchmark's (1K and 4K sequences, whole heads and FFN)
-    plans += [KernelPlan("llama-7b", 1536, {"h": 16, "f": 5504}, batch=3),
-              KernelPlan("llama-7b", 2560, {"h": 8, "f": 2752}, batch=2)]  # fmt: skip
+    # (two layers: the second's backward goes through the frozen projections to the first's input; one long
+    # sequence: attention's backward at the tile sizes long training sequences use)
+    plans += [KernelPlan("llama-7b", 1536, {"h": 16, "f": 5504}, layers=2, batch=3),
+              KernelPlan("llama-7b", 2560, {"h": 8, "f": 2752}, layers=2, batch=2),
+              KernelPlan("llama-7b", 6144, {"h": 16, "f": 5504}, layers=2, batch=1)]  # fmt: skip
     return plans[::2] if quick else plans
 
 
