@@ -170,6 +170,14 @@ def _fmt_tiles(tiles: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in tiles.items()) or "fixed"
 
 
+def add_runtime_flags(p, stall_s: float) -> None:
+    """The flags of commands that run plans for real: CPU chaos and the stall watchdog."""
+    p.add_argument("--chaos", type=float_in(0.0, 1.0), default=0.0,
+                   help="cpu: probability of a random delay per vertex (0..1)")
+    p.add_argument("--stall-s", type=float_in(0.0, lo_open=True), default=stall_s,
+                   help="watchdog: stop when nothing completes this long")
+
+
 def add_train_flags(p, always: bool = False) -> None:
     """The flags that make a plan one LoRA training step (``--train lora``; ``always``: the command only
     trains, so there is no --train)."""

@@ -66,10 +66,7 @@ def register(sub) -> None:
                    help="untimed runs first (kernel modules, cuBLAS handles)")
     p.add_argument("--seed", type=ck.SEED, default=0, help="weights / inputs seed (and chaos seeds)")
     p.add_argument("--weights", metavar="FILE.safetensors", help="read weights from this file")
-    p.add_argument("--chaos", type=ck.float_in(0.0, 1.0), default=0.0,
-                   help="cpu: probability of a random delay per vertex (0..1)")
-    p.add_argument("--stall-s", type=ck.float_in(0.0, lo_open=True), default=60.0,
-                   help="watchdog: stop when nothing completes this long")
+    ck.add_runtime_flags(p, stall_s=60.0)
     p.add_argument("--check", action="store_true", help="compare outputs with the taskgraph evaluated in numpy")
     p.add_argument("--profile", default="h100", help="machine profile for the lower bound")
     p.add_argument("--trace", metavar="OUT.json", help="write the last timed run as a Chrome/Perfetto trace")

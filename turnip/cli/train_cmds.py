@@ -48,10 +48,7 @@ def add_train_args(p) -> None:
     p.add_argument("--streams", type=ck.int_in(1, 64), default=5, help="stream slots per GPU (1..64)")
     p.add_argument("--weights", metavar="FILE.safetensors", help="frozen weights from this file")
     p.add_argument("--seed", type=ck.SEED, default=0, help="weights, adapters and random data seed")
-    p.add_argument("--chaos", type=ck.float_in(0.0, 1.0), default=0.0,
-                   help="cpu: probability of a random delay per vertex (0..1)")
-    p.add_argument("--stall-s", type=ck.float_in(0.0, lo_open=True), default=120.0,
-                   help="watchdog: stop when nothing completes this long")
+    ck.add_runtime_flags(p, stall_s=120.0)
     p.add_argument("--out", metavar="DIR", help="save the trained adapters here (PEFT format)")
     p.add_argument("--csv", metavar="OUT.csv", help="one row per step: loss, makespan, wall time")
     p.add_argument("--force", action="store_true", help="compile even when the plan is very large")
