@@ -171,3 +171,29 @@ def test_prompt_text_through_the_directory_tokenizer(model_dir, capsys):
     want = int(numpy_llama(w, w["tok_embed"][[5, 300, 7, 9]], cfg, "last")[-1].argmax())
     line = next(x for x in out.splitlines() if x.startswith("next token"))
     assert line.split()[2] == str(want) and f"'w{want}'" in line  # the id and its text
+
+
+def test_train_on_a_checkpoint_with_text_data(model_dir, capsys, tmp_path):
+    """`turnip train --model DIR --data text.txt`: frozen weights from the checkpoint, the text tokenized with
+    the directory's tokenizer.json, adapters saved in PEFT's layout."""
+    pytest.importorskip("tokenizers", reason="text data uses the optional tokenizers package")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from turnip.checkpoint import Checkpoint
+    from turnip.cli import main
+
+    d, cfg, _ = model_dir
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0} | {f"w{i}": i for i in range(1, cfg.vocab)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(d / "tokenizer.json"))
+    (tmp_path / "text.txt").write_text(" ".join(f"w{(7 * i) % cfg.vocab}" for i in range(300)))
+    rc = main(["train", "--model", str(d), "--data", str(tmp_path / "text.txt"), "--seq", "16", "--batch", "2",
+               "--steps", "3", "--rank", "4", "--dtype", "fp32", "--budget", "4MiB", "--lr", "1e-2",
+               "--out", str(tmp_path / "ad")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    losses = [float(x.split()[3]) for x in out.splitlines() if x.startswith("step ")]
+    assert len(losses) == 3 and all(np.isfinite(losses))
+    ck = Checkpoint(tmp_path / "ad" / "adapter_model.safetensors")
+    names = ck.tensor_names() if callable(ck.tensor_names) else ck.tensor_names
+    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in names

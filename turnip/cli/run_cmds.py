@@ -173,16 +173,22 @@ def _inputs(a, tg, ids=None, ckpt=None):
         from turnip.memgraph.interp import random_inputs
 
         return random_inputs(tg, np.random.default_rng(a.seed))
-    src = ckpt.iter_inputs(tg, ids=ids, seed=a.seed) if ckpt is not None else iter_random_inputs(tg, a.seed, ids=ids)
-    if tg.meta.get("train"):  # a training step: fresh adapters (PEFT's initialisation), the ids' next tokens
-        from turnip.train import AdapterState, next_token_targets
+    if not tg.meta.get("train"):
+        if ckpt is not None:
+            return ckpt.iter_inputs(tg, ids=ids, seed=a.seed)
+        return iter_random_inputs(tg, a.seed, ids=ids)
+    # a training step: fresh adapters (PEFT's initialisation) and the ids' next tokens; the rest as for a prefill
+    from turnip.train import AdapterState, next_token_targets
 
-        b, lg = tg.meta["batch"], logical_inputs(tg)
-        vocab = next(lg[k][0][0] for k in ("lm_head", "tok_embed") if k in lg)
-        rows = ids if ids is not None else np.random.default_rng([a.seed, 7]).integers(0, vocab, b * tg.meta["seq"])
-        fixed = AdapterState.init(tg, a.seed).inputs() | {"targets": next_token_targets(rows.reshape(b, -1))}
-        return ((k, fixed.get(k, x)) for k, x in src)
-    return src
+    b, lg = tg.meta["batch"], logical_inputs(tg)
+    vocab = next(lg[k][0][0] for k in ("lm_head", "tok_embed") if k in lg)
+    rows = ids if ids is not None else np.random.default_rng([a.seed, 7]).integers(0, vocab, b * tg.meta["seq"])
+    fixed = AdapterState.init(tg, a.seed).inputs() | {"targets": next_token_targets(rows.reshape(b, -1))}
+    if ckpt is not None:
+        import itertools
+
+        return itertools.chain(ckpt.iter_inputs(tg, ids=ids, seed=a.seed, only=set(lg) - set(fixed)), fixed.items())
+    return ((k, fixed.get(k, x)) for k, x in iter_random_inputs(tg, a.seed, ids=ids))
 
 
 def _write_inputs(a, tg, be, source) -> dict | None:
@@ -287,7 +293,7 @@ def cmd_run(a) -> int:
                     rows.append(res.row(mg, meta, bound))
                 bar.update(i + 1)
         outs = be.read_outputs()
-    _report(rows, bound, res, int(mg.stats.get("resident_input_nbytes", 0)))
+    _report(rows, bound, res, int(mg.stats.get("resident_input_nbytes", 0)), bool(tg.meta.get("train")))
     if recorded:
         ms = sorted(r.makespan_ns / 1e6 for r in recorded)
         print(f"det-replay           replayed the issue order of the fastest of {len(ms)} nondet runs ({ms[0]:.3f} "
@@ -364,7 +370,7 @@ def _bound(mg, profile: str) -> dict:
     return lower_bound(mg, profile)
 
 
-def _report(rows: list[dict], bound: dict, res, resident_nbytes: int = 0) -> None:
+def _report(rows: list[dict], bound: dict, res, resident_nbytes: int = 0, training: bool = False) -> None:
     """Print the run summary; trace byte counts exclude resident inputs (moved when the plan loaded)."""
     import numpy as np
 
@@ -375,8 +381,8 @@ def _report(rows: list[dict], bound: dict, res, resident_nbytes: int = 0) -> Non
     inputs = r["input_nbytes"]
     moved = inputs + r["reload_nbytes"] + r["offload_nbytes"] + r["transfer_nbytes"]
     lb = bound["lower_bound_ns"] / 1e6
-    print(f"time to first token  median {np.median(ms):.3f} ms  min {ms.min():.3f}  max {ms.max():.3f} "
-          f"({len(ms)} runs)")  # fmt: skip
+    what = "training step" if training else "time to first token"
+    print(f"{what:<20} median {np.median(ms):.3f} ms  min {ms.min():.3f}  max {ms.max():.3f} ({len(ms)} runs)")
     print(f"bytes moved          {_sz(moved)} (inputs {_sz(inputs)}, resident {_sz(resident_nbytes)} loaded "
           f"with the plan, reloads "
           f"{_sz(r['reload_nbytes'])}, offloads {_sz(r['offload_nbytes'])}, GPU->GPU "

@@ -157,7 +157,8 @@ def run_training(a, reference: bool = False) -> int:
           f"{format_nbytes(budget)}")  # fmt: skip
     t1 = time.perf_counter()
     with open_backend(a.backend, mg, a.streams, **opts) as be:
-        src = ckpt.iter_inputs(tg, seed=a.seed) if ckpt is not None else iter_random_inputs(tg, a.seed)
+        frozen = set(tg.meta["input_blocks"]) - per_step
+        src = ckpt.iter_inputs(tg, seed=a.seed, only=frozen) if ckpt is not None else iter_random_inputs(tg, a.seed)
         write_streaming(be, tg, ((k, x) for k, x in src if k not in per_step))
         stepper = Stepper(tg, mg, be, state)
         embed = _embedder(tg, a.seed, ckpt)
