@@ -446,3 +446,15 @@ def test_steps_on_the_cuda_backend_hand_the_state_over(budget):
     for k in want.params:
         close = np.isclose(final.params[k], want.params[k], rtol=1e-4, atol=1e-6)
         assert close.mean() > 0.99, k
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--train", "lora", "--batch", "2"], "turnip train --data"),
+    (["--batch", "2"], "a prompt is one sequence"),
+])  # fmt: skip
+def test_run_refuses_prompts_for_training_and_batches(args, msg, capsys, tmp_path):
+    from turnip.cli import main
+
+    np.save(tmp_path / "ids.npy", np.arange(8))
+    assert main(["run", "--model", "llama-tiny", "--seq", "8", "--prompt-ids", str(tmp_path / "ids.npy"), *args]) == 2
+    assert msg in capsys.readouterr().err

@@ -232,7 +232,10 @@ def _check_args(a) -> None:
             raise ck.CliError(f"--weights applies to LLaMA models only, not {a.model}; drop --weights", ck.USAGE)
     if a.prompt is not None and a.prompt_ids:
         raise ck.CliError("pass --prompt or --prompt-ids, not both", ck.USAGE)
-    if (a.prompt is not None or a.prompt_ids) and a.batch > 1 and a.train == "none":
+    if (a.prompt is not None or a.prompt_ids) and a.train != "none":
+        raise ck.CliError("--prompt/--prompt-ids are for prefills; a training step on your tokens is `turnip train "
+                          "--data FILE`", ck.USAGE)  # fmt: skip
+    if (a.prompt is not None or a.prompt_ids) and a.batch > 1:
         raise ck.CliError("a prompt is one sequence: drop --batch (batched prefills run random prompts)", ck.USAGE)
     if a.record_runs is not None and a.policy != "det-replay":
         raise ck.CliError("--record-runs applies to --policy det-replay only; drop it", ck.USAGE)
