@@ -131,3 +131,34 @@ def test_byte_lookahead_cap_with_resident_inputs(rng):
     mg = b.run()
     assert b.reserved_nbytes == 0 and mg.stats["resident_input_nbytes"] > 0
     check(mg, tg, rng, orders=1)
+
+
+@pytest.mark.parametrize("policy", ["furthest", "lru", "largest"])
+def test_vectorized_victim_search_builds_the_same_plan(policy, monkeypatch):
+    """``find_victims`` in numpy (arenas of many segments) chooses exactly what the scalar search chooses: the
+    same memgraph, offsets and edges, on eviction-heavy plans."""
+    import numpy as np
+
+    from turnip.memgraph import build as B
+    from turnip.memgraph import evict
+    from turnip.memgraph.build import BuildConfig, build_memgraph
+    from turnip.models import LLAMA
+    from turnip.train import lora_step
+
+    tg = lora_step(LLAMA["tiny"], seq=32, batch=4, dtype="fp32", checkpoint="off")
+    monkeypatch.setattr(evict, "NUMPY_MIN_SEGMENTS", 0)  # every search of the vectorized build in numpy
+    plans = []
+    for vector in (False, True):
+        orig = B._Build.__init__
+
+        def init(self, *a, _orig=orig, _vector=vector, **k):
+            _orig(self, *a, **k)
+            self.vector = self.vector and _vector
+
+        monkeypatch.setattr(B._Build, "__init__", init)
+        plans.append(build_memgraph(tg, 160 * 1024, BuildConfig(policy=policy)))
+        monkeypatch.setattr(B._Build, "__init__", orig)
+    a, b = plans
+    assert a.stats["n_offload"] > 50
+    for f in ("kind", "tensor", "gpu", "out_offset", "host_offset", "in_idx", "dep_ptr", "dep_src", "dep_kind"):
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f

@@ -84,6 +84,21 @@ class Arena:
             del fr[i + 1]
         self.largest = max(self.largest, fr[i][1] - fr[i][0])
 
+    def segment_array(self):
+        """``segments`` as an (n, 3) int64 array of (start, end, owner), owner -1 for free ranges (owners are
+        tensor ids)."""
+        import numpy as np
+
+        nu, nf = len(self.used), len(self.free)
+        a = np.empty((nu + nf, 3), dtype=np.int64)
+        if nu:
+            a[:nu, 0] = list(self.used)
+            a[:nu, 1:] = list(self.used.values())
+        if nf:
+            a[nu:, :2] = self.free
+            a[nu:, 2] = -1
+        return a[np.argsort(a[:, 0], kind="stable")]
+
     def segments(self) -> list[tuple[int, int, object]]:
         """All ranges in offset order: (start, end, owner), owner None for free ranges."""
         segs = [(s, e, o) for s, (e, o) in self.used.items()] + [(s, e, None) for s, e in self.free]

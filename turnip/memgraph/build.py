@@ -22,7 +22,7 @@ import numpy as np
 
 from turnip.memgraph.arena import ALIGN, Arena, Ghosts, aligned
 from turnip.memgraph.emit import Emitter
-from turnip.memgraph.evict import POLICIES, find_victims
+from turnip.memgraph.evict import POLICIES, POLICIES_MANY, find_victims
 from turnip.memgraph.plan import KIND_INPUT, KIND_TRANSFER, MemGraph
 from turnip.taskgraph import TaskGraph
 
@@ -90,6 +90,10 @@ class _Build:
         self.reserved_nbytes = 0
         self.n_clean = self.clean_nbytes = 0
         self.resident = self.place_resident(cfg.resident_nbytes)
+        self.never_evict = np.zeros(n, dtype=bool)
+        self.never_evict[list(self.resident)] = True
+        self.key_many = POLICIES_MANY.get(cfg.policy)
+        self.vector = self.key_many is not None and self.key is POLICIES.get(cfg.policy)
 
     def place_resident(self, nbytes: int) -> set[int]:
         """Steady state: ``keep_inputs`` stay resident, then the first inputs in V order that fit in
@@ -169,7 +173,8 @@ class _Build:
         arena = self.arenas[g]
         cur = int(self.pos[v])
         victims, off = find_victims(
-            arena, aligned(nbytes), lambda t: self.evictable(t, keep), lambda t: self.key(self, t, cur)
+            arena, aligned(nbytes), lambda t: self.evictable(t, keep), lambda t: self.key(self, t, cur),
+            (lambda ts: self.evictable_many(ts, keep, cur)) if self.vector else None,
         )
         if off < 0:
             return -1
@@ -177,6 +182,14 @@ class _Build:
             self.evict(t)
         arena.claim(off, nbytes, owner)
         return off
+
+    def evictable_many(self, ts: np.ndarray, keep: set[int], cur: int) -> tuple[np.ndarray, np.ndarray]:
+        """``evictable`` and the policy's key for an array of tensors."""
+        ok = (self.loc[ts] >= 0) & ~self.never_evict[ts]
+        held = keep | self.pinned
+        if held:
+            ok &= ~np.isin(ts, np.fromiter(held, np.int64, len(held)))
+        return ok, self.key_many(self, ts, cur)
 
     def evictable(self, t: int, keep: set[int]) -> bool:
         return t not in keep and t not in self.pinned and self.loc[t] >= 0 and t not in self.resident
