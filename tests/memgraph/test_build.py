@@ -139,25 +139,16 @@ def test_vectorized_victim_search_builds_the_same_plan(policy, monkeypatch):
     same memgraph, offsets and edges, on eviction-heavy plans."""
     import numpy as np
 
-    from turnip.memgraph import build as B
     from turnip.memgraph import evict
     from turnip.memgraph.build import BuildConfig, build_memgraph
     from turnip.models import LLAMA
     from turnip.train import lora_step
 
     tg = lora_step(LLAMA["tiny"], seq=32, batch=4, dtype="fp32", checkpoint="off")
-    monkeypatch.setattr(evict, "NUMPY_MIN_SEGMENTS", 0)  # every search of the vectorized build in numpy
     plans = []
-    for vector in (False, True):
-        orig = B._Build.__init__
-
-        def init(self, *a, _orig=orig, _vector=vector, **k):
-            _orig(self, *a, **k)
-            self.vector = self.vector and _vector
-
-        monkeypatch.setattr(B._Build, "__init__", init)
+    for threshold in (10**9, 0):  # every search scalar, then every search in numpy
+        monkeypatch.setattr(evict, "NUMPY_MIN_SEGMENTS", threshold)
         plans.append(build_memgraph(tg, 160 * 1024, BuildConfig(policy=policy)))
-        monkeypatch.setattr(B._Build, "__init__", orig)
     a, b = plans
     assert a.stats["n_offload"] > 50
     for f in ("kind", "tensor", "gpu", "out_offset", "host_offset", "in_idx", "dep_ptr", "dep_src", "dep_kind"):

@@ -92,8 +92,7 @@ class _Build:
         self.resident = self.place_resident(cfg.resident_nbytes)
         self.never_evict = np.zeros(n, dtype=bool)
         self.never_evict[list(self.resident)] = True
-        self.key_many = POLICIES_MANY.get(cfg.policy)
-        self.vector = self.key_many is not None and self.key is POLICIES.get(cfg.policy)
+        self.key_many = POLICIES_MANY[cfg.policy]
 
     def place_resident(self, nbytes: int) -> set[int]:
         """Steady state: ``keep_inputs`` stay resident, then the first inputs in V order that fit in
@@ -174,7 +173,7 @@ class _Build:
         cur = int(self.pos[v])
         victims, off = find_victims(
             arena, aligned(nbytes), lambda t: self.evictable(t, keep), lambda t: self.key(self, t, cur),
-            (lambda ts: self.evictable_many(ts, keep, cur)) if self.vector else None,
+            lambda ts: self.evictable_many(ts, keep, cur),
         )
         if off < 0:
             return -1
