@@ -128,6 +128,21 @@ def input_file(path: str, what: str, hint: str) -> Path:
     return p
 
 
+def token_ids_file(path: str, flag: str, need: str, ok):
+    """Integer token ids from the .npy file given to ``flag``, as int64; ``ok(ids)`` says whether their shape
+    serves, ``need`` names what does (``CliError`` otherwise, and for a missing or unreadable file)."""
+    import numpy as np
+
+    input_file(path, flag, f"pass {need} as a .npy file")
+    try:
+        ids = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise CliError(f"{flag} {path}: not a .npy file ({e})", USAGE) from None
+    if ids.dtype.kind not in "iu" or not ok(ids):
+        raise CliError(f"{flag} {path}: need {need}, got {ids.dtype} {ids.shape}", USAGE)
+    return ids.astype(np.int64)
+
+
 def output_file(path: str | None, flag: str) -> None:
     """Fail now (usage) when ``path`` cannot be written, rather than after the work."""
     from turnip.fileio import output_file_problem

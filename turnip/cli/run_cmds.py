@@ -123,15 +123,8 @@ def _prompt_ids(a):
     import numpy as np
 
     if a.prompt_ids:
-        ck.input_file(a.prompt_ids, "--prompt-ids", "pass a 1-D integer .npy file of token ids")
-        try:
-            ids = np.load(a.prompt_ids, allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise ck.CliError(f"--prompt-ids {a.prompt_ids}: not a .npy file ({e})", ck.USAGE) from None
-        if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
-            raise ck.CliError(f"--prompt-ids {a.prompt_ids}: need a non-empty 1-D integer array, got "
-                              f"{ids.dtype} {ids.shape}", ck.USAGE)  # fmt: skip
-        return ids.astype(np.int64)
+        return ck.token_ids_file(a.prompt_ids, "--prompt-ids", "a non-empty 1-D array of integer token ids",
+                                 lambda ids: ids.ndim == 1 and ids.size > 0)  # fmt: skip
     if a.prompt is not None:
         tok = _tokenizer(a, required=True)
         ids = np.array(tok.encode(a.prompt).ids, dtype=np.int64)
@@ -167,7 +160,7 @@ def _inputs(a, tg, ids=None, ckpt=None):
     ``ids``: the prompt (the embedded prompt ``x0`` is gathered from the embedding table)."""
     import numpy as np
 
-    from turnip.runtime.weights import iter_random_inputs, logical_inputs
+    from turnip.runtime.weights import iter_random_inputs, logical_inputs, vocab_size
 
     if "x0" not in logical_inputs(tg):  # not a LLaMA: the test inputs of the reference interpreter
         from turnip.memgraph.interp import random_inputs
@@ -181,8 +174,8 @@ def _inputs(a, tg, ids=None, ckpt=None):
     from turnip.train import AdapterState, next_token_targets
 
     b, lg = tg.meta["batch"], logical_inputs(tg)
-    vocab = next(lg[k][0][0] for k in ("lm_head", "tok_embed") if k in lg)
-    rows = ids if ids is not None else np.random.default_rng([a.seed, 7]).integers(0, vocab, b * tg.meta["seq"])
+    rng = np.random.default_rng([a.seed, 7])
+    rows = ids if ids is not None else rng.integers(0, vocab_size(tg), b * tg.meta["seq"])
     fixed = AdapterState.init(tg, a.seed).inputs() | {"targets": next_token_targets(rows.reshape(b, -1))}
     if ckpt is not None:
         import itertools

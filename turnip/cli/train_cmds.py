@@ -22,11 +22,11 @@ def register(sub) -> None:
         "adapter directory (PeftModel.from_pretrained loads it).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add_train_args(p)
+    _add_args(p)
     p.set_defaults(func=cmd_train)
 
 
-def add_train_args(p) -> None:
+def _add_args(p) -> None:
     from turnip.compile import MODEL_HELP
     from turnip.runtime import BACKENDS
     from turnip.sched import POLICIES
@@ -82,15 +82,10 @@ def _data(a, vocab: int):
 
     if not a.data:
         return None
-    ck.input_file(a.data, "--data", "pass a .npy of token ids or a text file")
     if a.data.endswith(".npy"):
-        try:
-            ids = np.load(a.data, allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise ck.CliError(f"--data {a.data}: not a .npy file ({e})", ck.USAGE) from None
-        if ids.dtype.kind not in "iu" or ids.size < 2:
-            raise ck.CliError(f"--data {a.data}: need integer token ids, got {ids.dtype} {ids.shape}", ck.USAGE)
+        ids = ck.token_ids_file(a.data, "--data", "integer token ids (at least 2)", lambda ids: ids.size >= 2)
     else:
+        ck.input_file(a.data, "--data", "pass a .npy of token ids or a text file")
         from turnip.cli.run_cmds import _tokenizer
 
         tok = _tokenizer(a, required=False)
@@ -99,11 +94,11 @@ def _data(a, vocab: int):
                               "tokenizers package; or pass token ids as .npy", ck.USAGE)  # fmt: skip
         with open(a.data, encoding="utf-8", errors="replace") as f:
             ids = np.array(tok.encode(f.read()).ids, dtype=np.int64)
-    bad = (ids < 0) | (ids >= vocab)
-    if bad.any():
-        raise ck.CliError(f"--data {a.data}: token id {int(ids[bad][0])} is outside the vocabulary of {vocab}",
-                          ck.USAGE)  # fmt: skip
-    return ids
+    from functools import partial
+
+    from turnip.runtime.weights import check_ids
+
+    return check_ids(ids, vocab, f"--data {a.data} (vocabulary of {vocab})", partial(ck.CliError, code=ck.USAGE))
 
 
 def _embedder(tg, seed: int, ckpt):
@@ -119,8 +114,8 @@ def _embedder(tg, seed: int, ckpt):
     return rows
 
 
-def run_training(a, reference: bool = False) -> int:
-    """Compile, load and run ``a.steps`` training steps; shared by ``turnip train`` and benchmarks."""
+def cmd_train(a) -> int:
+    """Compile, load and run ``a.steps`` training steps."""
     import numpy as np
 
     from turnip.cli.compile_cmds import build_plan, compile_args
@@ -128,7 +123,7 @@ def run_training(a, reference: bool = False) -> int:
     from turnip.fileio import atomic_write
     from turnip.progress import Progress
     from turnip.runtime import open_backend
-    from turnip.runtime.weights import iter_random_inputs, write_streaming
+    from turnip.runtime.weights import iter_random_inputs, vocab_size, write_streaming
     from turnip.train import AdapterState, Stepper, next_token_targets, save_adapters
 
     if a.backend == "cuda":
@@ -142,8 +137,7 @@ def run_training(a, reference: bool = False) -> int:
     tiles, budget, est = compile_args(a, a.force, extra_nbytes=lambda e: e.input_nbytes)
     tg, mg = build_plan(a, tiles, budget, est, seed=a.seed, label="plan")
     tr = tg.meta["train"]
-    lg = tg.meta["input_blocks"]
-    vocab = next(lg[k][0][0] for k in ("lm_head", "tok_embed") if k in lg)
+    vocab = vocab_size(tg)
     batches = Batches(_data(a, vocab), a.batch, a.seq, vocab, a.seed)
     state = AdapterState.init(tg, a.seed)
     per_step = set(state.inputs()) | {"x0", "targets"}
@@ -192,9 +186,4 @@ def run_training(a, reference: bool = False) -> int:
     if a.out:
         save_adapters(a.out, state, tg, base_model=str(a.model))
         print(f"adapters  {a.out} (PEFT: PeftModel.from_pretrained(model, {a.out!r}))")
-    a.rows = rows
     return 0
-
-
-def cmd_train(a) -> int:
-    return run_training(a)

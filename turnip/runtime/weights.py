@@ -80,15 +80,34 @@ def random_inputs_for(tg, seed: int = 0, pool_elems: int = 1 << 22, ids=None) ->
     return dict(iter_random_inputs(tg, seed, pool_elems, ids))
 
 
+def vocab_size(tg) -> int | None:
+    """Rows of the model's embedding table or LM head (None for a graph with neither)."""
+    lg = logical_inputs(tg)
+    return next((lg[k][0][0] for k in ("tok_embed", "lm_head") if k in lg), None)
+
+
+def _random_pool(seed: int, pool_elems: int) -> tuple[np.random.Generator, np.ndarray]:
+    """The generator of a seed's random inputs and its normal pool (its first draw), doubled so that any
+    offset below ``pool_elems`` has ``pool_elems`` values after it."""
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal(pool_elems).astype(np.float32)
+    return rng, np.concatenate([z, z])
+
+
+def _row_offsets(seed: int, pool_elems: int, n_rows: int) -> np.ndarray:
+    """Where each row of the random embedding table starts in the pool."""
+    return np.random.default_rng([seed, 1]).integers(pool_elems, size=n_rows)
+
+
 def random_embedding(tg, seed: int = 0, pool_elems: int = 1 << 22):
     """``ids -> x0``: the rows of ``iter_random_inputs``'s random embedding table for token ids, the same
     values it gives, with the pool and row offsets made once (a training loop embeds every batch)."""
     lg = logical_inputs(tg)
-    vocab = next(lg[k][0][0] for k in ("tok_embed", "lm_head") if k in lg)
+    vocab = vocab_size(tg)
     x0 = tg.meta["embed"]["input"]
     dt, d = compute_dtype(tg, x0), lg[x0][0][1]
-    pool = (0.02 * np.tile(np.random.default_rng(seed).standard_normal(pool_elems).astype(np.float32), 2)).astype(dt)
-    row_off = np.random.default_rng([seed, 1]).integers(pool_elems, size=vocab)
+    pool = (0.02 * _random_pool(seed, pool_elems)[1]).astype(dt)
+    row_off = _row_offsets(seed, pool_elems, vocab)
 
     def rows(ids) -> np.ndarray:
         ids = check_ids(ids, vocab, f"token ids for {x0!r}")
@@ -102,12 +121,10 @@ def iter_random_inputs(tg, seed: int = 0, pool_elems: int = 1 << 22, ids=None):
     The embedding table (``tok_embed``) is a random table whose row r is cut at an offset drawn for r, so
     with ``ids`` (token ids, one per row of ``x0``) ``x0`` is those rows of the same table: a token embeds
     the same way for a seed whatever the prompt."""
-    rng = np.random.default_rng(seed)
-    z = rng.standard_normal(pool_elems).astype(np.float32)
-    z = np.concatenate([z, z])  # any offset below pool_elems has pool_elems values after it
+    rng, z = _random_pool(seed, pool_elems)
     pools: dict = {}
     lg = logical_inputs(tg)
-    vocab = next((lg[k][0][0] for k in ("tok_embed", "lm_head") if k in lg), None)
+    vocab = vocab_size(tg)
     x0 = (tg.meta.get("embed") or {}).get("input")
     if ids is not None:
         if x0 not in lg:
@@ -117,7 +134,7 @@ def iter_random_inputs(tg, seed: int = 0, pool_elems: int = 1 << 22, ids=None):
             raise ValueError(f"{ids.size} token ids (shape {ids.shape}); {x0!r} takes {lg[x0][0][0]} (the "
                              "taskgraph's sequence length)")  # fmt: skip
     n_rows = vocab if vocab is not None else int(ids.max()) + 1 if ids is not None and ids.size else 0
-    row_off = np.random.default_rng([seed, 1]).integers(pool_elems, size=n_rows)  # the table's rows
+    row_off = _row_offsets(seed, pool_elems, n_rows)  # the table's rows
     for name, (shape, blocks) in lg.items():
         dt = np.dtype(NP_OF[tg.dtype[blocks[0][1]]])
         if dt == np.int32:
