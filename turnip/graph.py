@@ -112,17 +112,20 @@ class Graph:
     def xent(self, logits: int, targets: int, name: str = "") -> int:
         """Cross-entropy per row of ``logits`` (tokens, vocabulary) against int32 ``targets`` (float32; 0
         where the target is negative)."""
-        t, tg = self.t(logits), self.t(targets)
-        if len(t.dims) != 2 or tg.dims != t.dims[:1] or tg.shape != t.shape[:1]:
-            raise TilingError(f"xent: logits {t.name} {t.dims!r}{t.shape} and targets {tg.name} {tg.dims!r}{tg.shape}")
+        t = self._loss_operands(logits, targets)
         return self._new("xent", (logits, targets), t.dims[:1], t.shape[:1], {"src": t.dtype}, name, dtype="fp32")
 
     def xent_bwd(self, logits: int, targets: int, scale: float = 1.0, name: str = "") -> int:
         """d logits of the summed ``xent`` times ``scale``."""
-        t = self.t(logits)
-        self.xent(logits, targets)  # checks, then dropped
-        self.nodes.pop()
+        t = self._loss_operands(logits, targets)
         return self._new("xent_bwd", (logits, targets), t.dims, t.shape, {"scale": float(scale)}, name)
+
+    def _loss_operands(self, logits: int, targets: int) -> Tensor:
+        """The logits tensor, after checking that ``targets`` has one entry per row of it."""
+        t, tg = self.t(logits), self.t(targets)
+        if len(t.dims) != 2 or tg.dims != t.dims[:1] or tg.shape != t.shape[:1]:
+            raise TilingError(f"xent: logits {t.name} {t.dims!r}{t.shape} and targets {tg.name} {tg.dims!r}{tg.shape}")
+        return t
 
     def attention_bwd(self, q: int, k: int, v: int, o: int, do: int, seq: int | None = None, name: str = "") -> int:
         """Gradients of ``attention(q, k, v)`` (output ``o``) given ``do``, packed per token and key-value head
