@@ -336,12 +336,16 @@ class AdapterState:
         out["adam_step"] = np.array(self.step + 1, dtype=np.float32)
         return out
 
-    def update(self, outputs: dict[str, np.ndarray]) -> None:
-        """Take a step's outputs (logical name -> array) as the new state."""
+    def take(self, outputs: dict[str, np.ndarray]) -> None:
+        """Set the adapters and moments from a step's outputs (logical name -> array)."""
         for k in self.params:
             self.params[k] = outputs[k + ".new"]
             self.m[k] = outputs[k + ".m.new"]
             self.v[k] = outputs[k + ".v.new"]
+
+    def update(self, outputs: dict[str, np.ndarray]) -> None:
+        """Take a step's outputs as the new state, one step on."""
+        self.take(outputs)
         self.step += 1
 
 
@@ -392,8 +396,6 @@ class Stepper:
 
         self.tg, self.mg, self.be, self.state = tg, mg, backend, state
         self.pairs = carry_pairs(tg)
-        blocks = tg.meta["output_blocks"]
-        self.loss_tensors = {int(v) for _, v in blocks["loss"][1]}
         self.n_pred = tg.meta["train"]["predicted_tokens"]
         backend.write_inputs(tile_inputs(tg, {k: x for k, x in state.inputs().items() if k != "adam_step"}))
 
@@ -401,36 +403,28 @@ class Stepper:
              stall_s: float = 120.0, grads: bool = False, device_times: bool = False):  # fmt: skip
         """One step; returns (mean loss, RunResult, {name: gradient} when ``grads``). ``device_times``: read
         every vertex's device times back (for traces; costs a driver call per vertex)."""
-        from turnip.memgraph.interp import assemble
         from turnip.runtime import execute
         from turnip.runtime.weights import tile_inputs
 
-        tg = self.tg
         step = np.array(self.state.step + 1, dtype=np.float32)
-        self.be.write_inputs(tile_inputs(tg, {"x0": x0, "targets": targets, "adam_step": step}))
+        self.be.write_inputs(tile_inputs(self.tg, {"x0": x0, "targets": targets, "adam_step": step}))
         res = execute(self.mg, self.be, policy, streams, seed=seed, stall_s=stall_s, device_times=device_times)
-        want = set(self.loss_tensors)
-        names = [k + ".grad" for k in self.state.params] if grads else []
-        for k in names:
-            want |= {int(v) for _, v in tg.meta["output_blocks"][k][1]}
-        outs = self.be.read_outputs(only=want)
-        loss = float(assemble(tg, outs, "loss").astype(np.float64).sum() / self.n_pred)
-        got = {k[: -len(".grad")]: assemble(tg, outs, k) for k in names}
+        got = self._read(["loss", *(k + ".grad" for k in self.state.params if grads)])
+        loss = float(got.pop("loss").astype(np.float64).sum() / self.n_pred)
         self.be.carry(self.pairs)
         self.state.step += 1
-        return loss, res, got
+        return loss, res, {k[: -len(".grad")]: g for k, g in got.items()}
 
     def fetch(self) -> AdapterState:
         """The state after the last step, read back from the backend."""
+        if self.state.step:
+            self.state.take(self._read([o for o, _ in state_names(self.tg)]))
+        return self.state
+
+    def _read(self, names: list[str]) -> dict[str, np.ndarray]:
+        """These logical outputs of the last step, read from the backend (only their tiles)."""
         from turnip.memgraph.interp import assemble
 
-        tg = self.tg
-        if self.state.step:
-            names = [o for o, _ in state_names(tg)]
-            want = {int(v) for k in names for _, v in tg.meta["output_blocks"][k][1]}
-            outs = self.be.read_outputs(only=want)
-            for k in self.state.params:
-                self.state.params[k] = assemble(tg, outs, k + ".new")
-                self.state.m[k] = assemble(tg, outs, k + ".m.new")
-                self.state.v[k] = assemble(tg, outs, k + ".v.new")
-        return self.state
+        blocks = self.tg.meta["output_blocks"]
+        outs = self.be.read_outputs(only={int(v) for k in names for _, v in blocks[k][1]})
+        return {k: assemble(self.tg, outs, k) for k in names}
