@@ -21,26 +21,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from llama_prefill import hf_config, random_llama  # noqa: E402  (a transformers config of turnip's; weights)
 
 from turnip.models import LlamaConfig  # noqa: E402
 from turnip.train import HF_MODULE, AdapterState, LoraConfig  # noqa: E402
 
 TORCH_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-
-
-def hf_config(cfg: LlamaConfig, n_layers: int | None = None) -> dict:
-    """A Hugging Face ``config.json`` dict for ``cfg`` (inverse of ``LlamaConfig.from_hf``)."""
-    d = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=cfg.d_model,
-             intermediate_size=cfg.d_ffn, num_hidden_layers=n_layers or cfg.n_layers,
-             num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.dh,
-             vocab_size=cfg.vocab, rms_norm_eps=cfg.eps, rope_theta=cfg.rope_theta,
-             tie_word_embeddings=cfg.tie_embeddings, hidden_act="silu", max_position_embeddings=1 << 17,
-             attention_bias=False, mlp_bias=False)  # fmt: skip
-    if cfg.rope_scaling:
-        f, lo, hi, orig = cfg.rope_scaling
-        d["rope_scaling"] = {"rope_type": "llama3", "factor": f, "low_freq_factor": lo, "high_freq_factor": hi,
-                             "original_max_position_embeddings": int(orig)}  # fmt: skip
-    return d
 
 
 def peft_model(cfg: LlamaConfig, weights: dict, lora: LoraConfig, dtype: str, device: str, n_layers=None,
@@ -50,13 +38,12 @@ def peft_model(cfg: LlamaConfig, weights: dict, lora: LoraConfig, dtype: str, de
     import torch
     from peft import LoraConfig as PeftLora
     from peft import get_peft_model
-    from transformers import LlamaConfig as HfConfig
     from transformers import LlamaForCausalLM
 
     from turnip.runtime.weights import hf_name, hf_shape
 
     tdt = getattr(torch, TORCH_DTYPE[dtype])
-    hc = HfConfig(**hf_config(cfg, n_layers))
+    hc = hf_config(cfg, 8192, n_layers)
     old = torch.get_default_dtype()
     torch.set_default_dtype(tdt)
     try:
@@ -300,12 +287,8 @@ def main(argv=None) -> int:
     if not a.no_hf:
         import torch
 
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from llama_prefill import hf_config as prefill_hf_config
-        from llama_prefill import random_llama
-
         tdt = getattr(torch, TORCH_DTYPE[a.dtype])
-        model = random_llama(prefill_hf_config(cfg, 8192, a.layers), 0, tdt)
+        model = random_llama(hf_config(cfg, 8192, a.layers), 0, tdt)
         model.config.use_cache = False
         sd = {k: v for k, v in model.state_dict().items()}
         lora = LoraConfig(rank=a.rank, alpha=2.0 * a.rank, lr=a.lr)
@@ -321,7 +304,7 @@ def main(argv=None) -> int:
 
             torch.set_default_dtype(torch.float32)
             with torch.device("cuda"):
-                m32 = LlamaForCausalLM(prefill_hf_config(cfg, 8192, a.layers))
+                m32 = LlamaForCausalLM(hf_config(cfg, 8192, a.layers))
             m32.load_state_dict({k: v.float() for k, v in sd.items()})
             m32.config.use_cache = False
             pms["fp32"] = __import__("peft").get_peft_model(m32, pc)

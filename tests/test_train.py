@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.runtime.helpers import gpus
 from turnip.autodiff import backward
 from turnip.compile import build_with_resident
 from turnip.graph import Graph, Tiling, TilingError, lower
@@ -391,17 +392,8 @@ def test_turnip_train_errors_are_one_line(args, msg, capsys, tmp_path, monkeypat
 # ---------------------------------------------------------------- on a GPU
 
 
-def _gpus() -> int:
-    try:
-        from cuda_kernels._numba import available, cuda, simulating
-
-        return 0 if simulating() or not available() else len(cuda().gpus)
-    except Exception:
-        return 0
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA device")
+@pytest.mark.skipif(gpus() < 1, reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype,budget,tol", [("fp32", 1 << 24, 1e-4), ("fp32", 96 * 1024, 1e-4),
                                               ("fp16", 1 << 24, 2e-2)])  # fmt: skip
 def test_training_step_on_the_cuda_backend(dtype, budget, tol):
@@ -424,7 +416,7 @@ def test_training_step_on_the_cuda_backend(dtype, budget, tol):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA device")
+@pytest.mark.skipif(gpus() < 1, reason="needs a CUDA device")
 @pytest.mark.parametrize("budget", [96 * 1024, 4 << 20])
 def test_steps_on_the_cuda_backend_hand_the_state_over(budget):
     from turnip.train import Stepper

@@ -35,3 +35,13 @@ def reference(tg, seed: int = 0):
 def rel_err(x, y) -> float:
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     return float(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30))
+
+
+def gpus() -> int:
+    """CUDA devices visible to numba (0 under the CUDA simulator or without a driver)."""
+    try:
+        from cuda_kernels._numba import available, cuda, simulating
+
+        return 0 if simulating() or not available() else len(cuda().gpus)
+    except Exception:
+        return 0

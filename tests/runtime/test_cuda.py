@@ -6,23 +6,14 @@ import threading
 import numpy as np
 import pytest
 
-from tests.runtime.helpers import reference, rel_err, tiny_llama
+from tests.runtime.helpers import gpus, reference, rel_err, tiny_llama
 from turnip.memgraph.interp import evaluate_taskgraph
 from turnip.runtime import VertexFailed, execute, open_backend
 
 pytestmark = pytest.mark.gpu
 
 
-def _gpus() -> int:
-    try:
-        from cuda_kernels._numba import available, cuda, simulating
-
-        return 0 if simulating() or not available() else len(cuda().gpus)
-    except Exception:
-        return 0
-
-
-needs_gpu = pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA device")
+needs_gpu = pytest.mark.skipif(gpus() < 1, reason="needs a CUDA device")
 
 
 def _assert_runs_correct(mg, be, ref, seeds=range(2), tol: float = 2e-2, policy: str = "nondet"):
@@ -69,7 +60,7 @@ def test_budget_not_a_multiple_of_256_keeps_the_workspace_aligned():
         assert max(rel_err(out[t], ref[t]) for t in out) <= 2e-2
 
 
-@pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")
+@pytest.mark.skipif(gpus() < 2, reason="needs two CUDA devices")
 def test_tiny_llama_on_two_gpus_with_transfers():
     tg, mg = tiny_llama(1 << 20, "fp16", n_gpus=2)
     assert (mg.kind == 2).sum() > 0
