@@ -356,6 +356,14 @@ class CudaBackend:
             self._ref_host_ns[g] = time.perf_counter_ns()
         self._in_flight.clear()
 
+    def set_device_start(self, on: bool) -> None:
+        """Record a start event before each vertex from the next run on (``on``), or not (runs then cost the
+        host one driver call less per vertex and start times are issue times). Only a plan loaded with
+        ``device_start=True`` has the events."""
+        if on and not any(self.ev0):
+            raise BackendError("this plan was loaded without start events; open it with device_start=True")
+        self.device_start = bool(on)
+
     def submit(self, cmd) -> None:
         v = cmd.v
         g = cmd.gpu
@@ -466,7 +474,7 @@ class CudaBackend:
                 continue
             g = self.owner[v]
             base = self._ref_host_ns[g] - t0_ns
-            for ev, out in ((self.ev0[v], start), (self.ev1[v], end)):
+            for ev, out in ((self.ev0[v] if self.device_start else 0, start), (self.ev1[v], end)):
                 if not ev:  # no start event: the driver loop uses the issue time
                     continue
                 r = drv.cuEventElapsedTime(ref_ms, self.ref[g], ev)
