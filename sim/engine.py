@@ -2,12 +2,15 @@
 
 State it owns (virtual time in integer ns):
   host_free_ns        when the single host thread is free to issue the next command
-  compute_free_ns[g]  when GPU g's kernel engine is free (kernels run one at a time, in issue order)
+  compute_free_ns[g]  when GPU g's kernel engine is free (kernels run one at a time, in issue order; one
+                      that starts behind another takes the profile's concurrency factor, ``overlap_factor``)
   pcie[g][d]          the copy in flight on GPU g's host link in direction d (0: h2d, 1: d2h) as
                       [v, bytes left, rate, last update ns, token]; both directions share the link: when
                       both run each gets its share of ``pcie_both_bytes_per_s``, and the survivor speeds up
                       again when the other finishes (stale completions are recognised by their token)
   copies_active[g]    copies touching GPU g now (kernels issued meanwhile are slowed and noisier)
+  bucket[g]           GPU g's power bucket (ns of full-clock busy time beyond its sustained duty, as of
+                      bucket_t[g]): the power limit (``MachineProfile.power_duty``)
 Each launched vertex costs one ``Timeout`` when the host has issued it, one when its completion reaches the
 scheduler, and host-link copies one more when their bytes are through. No generator process per vertex.
 Every run records its issue order (``SimResult.order``), which ``det-replay`` replays (``fastest_run``).
@@ -73,8 +76,10 @@ class Simulation:
         mean_only: bool = False,
         tm: TimingModel | None = None,
         order=None,
+        power_full: bool = False,
     ):
-        """``order``: the recorded issue order ``det-replay`` replays (``turnip.sched.replay``)."""
+        """``order``: the recorded issue order ``det-replay`` replays (``turnip.sched.replay``);
+        ``power_full``: start with the power bucket full (the GPU rested before the run), not empty."""
         if mg.n_gpus > prof.n_gpus:
             raise ValueError(f"plan uses {mg.n_gpus} GPUs; profile {prof.name!r} has {prof.n_gpus}")
         import simpy
@@ -90,6 +95,12 @@ class Simulation:
         self.gpu = mg.gpu.tolist()
         self.src = mg.src_gpu.tolist()
         self.kernel_ns = tm.kernel_ns.tolist()
+        self.overlap = tm.overlap.tolist()
+        self.duty = prof.power_duty  # 1.0: no power limit
+        self.handle_ns = prof.handle_ns
+        self.power_cap = prof.power_duty * prof.power_burst_s * 1e9
+        self.bucket = [self.power_cap if power_full else 0.0] * mg.n_gpus
+        self.bucket_t = [0] * mg.n_gpus
         self.nbytes = tm.nbytes.tolist()
         self.launch_ns = tm.launch_ns.tolist()
         n, g = mg.n, mg.n_gpus
@@ -157,11 +168,15 @@ class Simulation:
         if e == ENG_KERNEL:
             g = self.gpu[v]
             ready = now + self.prof.kernel_start_latency_ns
-            start = self.compute_free[g] if self.compute_free[g] > ready else ready
+            busy = self.compute_free[g] > ready
+            start = self.compute_free[g] if busy else ready
             if self.copies_active[g]:
-                dur = int(self.kernel_ns[v] * self.fc[v] * self.prof.kernel_slowdown_with_copies)
+                dur = self.kernel_ns[v] * self.fc[v] * self.prof.kernel_slowdown_with_copies
             else:
-                dur = int(self.kernel_ns[v] * self.f[v])
+                dur = self.kernel_ns[v] * self.f[v]
+            dur = int(dur * self.overlap[v]) if busy else int(dur)  # it shares the GPU with the one before
+            if self.duty < 1.0:
+                dur = self._power_limited(g, start, dur)
             self.start[v], self.end[v] = start, start + dur
             self.compute_free[g] = start + dur
             self._deliver(v, start + dur - now)
@@ -176,17 +191,36 @@ class Simulation:
         else:
             self._pcie_start(v, now, 0 if e == ENG_H2D else 1)
 
+    def _power_limited(self, g: int, start: int, dur: int) -> int:
+        """Duration of a kernel of ``dur`` ns at full clock starting at ``start`` on GPU g under the power
+        limit: tokens (ns of full-clock busy time) accrue at ``power_duty`` per ns up to the bucket's capacity
+        and a kernel spends one per ns; once the bucket is empty it goes on at ``power_duty`` of its speed.
+        Kernels start in order on a GPU's engine."""
+        duty = self.duty
+        level = min(self.power_cap, self.bucket[g] + duty * max(0, start - self.bucket_t[g]))
+        drain = (1.0 - duty) * dur
+        if level >= drain:
+            level -= drain
+        else:
+            t_full = level / (1.0 - duty)  # at full clock until the bucket is empty, then slower
+            dur = int(t_full + (dur - t_full) / duty)
+            level = 0.0
+        self.bucket[g], self.bucket_t[g] = level, start + dur
+        return dur
+
     def _deliver(self, v: int, delay_ns: int) -> None:
         """The completion of v reaches the scheduler ``completion_ns`` after the device finishes it."""
         self.env.timeout(delay_ns + self.prof.completion_ns, v).callbacks.append(self._on_done)
 
     def _on_done(self, ev) -> None:
         v, now = ev.value, self.env.now
-        self.done[v] = now
+        seen = self.host_free if self.host_free > now else now  # the host loop sees it once it is free
+        self.done[v] = seen
+        self.host_free = seen + self.handle_ns  # and handles it before issuing anything else
         if self.eng[v] == ENG_P2P:
             self.copies_active[self.src[v]] -= 1
             self.copies_active[self.gpu[v]] -= 1
-        cmds = self.core.complete(v, now)
+        cmds = self.core.complete(v, seen)
         if cmds:
             self._perform(cmds)
 
@@ -238,9 +272,11 @@ def simulate(
     mean_only: bool = False,
     tm: TimingModel | None = None,
     order=None,
+    power_full: bool = False,
 ) -> SimResult:
-    """Simulate one run. Same arguments → same result. ``det-replay`` needs ``order`` (``fastest_run``)."""
-    return Simulation(mg, prof, policy, seed, mean_only, tm, order).run()
+    """Simulate one run. Same arguments → same result. ``det-replay`` needs ``order`` (``fastest_run``);
+    ``power_full``: the GPUs start rested (their power bucket full)."""
+    return Simulation(mg, prof, policy, seed, mean_only, tm, order, power_full).run()
 
 
 def fastest_run(

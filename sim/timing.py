@@ -56,7 +56,7 @@ class TimingModel(VertexCosts):
         """Expected uncontended duration (floor x mean factor + mean stall): priorities and reports."""
         x, _, stall = self._excess(None)
         copy = self.eng != ENG_KERNEL
-        return np.rint(self.floor_ns() * x + np.where(copy, stall, 0)).astype(np.int64)
+        return np.rint(self.alone_ns() * x + np.where(copy, stall, 0)).astype(np.int64)
 
     def draws(self, rng: np.random.Generator | None) -> Draws:
         """Per-vertex factors for one run; ``rng=None`` gives the means (the ``--mean-only`` mode)."""

@@ -2,9 +2,10 @@
 
 Built from floor durations (no noise, no contention: ``turnip.machine.costs``), so it holds for every
 simulated run, and for real runs as far as the profile's floors hold on the hardware. The critical path
-counts each vertex's host launch and completion latency; ``host_ns`` is the launch cost of all commands
-(one host thread issues them one after another). A host link carries each copy's ``link_nbytes`` (its
-bytes, or with a measured copy table the bytes its floor moves at the link's rate).
+counts each vertex's host launch, completion latency and handling; ``host_ns`` is the launch and handling
+cost of all commands (one host thread issues and handles them one after another). A host link carries each
+copy's ``link_nbytes`` (its bytes, or with a measured copy table the bytes its floor moves at the link's
+rate).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from turnip.sched.priority import critical_path_ns
 
 def lower_bound(costs: VertexCosts) -> dict[str, int]:
     """The bound and its parts (all ns): ``critical_path_ns``, ``kernel_ns`` (busiest GPU),
-    ``link_ns`` (busiest host link or GPU<->GPU link), ``host_ns`` (launch cost of all commands).
+    ``link_ns`` (busiest host link or GPU<->GPU link), ``host_ns`` (issuing and handling all commands).
     ``costs`` is a ``VertexCosts`` (the simulator's ``TimingModel`` is one)."""
     mg, p = costs.mg, costs.prof
     floor = costs.floor_ns()
@@ -31,11 +32,12 @@ def lower_bound(costs: VertexCosts) -> dict[str, int]:
     pair = mg.src_gpu.astype(np.int64) * gpus + g
     sel = e == ENG_P2P
     p2p = np.bincount(pair[sel], floor[sel].astype(np.float64), minlength=gpus * gpus)
-    host = int(costs.launch_ns.sum())
+    sent = ~costs.preloaded
+    host = int(costs.launch_ns.sum()) + max(0, int(sent.sum()) - 1) * p.handle_ns  # issue and handle (not the last)
     start = np.where(e == ENG_KERNEL, p.kernel_start_latency_ns, 0)
-    per_vertex = floor + costs.launch_ns + p.completion_ns + start  # a chain waits for each hand-over
+    per_vertex = floor + costs.launch_ns + p.completion_ns + p.handle_ns + start  # a chain waits for each hand-over
     parts = {
-        "critical_path_ns": int(critical_path_ns(mg, per_vertex).max(initial=0)),
+        "critical_path_ns": int(max(0, critical_path_ns(mg, per_vertex).max(initial=0) - p.handle_ns)),  # last: seen
         "kernel_ns": int(kern.max(initial=0)),
         "link_ns": int(max(pcie.max(initial=0) * 1e9, p2p.max(initial=0))),
         "host_ns": host,

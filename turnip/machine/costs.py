@@ -120,8 +120,9 @@ def _calibrated(mg: MemGraph, prof: MachineProfile) -> tuple[np.ndarray, np.ndar
 
 
 def launch_ns(mg: MemGraph, prof: MachineProfile, eng: np.ndarray | None = None) -> np.ndarray:
-    """Host time to issue each vertex: GEMM, attention (``cost_class``), other kernel or copy; 0 for
-    resident inputs."""
+    """Host time to issue each vertex: a kernel its op's measured launch time (the profile's ``launch``
+    table), else its class's (GEMM, attention, other kernel: ``cost_class``); a copy ``copy_launch_ns``;
+    0 for resident inputs."""
     eng = engine_class(mg) if eng is None else eng
     cls = [cost_class(op) for op in mg.op]
     gemm = np.array([c == "gemm" for c in cls], dtype=bool)
@@ -129,8 +130,24 @@ def launch_ns(mg: MemGraph, prof: MachineProfile, eng: np.ndarray | None = None)
     gemm_ns = prof.kernel_launch_ns if prof.gemm_launch_ns is None else prof.gemm_launch_ns
     attn_ns = prof.kernel_launch_ns if prof.attn_launch_ns is None else prof.attn_launch_ns
     kernel_launch = np.where(gemm, gemm_ns, np.where(attn, attn_ns, prof.kernel_launch_ns))
+    if prof.tables is not None and prof.tables.launch:  # measured per op
+        own = {op: prof.tables.launch_ns(op) for op in set(mg.op)}
+        kernel_launch = np.array([own[op] if own[op] is not None else x for op, x in zip(mg.op, kernel_launch,
+                                                                                          strict=True)])  # fmt: skip
     launch = np.where(eng == ENG_KERNEL, kernel_launch, prof.copy_launch_ns)
     return np.where(mg.preloaded(), 0, launch).astype(np.int64)
+
+
+OVERLAP_SHORT_NS, OVERLAP_LONG_NS = 10_000, 1_000_000  # knots of the concurrency factor (profile fields)
+
+
+def overlap_factor(floor_ns: np.ndarray, prof: MachineProfile) -> np.ndarray:
+    """Duration factor of a kernel that starts behind another on its GPU: ``kernel_overlap_short`` at a floor
+    of ``OVERLAP_SHORT_NS`` or less, ``kernel_overlap_long`` at ``OVERLAP_LONG_NS`` or more, linear in
+    log(floor) between."""
+    x = np.log(np.maximum(np.asarray(floor_ns, dtype=np.float64), 1.0) / OVERLAP_SHORT_NS)
+    x = np.clip(x / np.log(OVERLAP_LONG_NS / OVERLAP_SHORT_NS), 0.0, 1.0)
+    return prof.kernel_overlap_short + x * (prof.kernel_overlap_long - prof.kernel_overlap_short)
 
 
 def link_rates(prof: MachineProfile) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -160,7 +177,9 @@ class VertexCosts:
     ``table_cv`` the measured mean and cv where a table covers the vertex (``covered``), else NaN;
     ``borrowed`` kernels covered by the tables of other ops of their cost class (nothing measured of their
     own); ``contended_mean_ns`` / ``contended_cv`` the same from the contended copy tables (host link copies);
-    ``copy_floor_ns`` copies' floors in float ns; ``roofline_copy_ns`` latency + bytes / bandwidth."""
+    ``copy_floor_ns`` copies' floors in float ns; ``roofline_copy_ns`` latency + bytes / bandwidth;
+    ``overlap`` the duration factor of a kernel that starts behind another on its GPU (``overlap_factor``;
+    1 for copies)."""
 
     def __init__(self, mg: MemGraph, prof: MachineProfile):
         self.mg, self.prof = mg, prof
@@ -181,6 +200,7 @@ class VertexCosts:
         roof = kernel_floor_ns(mg, prof)
         table_floor = self.table_mean_ns / (1 + mu_v)
         self.kernel_ns = np.where(self.covered & (e == ENG_KERNEL), np.rint(table_floor), roof).astype(np.int64)
+        self.overlap = np.where(e == ENG_KERNEL, overlap_factor(self.kernel_ns, prof), 1.0)
         # copies: floor (float ns) and link occupancy
         lat = np.where(e == ENG_P2P, prof.p2p_latency_ns, prof.copy_latency_ns).astype(np.float64)
         rate = np.select([e == ENG_H2D, e == ENG_D2H], [prof.h2d_bytes_per_s, prof.d2h_bytes_per_s],
@@ -225,11 +245,16 @@ class VertexCosts:
                 if c is not None and len(vs) and not (contended and cls == ENG_P2P):
                     mean[vs], cv[vs] = c.mean_ns(self.nbytes[vs]), c.cv_at(self.nbytes[vs])
 
-    def floor_ns(self) -> np.ndarray:
-        """No-noise, no-contention duration of every vertex on its engine (copies include latency)."""
+    def alone_ns(self) -> np.ndarray:
+        """No-noise, no-contention duration of every vertex alone on its engine (copies include latency)."""
         e = self.eng
         out = self.kernel_ns.copy()
         copy = e != ENG_KERNEL
         out[copy] = self.copy_floor_ns[copy]  # truncated: never above what the simulator's copies take
         out[self.preloaded] = 0
         return out
+
+    def floor_ns(self) -> np.ndarray:
+        """The least any run takes for every vertex: ``alone_ns``, for a kernel that may overlap another
+        (``overlap`` < 1) at that factor."""
+        return np.rint(self.alone_ns() * np.minimum(self.overlap, 1.0)).astype(np.int64)

@@ -49,11 +49,27 @@ class MachineProfile:
     gemm_launch_ns: int | None = 13_000  # einsum (cuBLASLt graph); None: same as kernel_launch_ns
     attn_launch_ns: int | None = 100_000  # sdpa (cuDNN's execute from Python); None: kernel_launch_ns
     copy_launch_ns: int = 13_000  # an async host<->device copy + its end event
-    completion_ns: int = 7_000  # event polling and the scheduler's completion handling
+    completion_ns: int = 7_000  # a completion event reaching the host loop (polling), host idle
+    handle_ns: int = 0  # the host's time to handle a completion (scheduler); the host issues nothing meanwhile
     # a kernel starts on the device this long after the host issues it, when its GPU is idle (driver
     # launch latency and the delay until the host sees its dependencies' completion events; measured by
     # `turnip calibrate`, 0 in the presets)
     kernel_start_latency_ns: int = 0
+    # concurrency: a kernel that starts behind another on its GPU (the host issued it while the GPU was busy)
+    # shares the GPU with it; on the simulator's one kernel engine it then takes this factor of its floor,
+    # log-linear in the floor between OVERLAP_SHORT_NS (kernel_overlap_short) and OVERLAP_LONG_NS
+    # (kernel_overlap_long), constant beyond (small kernels overlap, big ones contend). Fitted by
+    # `turnip calibrate` to the makespans of its plans on every stream slot; 1.0 in the presets
+    kernel_overlap_short: float = 1.0
+    kernel_overlap_long: float = 1.0
+    # power limit: under sustained load a GPU reaches its power limit and lowers its clocks (an H100 at 700 W:
+    # SM clock 1980 -> 1500-1700 MHz). Modelled as a token bucket per GPU over busy time: a GPU keeps its full
+    # clock while busy at most power_duty of the time; busy time beyond that comes out of a bucket of
+    # power_burst_s x power_duty (a run starts with it empty: runs back to back, as measured), and once it
+    # is empty kernels run 1 / power_duty times longer. 1.0: no limit. `turnip calibrate` fits the duty to
+    # its plans run back to back; the burst is assumed
+    power_duty: float = 1.0
+    power_burst_s: float = 0.05
     # contention (FACTS: copies slow concurrent GEMMs by ~11%)
     kernel_slowdown_with_copies: float = 1.11
     # jitter: duration = floor * (1 + e), e ~ lognormal with the given mean and standard deviation (the sd of
@@ -103,7 +119,7 @@ def h100() -> MachineProfile:
 
 PRESETS = {"h100": h100}
 _DIR = Path(__file__).parent / "profiles"
-DOC_KEYS = ("format", "version", "machine", "kernels", "copies")
+DOC_KEYS = ("format", "version", "machine", "kernels", "copies", "launch")
 INFO_KEYS = ("calibration",)  # informational top-level keys a profile document may carry
 
 
@@ -168,6 +184,12 @@ def load_profile(name_or_path: str | Path) -> MachineProfile:
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError and TOMLDecodeError are ValueErrors
         kind = "JSON" if p.suffix == ".json" else "TOML"
         raise ValueError(f"{p}: not a valid {kind} profile ({_one_line(e)})") from e
+    return profile_from_data(data, p)
+
+
+def profile_from_data(data, p: str | Path = "<profile>") -> MachineProfile:
+    """The profile of a parsed TOML/JSON document or table of fields (``load_profile``'s checks and errors;
+    ``p`` names the source in them)."""
     if not isinstance(data, dict):
         raise ValueError(f"{p}: a profile is a table of fields, got {type(data).__name__}")
     machine, tables = data, None
@@ -180,7 +202,7 @@ def load_profile(name_or_path: str | Path) -> MachineProfile:
         if data.get("version", 1) != 1:
             raise ValueError(f"{p}: profile version {data['version']!r} is not supported (this turnip reads 1)")
         machine = data.get("machine", {})
-        tables = parse_tables(str(p), data.get("kernels"), data.get("copies"))
+        tables = parse_tables(str(p), data.get("kernels"), data.get("copies"), data.get("launch"))
     if not isinstance(machine, dict):
         raise ValueError(f"{p}: machine must be a table of fields")
     unknown = set(machine) - {f.name for f in _SCALARS}
@@ -211,5 +233,7 @@ def dump_json(profile: MachineProfile) -> str:
     """The whole profile, tables included, as a ``turnip-profile`` JSON document."""
     doc: dict = {"format": "turnip-profile", "version": 1, "machine": profile.to_dict()}
     if profile.tables is not None:
-        doc["kernels"], doc["copies"] = profile.tables.to_rows()
+        doc["kernels"], doc["copies"], launch = profile.tables.to_rows()
+        if launch:
+            doc["launch"] = launch
     return json.dumps(doc, indent=1) + "\n"

@@ -84,12 +84,21 @@ class Curve:
         return np.interp(lx, self._lx, self.cv)
 
 
+@dataclass(frozen=True, slots=True)
+class LaunchPoint:
+    op: str
+    ns: int  # median host issue time of the op's kernels
+    n: int  # samples
+
+
 @dataclass(frozen=True)
 class CostTables:
-    """The measured points of one profile, and their curves by key."""
+    """The measured points of one profile, and their curves by key; ``launch``: the host's issue time per
+    kernel op (median ns), where measured."""
 
     kernels: tuple[KernelPoint, ...] = ()
     copies: tuple[CopyPoint, ...] = ()
+    launch: tuple[LaunchPoint, ...] = ()
     _kernel_curves: dict = field(default_factory=dict, init=False, compare=False, repr=False)
     _copy_curves: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
@@ -116,31 +125,44 @@ class CostTables:
     def copy_curve(self, kind: str, contended: bool) -> Curve | None:
         return self._copy_curves.get((kind, bool(contended)))
 
-    def to_rows(self) -> tuple[list[dict], list[dict]]:
-        """The ``kernels`` and ``copies`` lists of a profile document."""
+    def launch_ns(self, op: str) -> int | None:
+        """The measured host issue time of ``op``'s kernels, or None."""
+        return next((x.ns for x in self.launch if x.op == op), None)
+
+    def to_rows(self) -> tuple[list[dict], list[dict], list[dict]]:
+        """The ``kernels``, ``copies`` and ``launch`` lists of a profile document."""
         kern = [{f.name: getattr(k, f.name) for f in fields(KernelPoint)} for k in self.kernels]
         for r in kern:
             if not r["shape"]:
                 del r["shape"]
-        return kern, [{f.name: getattr(c, f.name) for f in fields(CopyPoint)} for c in self.copies]
+        return (kern, [{f.name: getattr(c, f.name) for f in fields(CopyPoint)} for c in self.copies],
+                [{f.name: getattr(x, f.name) for f in fields(LaunchPoint)} for x in self.launch])
 
 
 # ---------------------------------------------------------------------------------------------- validation
 _REQUIRED = {"kernels": ("op", "match", "dtype", "work", "ns_mean", "ns_sd", "n"),
-             "copies": ("kind", "contended", "nbytes", "ns_mean", "ns_sd", "n")}  # fmt: skip
-_OPTIONAL = {"kernels": ("shape",), "copies": ()}
+             "copies": ("kind", "contended", "nbytes", "ns_mean", "ns_sd", "n"),
+             "launch": ("op", "ns", "n")}  # fmt: skip
+_OPTIONAL = {"kernels": ("shape",), "copies": (), "launch": ()}
 
 
-def parse_tables(source: str, kernels, copies) -> CostTables | None:
-    """Checked ``CostTables`` from a profile document's ``kernels`` and ``copies`` lists (None when both are
-    empty). A bad row raises a one-line ``ValueError``: ``<source>: kernels[3]: <the problem>``."""
+def parse_tables(source: str, kernels, copies, launch=None) -> CostTables | None:
+    """Checked ``CostTables`` from a profile document's ``kernels``, ``copies`` and ``launch`` lists (None when
+    all are empty). A bad row raises a one-line ``ValueError``: ``<source>: kernels[3]: <the problem>``."""
+    from turnip.ops import OPS
+
     kern = tuple(_kernel_point(source, i, r) for i, r in enumerate(_rows(source, "kernels", kernels)))
     cop = tuple(_copy_point(source, i, r) for i, r in enumerate(_rows(source, "copies", copies)))
+    lau = tuple(LaunchPoint(_string(f"{source}: launch[{i}]", r, "op", OPS),
+                            int(_number(f"{source}: launch[{i}]", r, "ns", 0, whole=True)),
+                            int(_number(f"{source}: launch[{i}]", r, "n", 1, whole=True)))
+                for i, r in enumerate(_rows(source, "launch", launch)))  # fmt: skip
     _no_duplicates(source, "kernels", [(k.op, k.match, k.dtype, k.work) for k in kern],
                    "op {}, match {!r}, dtype {}, work {:g}")  # fmt: skip
     _no_duplicates(source, "copies", [(c.kind, c.contended, c.nbytes) for c in cop],
                    "kind {}, contended {}, nbytes {}")  # fmt: skip
-    return CostTables(kern, cop) if kern or cop else None
+    _no_duplicates(source, "launch", [(x.op,) for x in lau], "op {}")
+    return CostTables(kern, cop, lau) if kern or cop or lau else None
 
 
 def _rows(source: str, name: str, rows) -> list[dict]:

@@ -1,0 +1,109 @@
+"""The simulator's GPU-wide effects (concurrency factor, power limit, host handling, per-op launch costs)
+and their fit (``sim.fit``), on small plans."""
+
+import json
+
+import pytest
+
+from sim import simulate
+from sim.fit import fit_overlap, simulated_ms
+from sim.timing import TimingModel
+from turnip.compile import build_with_resident, make_taskgraph
+from turnip.machine.costs import launch_ns
+from turnip.machine.profile import dump_json, h100, load_profile
+from turnip.sched.testing import make_memgraph
+
+pytestmark = pytest.mark.unit
+
+QUIET = h100().replace(kernel_excess_mean=0.0, kernel_contended_excess_mean=0.0, stall_prob=0.0,
+                       kernel_launch_ns=1000, gemm_launch_ns=1000, completion_ns=1000)  # fmt: skip
+
+
+def parallel(n: int, flops: float = 4e10):
+    """n independent einsum kernels on one GPU."""
+    return make_memgraph(["kernel"] * n, [[]] * n, flops=[flops] * n, nbytes=[1 << 10] * n, ops=["einsum"] * n)
+
+
+def chain(n: int, flops: float = 4e10):
+    return make_memgraph(["kernel"] * n, [[]] + [[i] for i in range(n - 1)], flops=[flops] * n,
+                         nbytes=[1 << 10] * n, ops=["einsum"] * n)  # fmt: skip
+
+
+def test_a_kernel_that_starts_behind_another_takes_the_concurrency_factor():
+    mg = parallel(2, flops=1e12)
+    floor = int(TimingModel(mg, QUIET).kernel_ns[0])
+    assert floor > 1_000_000  # a long kernel: kernel_overlap_long applies
+    for f in (1.0, 0.6, 1.2):
+        prof = QUIET.replace(kernel_overlap_short=1.0, kernel_overlap_long=f)
+        r = simulate(mg, prof, mean_only=True)
+        durs = sorted((r.end_ns - r.start_ns).tolist())
+        first, second = (durs[1], durs[0]) if f < 1 else (durs[0], durs[1])
+        assert first == floor and abs(second - f * floor) <= 1  # the one alone keeps its floor
+        assert r.makespan_ns >= r.lower_bound_ns  # floors below 1 enter the bound
+    alone = simulate(chain(2, flops=1e12), QUIET.replace(kernel_overlap_long=0.6), mean_only=True)
+    assert (alone.end_ns - alone.start_ns).tolist() == [floor, floor]  # a chain never queues
+
+
+def test_the_power_limit_slows_sustained_work_and_spares_a_rested_gpu():
+    mg = parallel(20)
+    base = simulate(mg, QUIET, mean_only=True).makespan_ns
+    lim = QUIET.replace(power_duty=0.8, power_burst_s=0.05)
+    slow = simulate(mg, lim, mean_only=True).makespan_ns
+    assert slow == pytest.approx(base / 0.8, rel=0.01)  # empty bucket, always busy: 1 / duty as long
+    rested = simulate(mg, lim, mean_only=True, power_full=True).makespan_ns
+    assert rested == base  # a full bucket (0.05 s x 0.8) pays for this short burst at full clock
+    short = simulate(mg, lim.replace(power_burst_s=0.0001), mean_only=True, power_full=True).makespan_ns
+    assert base < short < slow  # a small one for part of it
+    assert simulate(mg, QUIET.replace(power_duty=1.0), mean_only=True).makespan_ns == base
+    sparse = make_memgraph(["kernel"] * 2, [[], [0]], flops=[4e10] * 2, nbytes=[1 << 10] * 2, ops=["einsum"] * 2)
+    assert simulate(sparse, lim, mean_only=True).makespan_ns >= simulate(sparse, QUIET, mean_only=True).makespan_ns
+
+
+def test_handling_a_completion_occupies_the_host():
+    mg = chain(10, flops=1e6)  # short kernels: the host's hand-overs dominate
+    a = simulate(mg, QUIET, mean_only=True).makespan_ns
+    b = simulate(mg, QUIET.replace(handle_ns=5000), mean_only=True)
+    assert b.makespan_ns - a == pytest.approx(9 * 5000, abs=10)  # every hand-over (the last is seen at done)
+    assert b.makespan_ns >= b.lower_bound_ns and b.bound["host_ns"] >= 10 * 1000 + 9 * 5000
+
+
+def test_launch_costs_per_op_from_the_profile_table(tmp_path):
+    mg = make_memgraph(["kernel"] * 3, [[]] * 3, flops=[1e9] * 3, nbytes=[1 << 10] * 3,
+                       ops=["einsum", "rmsnorm", "silu"])  # fmt: skip
+    doc = {"format": "turnip-profile", "version": 1, "machine": {"kernel_launch_ns": 7000, "gemm_launch_ns": 9000},
+           "launch": [{"op": "rmsnorm", "ns": 4000, "n": 10}, {"op": "einsum", "ns": 12000, "n": 10}]}  # fmt: skip
+    p = tmp_path / "l.json"
+    p.write_text(json.dumps(doc))
+    prof = load_profile(p)
+    assert launch_ns(mg, prof).tolist() == [12000, 4000, 7000]  # silu: no row, its class's cost
+    assert json.loads(dump_json(prof))["launch"] == doc["launch"]
+    doc["launch"].append({"op": "warp", "ns": 1, "n": 1})
+    p.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"launch\[2\].*'op'.*warp") as e:
+        load_profile(p)
+    assert "\n" not in str(e.value)
+
+
+def test_the_fit_recovers_factors_that_made_the_measurements():
+    tg = make_taskgraph("llama-tiny", 64, 1, "fp16", {"t": 16})
+    mg = build_with_resident(tg, 1 << 26, None, str(1 << 25))
+    doc = {"format": "turnip-profile", "version": 1, "machine": {"name": "fit"} | {
+        k: getattr(QUIET, k) for k in ("kernel_excess_mean", "stall_prob", "kernel_launch_ns", "gemm_launch_ns",
+                                       "completion_ns")}}  # fmt: skip
+    truth = QUIET.replace(kernel_overlap_short=0.7, kernel_overlap_long=0.9)
+    meas = simulated_ms([(mg, 0.0, "tiny")], truth)[0] * 1e6
+    before = simulated_ms([(mg, meas, "tiny")], QUIET)[0]
+    lines = []
+    x = fit_overlap(doc, log=lines.append, plans=[(mg, meas, "tiny")])
+    after = simulated_ms([(mg, meas, "tiny")], QUIET.replace(**x))[0]
+    assert abs(after / (meas / 1e6) - 1) < 0.01 < abs(before / (meas / 1e6) - 1)
+    assert set(x) == {"kernel_overlap_short", "kernel_overlap_long", "power_duty"} and any("tiny" in s for s in lines)
+
+
+def test_refit_needs_recorded_plans(tmp_path):
+    from turnip.calibrate import refit
+
+    p = tmp_path / "old.json"
+    p.write_text(json.dumps({"format": "turnip-profile", "version": 1, "machine": {}, "calibration": {"plans": []}}))
+    with pytest.raises(ValueError, match="records no plan makespans"):
+        refit(str(p))
