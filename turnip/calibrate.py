@@ -1,18 +1,22 @@
 """``turnip calibrate``: measure this GPU and write a machine profile the simulator can use (``docs/profile.md``).
 
-Three measurements, all through the code a real run uses:
+Measurements, all through the code a real run uses:
 
-- **kernels**: small LLaMA-family plans (one or two decoder layers, every weight resident, LM heads) at a
-  sweep of prompt lengths and tile sizes run on the CUDA backend with one stream per GPU and the ``det``
-  policy, so each vertex's device interval (CUDA events around its launch) is its kernel alone, timed after
-  HEAT_S seconds of back-to-back runs (GPU clocks under sustained load, as in a long prefill). Vertices
-  are grouped by (op, einsum subscripts or ``*``, dtype, work), work being flops for ``einsum``, ``sdpa``
-  and ``sdpa_bwd`` and bytes read plus written for the others; each group gives its mean, standard deviation
-  and count over every vertex and run. Different tile sizes give each op a curve over work.
+- **kernels**: small LLaMA-family plans (one, two or eight decoder layers, every weight resident, LM heads,
+  LoRA training steps) at a sweep of prompt lengths and tile sizes run on the CUDA backend with one stream
+  and the ``det`` policy, with start and end events around every vertex, so each device interval is its
+  kernel alone, timed after HEAT_S seconds of back-to-back runs. Vertices are grouped by (op, einsum
+  subscripts or ``*``, dtype, work), work being flops for ``einsum``, ``sdpa`` and ``sdpa_bwd`` and bytes
+  read plus written for the others; each group gives its mean, standard deviation and count.
+- **host costs**: the same plans without start events on every stream slot under ``nondet``: issue time per
+  op (the ``launch`` table) and per class, completion handling (``handle_ns``), the delay from a kernel's
+  end to the host loop seeing it while idle (``completion_ns``); the start latency of a kernel launched on
+  an idle GPU from the one-stream runs; copies' issue cost from a streamed plan.
 - **copies**: host-to-device and device-to-host copies of pinned memory from 64 KiB to 512 MiB, alone and
   while the other direction streams, timed with events on their own streams.
-- **host costs**: a streamed plan run with the default stream slots and ``nondet``: median issue time per
-  kind of vertex (GEMM, attention, other kernel, copy) and median completion handling.
+- **GPU-wide effects**: each plan's makespans back to back on every stream slot after SUSTAIN_S seconds of
+  it (``calibration.plans``); ``sim.fit.fit_overlap`` fits the concurrency factor and the power duty to them
+  (``turnip calibrate --refit`` does it again from the file).
 
 The profile is JSON: ``machine`` (scalar fields of ``MachineProfile``, the host and link figures measured
 here), ``kernels`` and ``copies`` (the tables). Plans used for validation (``benchmarks/sim_vs_real.py``)
@@ -31,6 +35,7 @@ import numpy as np
 
 GiB = 1 << 30
 HEAT_S = 1.5  # seconds of back-to-back runs of a plan before its timed runs
+SUSTAIN_S = 1.0  # seconds of back-to-back nondet runs before the timed ones (the power limit's steady state)
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,8 @@ def kernel_plans(quick: bool = False) -> list[KernelPlan]:
     # blocks apart from the training benchmark's (1K and 4K sequences, whole heads and FFN)
     # (two layers: the second's backward goes through the frozen projections to the first's input; one long
     # sequence: attention's backward at the tile sizes long training sequences use)
+    # eight layers: long enough on every stream slot to hold the GPU at its power limit (``power_duty``)
+    plans.append(KernelPlan("llama-7b", 6144, {"t": 3072, "h": 16, "f": 5504}, layers=8))
     plans += [KernelPlan("llama-7b", 1536, {"h": 16, "f": 5504}, layers=2, batch=3),
               KernelPlan("llama-7b", 2560, {"h": 8, "f": 2752}, layers=2, batch=2),
               KernelPlan("llama-7b", 6144, {"h": 16, "f": 5504}, layers=2, batch=1)]  # fmt: skip
@@ -103,58 +110,131 @@ def _kernel_rows(mg, runs) -> list[dict]:
     return _rows(_kernel_samples(mg, runs, {}))
 
 
-def dependency_gaps(mg, runs) -> list[tuple[str, int]]:
-    """(kind, ns) for every kernel that found its GPU idle: device time from its last dependency's end to
-    its own start (the host saw the completion, handled it, issued the kernel, the device started it).
-    Kind: ``gemm``, ``attn`` or ``kernel`` (the host's launch cost differs)."""
+def _launch_kind(op: str) -> str:
+    """``gemm``, ``attn`` or ``kernel``: which host launch cost a kernel of ``op`` pays."""
     from turnip.machine.costs import cost_class
+
+    cls = cost_class(op)
+    return "gemm" if cls == "gemm" else "attn" if cls == "attention" else "kernel"
+
+
+def start_latencies(mg, runs) -> list[int]:
+    """Device start less host issue, ns, for every kernel whose GPU was idle when the host issued it (every
+    kernel issued before it had ended), from runs recorded with start events. Attention is left out: its
+    library call returns after its kernels were queued, so the issue time is late."""
     from turnip.memgraph.plan import KIND_KERNEL
 
     kern = np.flatnonzero(mg.kind == KIND_KERNEL)
+    attn = {int(v) for v in kern if _launch_kind(mg.op[v]) == "attn"}
     out = []
     for r in runs:
-        order = kern[np.argsort(r.start_ns[kern], kind="stable")]
-        prev_end = 0
-        for v in order:
-            deps = mg.deps(int(v))
-            ready = int(r.end_ns[deps].max()) if len(deps) else 0
-            s0 = int(r.start_ns[v])
-            if deps.size and ready >= prev_end and s0 >= ready:  # idle GPU, waiting on this kernel's inputs
-                cls = cost_class(mg.op[v])
-                out.append(("gemm" if cls == "gemm" else "attn" if cls == "attention" else "kernel", s0 - ready))
-            prev_end = max(prev_end, int(r.end_ns[v]))
+        order = kern[np.argsort(r.issue_ns[kern], kind="stable")]
+        busy_until = 0
+        for v in order.tolist():
+            iss, s0 = int(r.issue_ns[v]), int(r.start_ns[v])
+            if busy_until <= iss and v not in attn:
+                out.append(max(0, s0 - iss))
+            busy_until = max(busy_until, int(r.end_ns[v]))
     return out
 
 
-def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 3, progress=None,
-                    gaps: list | None = None, run_cvs: list | None = None) -> list[dict]:  # fmt: skip
+def host_samples(mg, runs, into: dict) -> dict:
+    """Add the host's costs in ``runs`` (run without start events) to ``into``: issue time per launch kind
+    (``gemm``, ``attn``, ``kernel``; ``copy`` for every copy), completion handling (``handle``) and, for
+    kernels that ended while the host loop was only polling (issuing and handling nothing until it saw
+    them), the delay from the device end to the host seeing it (``poll``); returns ``into``."""
+    from turnip.memgraph.plan import KIND_KERNEL
+
+    kinds = np.array([_launch_kind(op) if k == KIND_KERNEL else "copy" for op, k in zip(mg.op, mg.kind, strict=True)])
+    kernel = mg.kind == KIND_KERNEL
+    for r in runs:
+        sent = r.issue_ns > 0
+        issue = r.issue_ns - r.host_start_ns
+        for k in ("gemm", "attn", "kernel", "copy"):
+            into.setdefault(k, []).extend(issue[sent & (kinds == k)].tolist())
+        for v in np.flatnonzero(sent & kernel).tolist():  # and per op
+            into.setdefault("op", {}).setdefault(mg.op[v], []).append(int(issue[v]))
+        into.setdefault("handle", []).extend(r.handle_ns[sent].tolist())
+        # the host thread's busy intervals (issuing, handling), disjoint and in time order
+        busy_s = np.concatenate([r.host_start_ns[sent], r.done_ns[sent]])
+        busy_e = np.concatenate([r.issue_ns[sent], r.done_ns[sent] + r.handle_ns[sent]])
+        o = np.argsort(busy_s, kind="stable")
+        busy_s, busy_e = busy_s[o], np.maximum.accumulate(busy_e[o])
+        k = np.flatnonzero(sent & kernel)
+        nxt = np.searchsorted(busy_e, r.end_ns[k], side="right")  # first busy interval ending after the end
+        idle = (nxt >= len(busy_s)) | (busy_s[np.minimum(nxt, len(busy_s) - 1)] >= r.done_ns[k])
+        into.setdefault("poll", []).extend((r.done_ns - r.end_ns)[k[idle]].tolist())
+    return into
+
+
+def _med(xs) -> int:
+    return int(np.median(xs)) if len(xs) else 0
+
+
+def host_fields(host: dict) -> dict:
+    """Profile fields from pooled host samples: launch cost per kind, completion (the poll delay on an idle
+    host), handling."""
+    return {"gemm_launch_ns": _med(host.get("gemm", [])), "attn_launch_ns": _med(host.get("attn", [])),
+            "kernel_launch_ns": _med(host.get("kernel", [])), "copy_launch_ns": _med(host.get("copy", [])),
+            "completion_ns": _med(host.get("poll", [])), "handle_ns": _med(host.get("handle", []))}  # fmt: skip
+
+
+def launch_rows(host: dict) -> list[dict]:
+    """The profile's ``launch`` table: median issue time per kernel op."""
+    return [{"op": op, "ns": _med(xs), "n": len(xs)} for op, xs in sorted(host.get("op", {}).items())]
+
+
+def plan_graph(p: KernelPlan, dtype: str = "fp16"):
+    """The calibration plan's taskgraph and memgraph: every weight resident, room for the rest."""
     from turnip.compile import build_with_resident, make_taskgraph
+
+    train = None
+    if p.batch:
+        from turnip.train import TrainSpec
+
+        train = TrainSpec(p.batch, checkpoint="on")
+    tg = make_taskgraph(p.model, p.seq, 1, dtype, p.tiles, n_layers=p.layers, head=p.head, train=train)
+    inputs = int(sum(int(np.prod(tg.shape[v])) for v in np.flatnonzero(tg.kind == 0))) * 4
+    return tg, build_with_resident(tg, 3 * inputs + (4 << 30), None, str(inputs + (1 << 20)))
+
+
+def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 3, progress=None,
+                    host: dict | None = None, latency: list | None = None, run_cvs: list | None = None,
+                    plan_runs: list | None = None) -> list[dict]:  # fmt: skip
+    """Kernel table rows from every plan run on one stream (``det``) with start events: each vertex's device
+    interval is its kernel alone. Then, without start events, the same plan on the default stream slots
+    (``nondet``) and on one stream: host costs (``host``), makespans (``plan_runs``: what the simulator's
+    concurrency factor is fitted to, ``fit_overlap``), the run-to-run spread (``run_cvs``); ``latency``
+    gets the start latencies of the one-stream runs."""
     from turnip.runtime import execute, open_backend
     from turnip.runtime.weights import iter_random_inputs, write_streaming
 
     samples: dict = {}
     for i, p in enumerate(plans):
-        train = None
-        if p.batch:
-            from turnip.train import TrainSpec
-
-            train = TrainSpec(p.batch, checkpoint="on")
-        tg = make_taskgraph(p.model, p.seq, 1, dtype, p.tiles, n_layers=p.layers, head=p.head, train=train)
-        inputs = int(sum(int(np.prod(tg.shape[v])) for v in np.flatnonzero(tg.kind == 0))) * 4
-        budget = 3 * inputs + (4 << 30)
-        mg = build_with_resident(tg, budget, None, str(inputs + (1 << 20)))
-        with open_backend("cuda", mg, 1) as be:
+        tg, mg = plan_graph(p, dtype)
+        with open_backend("cuda", mg, 5, device_start=True) as be:
             write_streaming(be, tg, iter_random_inputs(tg, seed=i))
             execute(mg, be, "det", 1, seed=0)  # warm-up: modules, handles, graphs
             t_heat = time.perf_counter()  # then sustained load, so clocks settle where long prefills run them
             while time.perf_counter() - t_heat < HEAT_S:
                 execute(mg, be, "det", 1, seed=0)
             runs = [execute(mg, be, "det", 1, seed=r) for r in range(repeat)]
-        if gaps is not None:
-            gaps.extend(dependency_gaps(mg, runs))
+            be.set_device_start(False)
+            serial = [execute(mg, be, "det", 1, seed=r) for r in range(repeat)]
+            t_heat = time.perf_counter()  # back to back on every stream slot, as long runs go (power limit)
+            while time.perf_counter() - t_heat < SUSTAIN_S:
+                execute(mg, be, "nondet", 5, seed=0)
+            nondet = [execute(mg, be, "nondet", 5, seed=r) for r in range(repeat)]
+        if latency is not None:
+            latency.extend(start_latencies(mg, runs))
+        if host is not None:
+            host_samples(mg, nondet, host)
         if run_cvs is not None and len(runs) > 1:  # run-to-run spread of the whole plan
-            ms = np.array([r.makespan_ns for r in runs], dtype=np.float64)
+            ms = np.array([r.makespan_ns for r in nondet], dtype=np.float64)
             run_cvs.append(float(ms.std(ddof=1) / ms.mean()))
+        if plan_runs is not None:
+            plan_runs.append({"nondet_ms": [round(r.makespan_ns / 1e6, 4) for r in nondet],
+                              "det1_ms": [round(r.makespan_ns / 1e6, 4) for r in serial]})  # fmt: skip
         _kernel_samples(mg, runs, samples)
         if progress:
             progress(i + 1)
@@ -214,11 +294,10 @@ def measure_copies(sizes: list[int], repeat: int = 10) -> list[dict]:
     return rows
 
 
-def measure_host(dtype: str = "fp16", repeat: int = 3) -> dict:
-    """Median host cost per vertex kind of a streamed plan (issue) and of completion handling."""
+def measure_host(dtype: str = "fp16", repeat: int = 3, host: dict | None = None) -> dict:
+    """Host samples (``host_samples``) of a streamed plan (weights copied in as the run goes) run with the
+    default stream slots and ``nondet``: the copies' issue cost, and the kernels' under streaming."""
     from turnip.compile import build_with_resident, make_taskgraph
-    from turnip.machine.costs import cost_class
-    from turnip.memgraph.plan import KIND_KERNEL
     from turnip.runtime import execute, open_backend
     from turnip.runtime.weights import iter_random_inputs, write_streaming
 
@@ -228,23 +307,7 @@ def measure_host(dtype: str = "fp16", repeat: int = 3) -> dict:
         write_streaming(be, tg, iter_random_inputs(tg, seed=0))
         execute(mg, be, "nondet", 5, seed=0)
         runs = [execute(mg, be, "nondet", 5, seed=r) for r in range(repeat)]
-    issue = np.concatenate([r.issue_ns - r.host_start_ns for r in runs])
-    handle = np.concatenate([r.handle_ns for r in runs])
-    op = np.tile(np.asarray([cost_class(o) for o in mg.op], dtype=object), len(runs))
-    kernel = np.tile(mg.kind == KIND_KERNEL, len(runs))
-    dispatched = np.concatenate([r.issue_ns > 0 for r in runs])
-
-    def med(sel) -> int:
-        sel = sel & dispatched
-        return int(np.median(issue[sel])) if sel.any() else 0
-
-    return {
-        "gemm_launch_ns": med(kernel & (op == "gemm")),
-        "attn_launch_ns": med(kernel & (op == "attention")),
-        "kernel_launch_ns": med(kernel & (op == "memory")),
-        "copy_launch_ns": med(~kernel),  # inputs streamed from the host, reloads, offloads
-        "completion_ns": int(np.median(handle[dispatched])),
-    }
+    return host_samples(mg, runs, {} if host is None else host)
 
 
 def copy_fields(copies: list[dict]) -> dict:
@@ -265,35 +328,60 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     t0 = time.perf_counter()
     plans = kernel_plans(quick)
     kernels: list[dict] = []
-    gaps: list = []
+    resident: dict = {}
+    latency: list = []
     run_cvs: list = []
+    plan_runs: list = []
     for dt in dtypes:
         bar = progress_factory(len(plans), f"calibrate: kernels ({dt})") if progress_factory else nullcontext()
+        runs_dt: list = []
         with bar:
             kernels += measure_kernels(plans, dt, repeat=2 if quick else 3, progress=getattr(bar, "update", None),
-                                       gaps=gaps, run_cvs=run_cvs)  # fmt: skip
+                                       host=resident, latency=latency, run_cvs=run_cvs, plan_runs=runs_dt)  # fmt: skip
+        plan_runs += [p.__dict__ | {"model": p.model.rsplit("/", 1)[-1], "dtype": dt} | r
+                      for p, r in zip(plans, runs_dt, strict=True)]  # fmt: skip
     log(f"kernels: {len(kernels)} (op, shape) points from {len(plans)} plans x {len(dtypes)} dtypes, "
         f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
     sizes = [1 << k for k in range(16, 30, 1 if not quick else 2)]
     copies = measure_copies(sizes, repeat=5 if quick else 10)
     log(f"copies: {len(copies)} points, {time.perf_counter() - t0:.0f} s")
-    host = measure_host(dtypes[0], repeat=2 if quick else 3)
-    log(f"host costs: {host}, {time.perf_counter() - t0:.0f} s")
+    streamed = measure_host(dtypes[0], repeat=2 if quick else 3)
+    # kernels' issue and completion costs from the resident plans (most of a plan's kernels run so; a streamed
+    # plan's kernels are hidden behind its copies anyway), copies' issue cost from the streamed plan
+    host = host_fields(resident) | {"copy_launch_ns": host_fields(streamed)["copy_launch_ns"]}
+    log(f"host costs: {host} (streamed plan: {host_fields(streamed)}), {time.perf_counter() - t0:.0f} s")
     from cuda_kernels._numba import cuda
 
     name = cuda().get_current_device().name
     name = name.decode() if isinstance(name, bytes) else str(name)
-    launch = {"gemm": host["gemm_launch_ns"], "attn": host["attn_launch_ns"], "kernel": host["kernel_launch_ns"]}
-    residual = [g - host["completion_ns"] - launch[k] for k, g in gaps]
-    latency = max(0, int(np.median(residual))) if residual else 0  # what the host costs do not explain
-    log(f"kernel start latency: {latency} ns (median over {len(residual)} hand-overs to an idle GPU)")
+    start_latency = _med(latency)
+    log(f"kernel start latency: {start_latency} ns (median over {len(latency)} launches on an idle GPU)")
     cv = float(np.median(run_cvs)) if run_cvs else 0.0  # a run-wide factor with this mean and spread
-    machine = {"name": f"calibrated {name}", "kernel_start_latency_ns": latency, "run_excess_mean": cv,
+    machine = {"name": f"calibrated {name}", "kernel_start_latency_ns": start_latency, "run_excess_mean": cv,
                "run_excess_sd": cv} | host | copy_fields(copies)  # fmt: skip
-    return {"format": "turnip-profile", "version": 1, "machine": machine, "kernels": kernels, "copies": copies,
-            "calibration": {"device": name, "host": platform.node(), "seconds": round(time.perf_counter() - t0, 1),
-                            "plans": [p.__dict__ | {"model": p.model.rsplit("/", 1)[-1]} for p in plans],
-                            "dtypes": list(dtypes)}}  # fmt: skip
+    doc = {"format": "turnip-profile", "version": 1, "machine": machine, "kernels": kernels, "copies": copies,
+           "launch": launch_rows(resident),
+           "calibration": {"device": name, "host": platform.node(), "plans": plan_runs, "dtypes": list(dtypes),
+                           "host_resident": host_fields(resident), "host_streamed": host_fields(streamed)}}  # fmt: skip
+    from sim.fit import fit_overlap
+
+    doc["machine"] |= fit_overlap(doc, log=log)
+    doc["calibration"]["seconds"] = round(time.perf_counter() - t0, 1)
+    return doc
+
+
+def refit(path: str, log=print) -> dict:
+    """A profile document ``calibrate`` wrote, its concurrency factor fitted again (``sim.fit.fit_overlap``)
+    to the plan makespans it recorded; loads it first, so a bad file is a one-line error."""
+    from sim.fit import fit_overlap
+    from turnip.machine.profile import load_profile
+
+    load_profile(path)
+    doc = json.loads(open(path).read())
+    if not doc.get("calibration", {}).get("plans") or not any(p.get("nondet_ms") for p in doc["calibration"]["plans"]):
+        raise ValueError(f"{path}: records no plan makespans to fit to (written by an older `turnip calibrate`?)")
+    doc["machine"] |= fit_overlap(doc, log=log)
+    return doc
 
 
 def write_profile(doc: dict, path: str) -> None:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from turnip.calibrate import _kernel_rows, copy_fields, dependency_gaps, kernel_plans
+from turnip.calibrate import _kernel_rows, copy_fields, host_fields, host_samples, kernel_plans, start_latencies
 from turnip.compile import build_with_resident, make_taskgraph
 from turnip.machine.costs import vertex_work
 from turnip.machine.profile import load_profile
@@ -48,10 +48,33 @@ def test_kernel_rows_group_by_op_shape_and_work(plan):
     assert len(keys) == len(rows)
 
 
-def test_dependency_gaps_measure_hand_overs_to_an_idle_gpu(plan):
-    gaps = dependency_gaps(plan, serial_runs(plan, lambda v, r: 2000, 7000))
-    assert gaps and all(ns == 7000 for _, ns in gaps)
-    assert {k for k, _ in gaps} <= {"gemm", "attn", "kernel"}
+def test_start_latencies_count_kernels_issued_to_an_idle_gpu(plan):
+    runs = serial_runs(plan, lambda v, r: 2000, 7000)
+    for r in runs:  # issued 1500 ns before the device starts each kernel: the GPU had finished the one before
+        r.issue_ns = np.where(r.start_ns > 0, r.start_ns - 1500, 0)
+    lat = start_latencies(plan, runs)
+    n_attn = sum(op == "sdpa" for op, k in zip(plan.op, plan.kind, strict=True) if k == KIND_KERNEL)
+    assert lat and len(lat) == 2 * (int((plan.kind == KIND_KERNEL).sum()) - n_attn)  # attention left out
+    assert set(lat) == {1500}
+    for r in runs:  # issued while the kernel before still ran: not a launch on an idle GPU
+        r.issue_ns = np.where(r.start_ns > 0, np.maximum(r.start_ns - 8000, 0), 0)
+    assert len(start_latencies(plan, runs)) == 2  # only each run's first kernel
+
+
+def test_host_samples_and_fields(plan):
+    runs = serial_runs(plan, lambda v, r: 2000, 7000)
+    kern = plan.kind == KIND_KERNEL
+    for r in runs:
+        r.host_start_ns = np.where(r.start_ns > 0, r.start_ns - 5000, 0)
+        r.issue_ns = np.where(kern, r.host_start_ns + np.where(np.asarray(plan.op) == "einsum", 4000, 3000), 0)
+        r.done_ns = np.where(kern, r.end_ns + 700, 0)
+        r.handle_ns = np.where(kern, 900, 0)
+        r.end_ns = np.where(kern, r.end_ns, 0)
+    h = host_samples(plan, runs, {})
+    f = host_fields(h)
+    assert f["gemm_launch_ns"] == 4000 and f["kernel_launch_ns"] == 3000 and f["attn_launch_ns"] == 3000
+    assert f["completion_ns"] == 700 and f["handle_ns"] == 900 and f["copy_launch_ns"] == 0  # resident: no copies
+    assert len(h["poll"]) == 2 * int(kern.sum())
 
 
 def test_copy_fields_and_a_written_profile_loads(tmp_path, plan):
@@ -73,4 +96,4 @@ def test_calibration_plans_are_not_the_validation_grid():
     grid = {1024, 4096, 8192, 16384, 32768}
     plans = kernel_plans()
     assert plans and not {p.seq for p in plans} & grid
-    assert all(p.layers <= 2 for p in plans)
+    assert all(p.layers <= 8 for p in plans)

@@ -12,16 +12,19 @@ def register(sub) -> None:
         "calibrate",
         help="measure this GPU (kernels over shapes, copies, host costs) into a machine profile",
         description="Run small LLaMA-family plans on the CUDA backend at a sweep of prompt lengths and tile "
-        "sizes (one stream, every weight resident: each vertex's device time is its kernel alone), copies "
-        "of pinned memory by size and direction alone and against traffic the other way, and a streamed "
-        "plan for the host's issue and completion costs; write a JSON profile with shape-aware kernel and "
-        "copy tables and their spread (docs/profile.md). Use it with `turnip simulate/ablate --profile "
-        "FILE`. About 5 minutes on an H100 (--quick: about 2).",
+        "sizes (one stream with start events, every weight resident: each vertex's device time is its kernel "
+        "alone; then every stream slot: host issue and completion costs per op, and makespans to which the "
+        "concurrency factor and the power limit are fitted), copies of pinned memory by size and direction "
+        "alone and against traffic the other way; write a JSON profile with shape-aware kernel and copy "
+        "tables and their spread (docs/profile.md). Use it with `turnip simulate/ablate --profile FILE`. "
+        "About 2 minutes on an H100 (--quick: about 1). --refit redoes the fit from a profile, no GPU.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="profile file to write")
     p.add_argument("--dtypes", nargs="+", default=["fp16"], choices=ck.DTYPES, help="compute dtypes to measure")
     p.add_argument("--quick", action="store_true", help="half the plans, fewer repeats and copy sizes")
+    p.add_argument("--refit", metavar="PROFILE.json", help="no GPU: refit the concurrency factor of a profile "
+                   "`turnip calibrate` wrote (to its recorded plan makespans) and write the result to --output")
     p.set_defaults(func=cmd_calibrate)
 
 
@@ -31,6 +34,12 @@ def cmd_calibrate(a) -> int:
     from turnip.progress import Progress
 
     ck.output_file(a.output, "--output")
+    if a.refit:
+        from turnip.calibrate import refit
+
+        write_profile(refit(a.refit), a.output)
+        print(f"profile   {a.output}: refitted from {a.refit}")
+        return 0
     _cuda_preflight("turnip calibrate", "or simulate with a shipped profile (--profile h100-calibrated)")
     doc = calibrate(tuple(a.dtypes), a.quick, progress_factory=Progress)
     write_profile(doc, a.output)
