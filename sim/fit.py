@@ -57,7 +57,7 @@ RANGES = {"kernel_overlap_short": (0.5, 1.3), "kernel_overlap_long": (0.5, 1.3),
 ROUNDS = 3  # coordinate-descent passes
 
 
-def fit_overlap(doc: dict, log=print, plans=None) -> dict:
+def fit_gpu_effects(doc: dict, log=print, plans=None) -> dict:
     """The profile fields ``kernel_overlap_short``, ``kernel_overlap_long`` and ``power_duty`` fitted to
     ``doc``'s recorded plans (``{}`` when it records none): coordinate descent, each field in turn over a
     grid of its range (steps of 0.05, then 0.01 around the best), ``ROUNDS`` passes."""
@@ -70,12 +70,14 @@ def fit_overlap(doc: dict, log=print, plans=None) -> dict:
     meas = np.array([m for _, m, _ in plans]) / 1e6
     cache: dict = {}
 
-    def err(x: dict) -> float:
+    def sim(x: dict) -> np.ndarray:
         key = tuple(round(x[f], 3) for f in FIELDS)
         if key not in cache:
-            sim = simulated_ms(plans, base.replace(**dict(zip(FIELDS, key, strict=True))))
-            cache[key] = float(np.mean(np.log(sim / meas) ** 2))
+            cache[key] = simulated_ms(plans, base.replace(**dict(zip(FIELDS, key, strict=True))))
         return cache[key]
+
+    def err(x: dict) -> float:
+        return float(np.mean(np.log(sim(x) / meas) ** 2))
 
     start = {f: 1.0 for f in FIELDS}
     x = dict(start)
@@ -86,8 +88,7 @@ def fit_overlap(doc: dict, log=print, plans=None) -> dict:
             x[f] = min(grid, key=lambda c: err(x | {f: float(c)}))
             grid = np.round(np.arange(max(lo, x[f] - 0.04), min(hi, x[f] + 0.04) + 1e-9, 0.01), 3)
             x[f] = float(min(grid, key=lambda c: err(x | {f: float(c)})))
-    before = simulated_ms(plans, base.replace(**start))
-    after = simulated_ms(plans, base.replace(**x))
+    before, after = sim(start), sim(x)
     for (_, m, label), b, y in zip(plans, before, after, strict=True):
         log(f"  {label:<28} measured {m / 1e6:8.3f} ms  simulated {b:8.3f} ({b / (m / 1e6) - 1:+6.1%}) -> "
             f"{y:8.3f} ({y / (m / 1e6) - 1:+6.1%})")  # fmt: skip

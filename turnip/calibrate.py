@@ -15,7 +15,7 @@ Measurements, all through the code a real run uses:
 - **copies**: host-to-device and device-to-host copies of pinned memory from 64 KiB to 512 MiB, alone and
   while the other direction streams, timed with events on their own streams.
 - **GPU-wide effects**: each plan's makespans back to back on every stream slot after SUSTAIN_S seconds of
-  it (``calibration.plans``); ``sim.fit.fit_overlap`` fits the concurrency factor and the power duty to them
+  it (``calibration.plans``); ``sim.fit.fit_gpu_effects`` fits the concurrency factor and the power duty to them
   (``turnip calibrate --refit`` does it again from the file).
 
 The profile is JSON: ``machine`` (scalar fields of ``MachineProfile``, the host and link figures measured
@@ -30,6 +30,7 @@ import platform
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -54,8 +55,6 @@ def kernel_plans(quick: bool = False) -> list[KernelPlan]:
     """Prompt lengths and tiles chosen apart from the validation grid's defaults (1K..32K, default tiles):
     token tiles 512..8192, head blocks of 4..16 heads, FFN blocks of 1376..5504 columns, key ranges split or
     whole, grouped-query layers (LLaMA-3-8B shapes) and LM heads."""
-    from pathlib import Path
-
     gqa = str(Path(__file__).resolve().parent.parent / "benchmarks" / "configs" / "llama3-8b.json")
     plans = [
         KernelPlan("llama-7b", 3072, {"t": 512, "h": 8, "f": 1376}),
@@ -204,8 +203,8 @@ def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 
     """Kernel table rows from every plan run on one stream (``det``) with start events: each vertex's device
     interval is its kernel alone. Then, without start events, the same plan on the default stream slots
     (``nondet``) and on one stream: host costs (``host``), makespans (``plan_runs``: what the simulator's
-    concurrency factor is fitted to, ``fit_overlap``), the run-to-run spread (``run_cvs``); ``latency``
-    gets the start latencies of the one-stream runs."""
+    concurrency factor and power duty are fitted to, ``fit_gpu_effects``; the one-stream ones for reference),
+    the run-to-run spread (``run_cvs``); ``latency`` gets the start latencies of the one-stream runs."""
     from turnip.runtime import execute, open_backend
     from turnip.runtime.weights import iter_random_inputs, write_streaming
 
@@ -294,7 +293,7 @@ def measure_copies(sizes: list[int], repeat: int = 10) -> list[dict]:
     return rows
 
 
-def measure_host(dtype: str = "fp16", repeat: int = 3, host: dict | None = None) -> dict:
+def measure_host(dtype: str = "fp16", repeat: int = 3) -> dict:
     """Host samples (``host_samples``) of a streamed plan (weights copied in as the run goes) run with the
     default stream slots and ``nondet``: the copies' issue cost, and the kernels' under streaming."""
     from turnip.compile import build_with_resident, make_taskgraph
@@ -307,7 +306,7 @@ def measure_host(dtype: str = "fp16", repeat: int = 3, host: dict | None = None)
         write_streaming(be, tg, iter_random_inputs(tg, seed=0))
         execute(mg, be, "nondet", 5, seed=0)
         runs = [execute(mg, be, "nondet", 5, seed=r) for r in range(repeat)]
-    return host_samples(mg, runs, {} if host is None else host)
+    return host_samples(mg, runs, {})
 
 
 def copy_fields(copies: list[dict]) -> dict:
@@ -363,24 +362,25 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
            "launch": launch_rows(resident),
            "calibration": {"device": name, "host": platform.node(), "plans": plan_runs, "dtypes": list(dtypes),
                            "host_resident": host_fields(resident), "host_streamed": host_fields(streamed)}}  # fmt: skip
-    from sim.fit import fit_overlap
+    from sim.fit import fit_gpu_effects
 
-    doc["machine"] |= fit_overlap(doc, log=log)
+    doc["machine"] |= fit_gpu_effects(doc, log=log)
     doc["calibration"]["seconds"] = round(time.perf_counter() - t0, 1)
     return doc
 
 
 def refit(path: str, log=print) -> dict:
-    """A profile document ``calibrate`` wrote, its concurrency factor fitted again (``sim.fit.fit_overlap``)
-    to the plan makespans it recorded; loads it first, so a bad file is a one-line error."""
-    from sim.fit import fit_overlap
+    """A profile document ``calibrate`` wrote, its concurrency factor and power duty fitted again
+    (``sim.fit.fit_gpu_effects``) to the plan makespans it recorded; loads it first, so a bad file is a
+    one-line error."""
+    from sim.fit import fit_gpu_effects
     from turnip.machine.profile import load_profile
 
     load_profile(path)
-    doc = json.loads(open(path).read())
+    doc = json.loads(Path(path).read_text())
     if not doc.get("calibration", {}).get("plans") or not any(p.get("nondet_ms") for p in doc["calibration"]["plans"]):
         raise ValueError(f"{path}: records no plan makespans to fit to (written by an older `turnip calibrate`?)")
-    doc["machine"] |= fit_overlap(doc, log=log)
+    doc["machine"] |= fit_gpu_effects(doc, log=log)
     return doc
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from sim import simulate
-from sim.fit import fit_overlap, simulated_ms
+from sim.fit import fit_gpu_effects, simulated_ms
 from sim.timing import TimingModel
 from turnip.compile import build_with_resident, make_taskgraph
 from turnip.machine.costs import launch_ns
@@ -94,7 +94,7 @@ def test_the_fit_recovers_factors_that_made_the_measurements():
     meas = simulated_ms([(mg, 0.0, "tiny")], truth)[0] * 1e6
     before = simulated_ms([(mg, meas, "tiny")], QUIET)[0]
     lines = []
-    x = fit_overlap(doc, log=lines.append, plans=[(mg, meas, "tiny")])
+    x = fit_gpu_effects(doc, log=lines.append, plans=[(mg, meas, "tiny")])
     after = simulated_ms([(mg, meas, "tiny")], QUIET.replace(**x))[0]
     assert abs(after / (meas / 1e6) - 1) < 0.01 < abs(before / (meas / 1e6) - 1)
     assert set(x) == {"kernel_overlap_short", "kernel_overlap_long", "power_duty"} and any("tiny" in s for s in lines)

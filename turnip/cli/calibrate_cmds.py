@@ -23,8 +23,8 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="profile file to write")
     p.add_argument("--dtypes", nargs="+", default=["fp16"], choices=ck.DTYPES, help="compute dtypes to measure")
     p.add_argument("--quick", action="store_true", help="half the plans, fewer repeats and copy sizes")
-    p.add_argument("--refit", metavar="PROFILE.json", help="no GPU: refit the concurrency factor of a profile "
-                   "`turnip calibrate` wrote (to its recorded plan makespans) and write the result to --output")
+    p.add_argument("--refit", metavar="PROFILE.json", help="no GPU: refit the concurrency factor and power duty "
+                   "of a profile `turnip calibrate` wrote (to its recorded plan makespans), write it to --output")
     p.set_defaults(func=cmd_calibrate)
 
 
