@@ -3,7 +3,9 @@
 Grid: LLaMA-7B shapes (all 32 layers, fp16, random weights), prompt {1K, 4K, 8K, 16K, 32K} x budget
 {none, 6 GiB, 1 GiB} x policy {nondet, det, det-kernels, det-replay} on one GPU (det-replay: the issue
 order of the fastest of three recorded nondet runs, replayed fixed; the simulator records its own so),
-default tiles, ``--resident auto`` (``none``: every weight resident in a 40 GiB arena). ``turnip calibrate``
+default tiles, ``--resident auto`` (``none``: every weight resident in a 40 GiB arena). Each policy's timed
+runs follow at least ``--heat`` seconds of its warm-up runs back to back: the steady state of the GPU's
+clocks under its power limit, which the simulator predicts. ``turnip calibrate``
 runs one- and two-layer plans at other prompt lengths and tile sizes, never these.
 
 Two steps, so the model can be revised without the GPU:
@@ -70,8 +72,10 @@ def measure(a) -> int:
                 if pol == "det-replay":  # the order of the fastest of RECORD_RUNS nondet runs, replayed fixed
                     rec = [execute(mg, be, "nondet", 5, seed=200 + r, record_order=True) for r in range(RECORD_RUNS)]
                     order = min(rec, key=lambda r: r.makespan_ns).order
-                for w in range(a.warmup):
+                w, t_heat = 0, time.perf_counter()  # warm-up: runs back to back reach their steady clocks
+                while w < a.warmup or time.perf_counter() - t_heat < a.heat:
                     execute(mg, be, pol, 5, seed=100 + w, order=order)
+                    w += 1
                 ms = [execute(mg, be, pol, 5, seed=r, order=order).makespan_ns / 1e6 for r in range(a.repeat)]
                 rows.append({"seq": seq, "budget": budget, "policy": pol, "gpus": a.gpus, "model": a.model,
                              "vertices": mg.n, "times_ms": json.dumps([round(x, 3) for x in ms]),
@@ -157,7 +161,10 @@ def main(argv=None) -> int:
     m.add_argument("--policies", nargs="+", default=list(POLICIES))
     m.add_argument("--model", default="llama-7b")
     m.add_argument("--gpus", type=int, default=1)
-    m.add_argument("--warmup", type=int, default=1)
+    m.add_argument("--warmup", type=int, default=1, help="warm-up runs per policy (at least)")
+    m.add_argument("--heat", type=float, default=1.0,
+                   help="seconds of warm-up runs per policy (at least): the timed runs find the GPU's clocks where "
+                        "runs back to back keep them (its power limit), as the simulator assumes")
     m.add_argument("--repeat", type=int, default=3)
     m.add_argument("--out", required=True)
     c = sub.add_parser("compare", help="simulate the measured cells' plans and compare")

@@ -9,8 +9,9 @@ State it owns (virtual time in integer ns):
                       both run each gets its share of ``pcie_both_bytes_per_s``, and the survivor speeds up
                       again when the other finishes (stale completions are recognised by their token)
   copies_active[g]    copies touching GPU g now (kernels issued meanwhile are slowed and noisier)
-  bucket[g]           GPU g's power bucket (ns of full-clock busy time beyond its sustained duty, as of
-                      bucket_t[g]): the power limit (``MachineProfile.power_duty``)
+  bucket[g]           GPU g's power bucket (ns at the power limit, as of bucket_t[g]): a kernel at full
+                      clock spends its power over the limit's per ns, the bucket refills one per ns, and
+                      an empty one slows kernels that draw more than the limit (``MachineProfile``)
 Each launched vertex costs one ``Timeout`` when the host has issued it, one when its completion reaches the
 scheduler, and host-link copies one more when their bytes are through. No generator process per vertex.
 Every run records its issue order (``SimResult.order``), which ``det-replay`` replays (``fastest_run``).
@@ -27,7 +28,7 @@ import numpy as np
 from sim.timing import TimingModel
 from turnip.machine.costs import ENG_H2D, ENG_KERNEL, ENG_P2P
 from turnip.machine.profile import MachineProfile
-from turnip.memgraph.plan import MemGraph
+from turnip.memgraph.plan import KIND_KERNEL, MemGraph
 from turnip.sched import Scheduler
 
 
@@ -76,10 +77,11 @@ class Simulation:
         mean_only: bool = False,
         tm: TimingModel | None = None,
         order=None,
-        power_full: bool = False,
+        power_level: list[float] | None = None,
     ):
         """``order``: the recorded issue order ``det-replay`` replays (``turnip.sched.replay``);
-        ``power_full``: start with the power bucket full (the GPU rested before the run), not empty."""
+        ``power_level``: each GPU's power bucket at the start (ns; None: empty; ``simulate`` starts a run in
+        the steady state of runs back to back)."""
         if mg.n_gpus > prof.n_gpus:
             raise ValueError(f"plan uses {mg.n_gpus} GPUs; profile {prof.name!r} has {prof.n_gpus}")
         import simpy
@@ -96,10 +98,13 @@ class Simulation:
         self.src = mg.src_gpu.tolist()
         self.kernel_ns = tm.kernel_ns.tolist()
         self.overlap = tm.overlap.tolist()
-        self.duty = prof.power_duty  # 1.0: no power limit
         self.handle_ns = prof.handle_ns
-        self.power_cap = prof.power_duty * prof.power_burst_s * 1e9
-        self.bucket = [self.power_cap if power_full else 0.0] * mg.n_gpus
+        self.limited = power_limited(prof)
+        if self.limited:
+            self.pw_flops, self.pw_rate = power_rates(mg, prof)
+            self.pw_other = 1.0 / prof.power_duty if prof.power_duty < 1.0 else prof.power_memory_weight
+        self.power_cap = prof.power_burst_s * 1e9
+        self.bucket = [min(self.power_cap, x) for x in power_level] if power_level else [0.0] * mg.n_gpus
         self.bucket_t = [0] * mg.n_gpus
         self.nbytes = tm.nbytes.tolist()
         self.launch_ns = tm.launch_ns.tolist()
@@ -175,8 +180,8 @@ class Simulation:
             else:
                 dur = self.kernel_ns[v] * self.f[v]
             dur = int(dur * self.overlap[v]) if busy else int(dur)  # it shares the GPU with the one before
-            if self.duty < 1.0:
-                dur = self._power_limited(g, start, dur)
+            if self.limited:
+                dur = self._power_limited(g, start, dur, v)
             self.start[v], self.end[v] = start, start + dur
             self.compute_free[g] = start + dur
             self._deliver(v, start + dur - now)
@@ -191,22 +196,30 @@ class Simulation:
         else:
             self._pcie_start(v, now, 0 if e == ENG_H2D else 1)
 
-    def _power_limited(self, g: int, start: int, dur: int) -> int:
-        """Duration of a kernel of ``dur`` ns at full clock starting at ``start`` on GPU g under the power
-        limit: tokens (ns of full-clock busy time) accrue at ``power_duty`` per ns up to the bucket's capacity
-        and a kernel spends one per ns; once the bucket is empty it goes on at ``power_duty`` of its speed.
-        Kernels start in order on a GPU's engine."""
-        duty = self.duty
-        level = min(self.power_cap, self.bucket[g] + duty * max(0, start - self.bucket_t[g]))
-        drain = (1.0 - duty) * dur
-        if level >= drain:
-            level -= drain
+    def _power_limited(self, g: int, start: int, dur: int, v: int) -> int:
+        """Duration of kernel v, ``dur`` ns at full clock, starting at ``start`` on GPU g under the power limit:
+        the bucket refills one token per ns up to its capacity; the kernel spends w per ns (its flop rate over
+        the rate its class sustains at the limit, or the memory-bound weight) and, once the bucket is empty,
+        runs w times slower when w > 1. Kernels start in order on a GPU's engine."""
+        rate = self.pw_rate[v]
+        w = self.pw_flops[v] / (dur * rate) if rate > 0.0 and dur > 0 else self.pw_other
+        level = min(self.power_cap, self.bucket[g] + max(0, start - self.bucket_t[g]))
+        if w <= 1.0:
+            level = min(self.power_cap, level + (1.0 - w) * dur)
+        elif level >= (w - 1.0) * dur:
+            level -= (w - 1.0) * dur
         else:
-            t_full = level / (1.0 - duty)  # at full clock until the bucket is empty, then slower
-            dur = int(t_full + (dur - t_full) / duty)
+            t_full = level / (w - 1.0)  # at full clock until the bucket is empty, then at the sustained rate
+            dur = int(t_full + (dur - t_full) * w)
             level = 0.0
         self.bucket[g], self.bucket_t[g] = level, start + dur
         return dur
+
+    def end_levels(self, gap_ns: int) -> list[float]:
+        """Each GPU's bucket ``gap_ns`` after this run's end: where the next run back to back starts."""
+        end = max(self.done, default=0)
+        bt = zip(self.bucket, self.bucket_t, strict=True)
+        return [min(self.power_cap, b + max(0, end - t) + gap_ns) for b, t in bt]
 
     def _deliver(self, v: int, delay_ns: int) -> None:
         """The completion of v reaches the scheduler ``completion_ns`` after the device finishes it."""
@@ -264,6 +277,28 @@ class Simulation:
         self._deliver(v, tail)
 
 
+def power_limited(prof: MachineProfile) -> bool:
+    """Whether ``prof`` models a power limit (``MachineProfile.power_gemm_flops_rate`` and the fields by it)."""
+    return prof.power_duty < 1.0 or prof.power_gemm_flops_rate > 0.0 or prof.power_attn_flops_rate > 0.0
+
+
+def power_rates(mg: MemGraph, prof: MachineProfile) -> tuple[list[float], list[float]]:
+    """Every vertex's flops and the flop rate per ns its class sustains at the power limit (0.0: the kernel
+    draws ``power_memory_weight`` of the limit, or 1 / ``power_duty`` under the uniform model)."""
+    from turnip.machine.costs import cost_class
+
+    rates = {"gemm": prof.power_gemm_flops_rate / 1e9, "attention": prof.power_attn_flops_rate / 1e9}
+    if prof.power_duty < 1.0:
+        rates = {}
+    flops = np.asarray(mg.flops, dtype=np.float64).tolist()
+    kinds = mg.kind.tolist()
+    rate = [rates.get(cost_class(op), 0.0) if k == KIND_KERNEL else 0.0 for op, k in zip(mg.op, kinds, strict=True)]
+    return flops, rate
+
+
+STEADY_PASSES = 4  # at most this many runs to reach the power bucket's steady state
+
+
 def simulate(
     mg: MemGraph,
     prof: MachineProfile,
@@ -274,9 +309,23 @@ def simulate(
     order=None,
     power_full: bool = False,
 ) -> SimResult:
-    """Simulate one run. Same arguments → same result. ``det-replay`` needs ``order`` (``fastest_run``);
-    ``power_full``: the GPUs start rested (their power bucket full)."""
-    return Simulation(mg, prof, policy, seed, mean_only, tm, order, power_full).run()
+    """Simulate one run. Same arguments → same result. ``det-replay`` needs ``order`` (``fastest_run``).
+    Under a power limit the run starts where runs back to back (``prof.run_gap_ns`` apart) leave the power
+    bucket: the run is repeated from an empty bucket until its start level settles (``STEADY_PASSES`` at
+    most); ``power_full``: the GPUs start rested instead (their bucket full)."""
+    if not power_limited(prof):
+        return Simulation(mg, prof, policy, seed, mean_only, tm, order).run()
+    tm = tm or TimingModel(mg, prof)
+    cap = prof.power_burst_s * 1e9
+    level = [cap] * mg.n_gpus if power_full else [0.0] * mg.n_gpus
+    for _ in range(STEADY_PASSES):
+        s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level)
+        res = s.run()
+        nxt = s.end_levels(prof.run_gap_ns)
+        if power_full or max(abs(a - b) for a, b in zip(nxt, level, strict=True)) <= 0.01 * cap:
+            break
+        level = nxt
+    return res
 
 
 def fastest_run(

@@ -5,9 +5,11 @@ the makespans (``calibration.plans[i].nondet_ms``). Everything else the simulato
 measured apart: kernels alone, host costs, start latency. What remains is what a GPU does with many kernels
 at once: how kernels that run at the same time share it, a factor on a kernel that starts behind another
 (``kernel_overlap_short`` / ``kernel_overlap_long``, ``turnip.machine.costs.overlap_factor``), and how long
-it keeps its clocks under sustained load (``power_duty``, the power limit: ``sim.engine``). The fit picks
-the three that minimise the mean squared log error of the simulated (means only, no noise) against the
-measured mean makespans over every plan.
+it keeps its clocks under sustained load: the GEMM and attention flop rates it sustains at its power limit
+(``power_gemm_flops_rate``, ``power_attn_flops_rate``; ``sim.engine``), the kernel tables being measured at
+full clock. The fit picks the four that minimise the mean squared log error of the simulated (means only, no
+noise, runs in the power bucket's steady state for runs ``run_gap_ns`` apart) against the measured median
+makespans over every plan.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def _plan_of(row: dict):
 
 
 def recorded_plans(doc: dict) -> list[tuple[object, float, str]]:
-    """(memgraph, mean measured nondet makespan ns, label) of every recorded plan of a profile document."""
+    """(memgraph, median measured nondet makespan ns, label, median idle ns between its runs or None) of every
+    recorded plan of a profile document."""
     from turnip.calibrate import plan_graph
 
     out = []
@@ -41,37 +44,50 @@ def recorded_plans(doc: dict) -> list[tuple[object, float, str]]:
         p = _plan_of(row)
         _tg, mg = plan_graph(p, row.get("dtype", "fp16"))
         label = f"{Path(p.model).stem} {f'{p.batch}x' if p.batch else ''}{p.seq} L{p.layers}"
-        out.append((mg, float(np.mean(ms)) * 1e6, label))
+        gap = row.get("gap_ms")
+        out.append((mg, float(np.median(ms)) * 1e6, label, float(np.median(gap)) * 1e6 if gap else None))
     return out
 
 
 def simulated_ms(plans, prof) -> np.ndarray:
-    """Means-only nondet makespans (ms) of ``plans`` (``recorded_plans``) on ``prof``."""
+    """Means-only nondet makespans (ms) of ``plans`` (``recorded_plans``; a plan's own idle time between runs,
+    where recorded, in place of ``prof.run_gap_ns``) on ``prof``."""
     from sim.engine import simulate
 
-    return np.array([simulate(mg, prof, "nondet", 0, mean_only=True).makespan_ns / 1e6 for mg, _, _ in plans])
+    out = []
+    for mg, _, _, *gap in plans:
+        p = prof.replace(run_gap_ns=int(gap[0])) if gap and gap[0] is not None else prof
+        out.append(simulate(mg, p, "nondet", 0, mean_only=True).makespan_ns / 1e6)
+    return np.array(out)
 
 
-FIELDS = ("kernel_overlap_short", "kernel_overlap_long", "power_duty")
-RANGES = {"kernel_overlap_short": (0.5, 1.3), "kernel_overlap_long": (0.5, 1.3), "power_duty": (0.6, 1.0)}
+TF = 1e12
+# field: (low, high, coarse step, fine step, value before the fit)
+GRID = {
+    "kernel_overlap_short": (0.5, 1.3, 0.05, 0.01, 1.0),
+    "kernel_overlap_long": (0.5, 1.3, 0.05, 0.01, 1.0),
+    "power_gemm_flops_rate": (300 * TF, 1000 * TF, 50 * TF, 10 * TF, 1000 * TF),
+    "power_attn_flops_rate": (300 * TF, 1000 * TF, 50 * TF, 10 * TF, 1000 * TF),
+}
+FIELDS = tuple(GRID)
 ROUNDS = 3  # coordinate-descent passes
 
 
 def fit_gpu_effects(doc: dict, log=print, plans=None) -> dict:
-    """The profile fields ``kernel_overlap_short``, ``kernel_overlap_long`` and ``power_duty`` fitted to
-    ``doc``'s recorded plans (``{}`` when it records none): coordinate descent, each field in turn over a
-    grid of its range (steps of 0.05, then 0.01 around the best), ``ROUNDS`` passes."""
+    """The profile fields of ``GRID`` fitted to ``doc``'s recorded plans (``{}`` when it records none):
+    coordinate descent, each field in turn over its coarse grid, then its fine steps around the best,
+    ``ROUNDS`` passes. 1000 TFLOP/s, above what an H100 or H200 GEMM reaches, is no limit."""
     from turnip.machine.profile import DOC_KEYS, profile_from_data
 
     plans = recorded_plans(doc) if plans is None else plans
     if not plans:
         return {}
     base = profile_from_data({k: doc[k] for k in DOC_KEYS if k in doc})
-    meas = np.array([m for _, m, _ in plans]) / 1e6
+    meas = np.array([p[1] for p in plans]) / 1e6
     cache: dict = {}
 
     def sim(x: dict) -> np.ndarray:
-        key = tuple(round(x[f], 3) for f in FIELDS)
+        key = tuple(float(x[f]) for f in FIELDS)
         if key not in cache:
             cache[key] = simulated_ms(plans, base.replace(**dict(zip(FIELDS, key, strict=True))))
         return cache[key]
@@ -79,20 +95,23 @@ def fit_gpu_effects(doc: dict, log=print, plans=None) -> dict:
     def err(x: dict) -> float:
         return float(np.mean(np.log(sim(x) / meas) ** 2))
 
-    start = {f: 1.0 for f in FIELDS}
+    def steps(lo, hi, step):
+        return [float(v) for v in np.round(np.arange(lo, hi + step / 2, step) / step) * step]
+
+    start = {f: g[4] for f, g in GRID.items()}
     x = dict(start)
     for _ in range(ROUNDS):
-        for f in FIELDS:
-            lo, hi = RANGES[f]
-            grid = np.round(np.arange(lo, hi + 1e-9, 0.05), 3)
-            x[f] = min(grid, key=lambda c: err(x | {f: float(c)}))
-            grid = np.round(np.arange(max(lo, x[f] - 0.04), min(hi, x[f] + 0.04) + 1e-9, 0.01), 3)
-            x[f] = float(min(grid, key=lambda c: err(x | {f: float(c)})))
+        for f, (lo, hi, coarse, fine, _) in GRID.items():
+            x[f] = min(steps(lo, hi, coarse), key=lambda c: err(x | {f: c}))
+            around = steps(max(lo, x[f] - 4 * fine), min(hi, x[f] + 4 * fine), fine)
+            x[f] = min(around, key=lambda c: err(x | {f: c}))
     before, after = sim(start), sim(x)
-    for (_, m, label), b, y in zip(plans, before, after, strict=True):
+    for (_, m, label, *_), b, y in zip(plans, before, after, strict=True):
         log(f"  {label:<28} measured {m / 1e6:8.3f} ms  simulated {b:8.3f} ({b / (m / 1e6) - 1:+6.1%}) -> "
             f"{y:8.3f} ({y / (m / 1e6) - 1:+6.1%})")  # fmt: skip
     log(f"concurrency factor {x['kernel_overlap_short']:.2f} (kernels of 10 us or less) to "
-        f"{x['kernel_overlap_long']:.2f} (1 ms or more), power duty {x['power_duty']:.2f}: rms log error "
+        f"{x['kernel_overlap_long']:.2f} (1 ms or more); at the power limit GEMMs "
+        f"{x['power_gemm_flops_rate'] / TF:.0f}, attention {x['power_attn_flops_rate'] / TF:.0f} TFLOP/s: "
+        f"rms log error "
         f"{np.sqrt(err(start)):.3f} -> {np.sqrt(err(x)):.3f} over {len(plans)} plans")  # fmt: skip
     return x

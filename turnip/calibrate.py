@@ -5,7 +5,8 @@ Measurements, all through the code a real run uses:
 - **kernels**: small LLaMA-family plans (one, two or eight decoder layers, every weight resident, LM heads,
   LoRA training steps) at a sweep of prompt lengths and tile sizes run on the CUDA backend with one stream
   and the ``det`` policy, with start and end events around every vertex, so each device interval is its
-  kernel alone, timed after HEAT_S seconds of back-to-back runs. Vertices are grouped by (op, einsum
+  kernel alone, each timed run after REST_S seconds idle: kernels at full clock (the power limit is the
+  simulator's, fitted below). Vertices are grouped by (op, einsum
   subscripts or ``*``, dtype, work), work being flops for ``einsum``, ``sdpa`` and ``sdpa_bwd`` and bytes
   read plus written for the others; each group gives its mean, standard deviation and count.
 - **host costs**: the same plans without start events on every stream slot under ``nondet``: issue time per
@@ -15,8 +16,9 @@ Measurements, all through the code a real run uses:
 - **copies**: host-to-device and device-to-host copies of pinned memory from 64 KiB to 512 MiB, alone and
   while the other direction streams, timed with events on their own streams.
 - **GPU-wide effects**: each plan's makespans back to back on every stream slot after SUSTAIN_S seconds of
-  it (``calibration.plans``); ``sim.fit.fit_gpu_effects`` fits the concurrency factor and the power duty to them
-  (``turnip calibrate --refit`` does it again from the file).
+  it, and the host's idle time between two of them (``calibration.plans``, ``run_gap_ns``);
+  ``sim.fit.fit_gpu_effects`` fits the concurrency factor and the flop rates GEMMs and attention sustain at
+  the power limit to them (``turnip calibrate --refit`` does it again from the file).
 
 The profile is JSON: ``machine`` (scalar fields of ``MachineProfile``, the host and link figures measured
 here), ``kernels`` and ``copies`` (the tables). Plans used for validation (``benchmarks/sim_vs_real.py``)
@@ -35,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 GiB = 1 << 30
-HEAT_S = 1.5  # seconds of back-to-back runs of a plan before its timed runs
+REST_S = 0.25  # seconds idle before each run timed for the kernel tables (clocks back at full speed)
 SUSTAIN_S = 1.0  # seconds of back-to-back nondet runs before the timed ones (the power limit's steady state)
 
 
@@ -62,6 +64,9 @@ def kernel_plans(quick: bool = False) -> list[KernelPlan]:
         KernelPlan("llama-7b", 12288, {"t": 3072, "h": 16, "f": 5504}),
         KernelPlan("llama-7b", 12288, {"t": 6144, "h": 4, "f": 5504, "kv": 6144}),
         KernelPlan("llama-7b", 24576, {"t": 8192, "h": 8, "f": 2752}),
+        # attention over 7K-query tiles of every head against up to 28K keys (the largest attention and FFN
+        # kernels; about 40% of its time is attention: what attention sustains at the power limit)
+        KernelPlan("llama-7b", 28672, {"t": 7168, "h": 32, "f": 11008}),
         KernelPlan("llama-7b", 2560, {"t": 2560, "h": 16, "f": 11008}, head="last"),
     ]
     if Path(gqa).exists():
@@ -71,7 +76,7 @@ def kernel_plans(quick: bool = False) -> list[KernelPlan]:
     # blocks apart from the training benchmark's (1K and 4K sequences, whole heads and FFN)
     # (two layers: the second's backward goes through the frozen projections to the first's input; one long
     # sequence: attention's backward at the tile sizes long training sequences use)
-    # eight layers: long enough on every stream slot to hold the GPU at its power limit (``power_duty``)
+    # eight layers: long enough on every stream slot to hold the GPU at its power limit
     plans.append(KernelPlan("llama-7b", 6144, {"t": 3072, "h": 16, "f": 5504}, layers=8))
     plans += [KernelPlan("llama-7b", 1536, {"h": 16, "f": 5504}, layers=2, batch=3),
               KernelPlan("llama-7b", 2560, {"h": 8, "f": 2752}, layers=2, batch=2),
@@ -200,11 +205,12 @@ def plan_graph(p: KernelPlan, dtype: str = "fp16"):
 def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 3, progress=None,
                     host: dict | None = None, latency: list | None = None, run_cvs: list | None = None,
                     plan_runs: list | None = None) -> list[dict]:  # fmt: skip
-    """Kernel table rows from every plan run on one stream (``det``) with start events: each vertex's device
-    interval is its kernel alone. Then, without start events, the same plan on the default stream slots
-    (``nondet``) and on one stream: host costs (``host``), makespans (``plan_runs``: what the simulator's
-    concurrency factor and power duty are fitted to, ``fit_gpu_effects``; the one-stream ones for reference),
-    the run-to-run spread (``run_cvs``); ``latency`` gets the start latencies of the one-stream runs."""
+    """Kernel table rows from every plan run on one stream (``det``) with start events, each run after a rest:
+    each vertex's device interval is its kernel alone at full clock. Then, without start events, the same plan
+    on the default stream slots (``nondet``) back to back and on one stream: host costs (``host``), makespans
+    and the idle time between runs (``plan_runs``: what the simulator's concurrency factor and power limit
+    are fitted to, ``fit_gpu_effects``; the one-stream ones for reference), the run-to-run spread
+    (``run_cvs``); ``latency`` gets the start latencies of the one-stream runs."""
     from turnip.runtime import execute, open_backend
     from turnip.runtime.weights import iter_random_inputs, write_streaming
 
@@ -214,16 +220,21 @@ def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 
         with open_backend("cuda", mg, 5, device_start=True) as be:
             write_streaming(be, tg, iter_random_inputs(tg, seed=i))
             execute(mg, be, "det", 1, seed=0)  # warm-up: modules, handles, graphs
-            t_heat = time.perf_counter()  # then sustained load, so clocks settle where long prefills run them
-            while time.perf_counter() - t_heat < HEAT_S:
-                execute(mg, be, "det", 1, seed=0)
-            runs = [execute(mg, be, "det", 1, seed=r) for r in range(repeat)]
+            runs = []
+            for r in range(repeat):
+                time.sleep(REST_S)
+                runs.append(execute(mg, be, "det", 1, seed=r))
             be.set_device_start(False)
             serial = [execute(mg, be, "det", 1, seed=r) for r in range(repeat)]
             t_heat = time.perf_counter()  # back to back on every stream slot, as long runs go (power limit)
             while time.perf_counter() - t_heat < SUSTAIN_S:
                 execute(mg, be, "nondet", 5, seed=0)
-            nondet = [execute(mg, be, "nondet", 5, seed=r) for r in range(repeat)]
+            nondet, t_run = [], []
+            for r in range(repeat + 1):
+                t_run.append(time.perf_counter_ns())
+                if r < repeat:
+                    nondet.append(execute(mg, be, "nondet", 5, seed=r))
+        gaps = [t_run[r + 1] - t_run[r] - nondet[r].makespan_ns for r in range(repeat)]
         if latency is not None:
             latency.extend(start_latencies(mg, runs))
         if host is not None:
@@ -233,7 +244,8 @@ def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 
             run_cvs.append(float(ms.std(ddof=1) / ms.mean()))
         if plan_runs is not None:
             plan_runs.append({"nondet_ms": [round(r.makespan_ns / 1e6, 4) for r in nondet],
-                              "det1_ms": [round(r.makespan_ns / 1e6, 4) for r in serial]})  # fmt: skip
+                              "det1_ms": [round(r.makespan_ns / 1e6, 4) for r in serial],
+                              "gap_ms": [round(g / 1e6, 4) for g in gaps]})  # fmt: skip
         _kernel_samples(mg, runs, samples)
         if progress:
             progress(i + 1)
@@ -356,8 +368,10 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     start_latency = _med(latency)
     log(f"kernel start latency: {start_latency} ns (median over {len(latency)} launches on an idle GPU)")
     cv = float(np.median(run_cvs)) if run_cvs else 0.0  # a run-wide factor with this mean and spread
+    gap = int(np.median([g for r in plan_runs for g in r["gap_ms"]]) * 1e6)
+    log(f"runs back to back: {gap / 1e3:.0f} us idle between two")
     machine = {"name": f"calibrated {name}", "kernel_start_latency_ns": start_latency, "run_excess_mean": cv,
-               "run_excess_sd": cv} | host | copy_fields(copies)  # fmt: skip
+               "run_excess_sd": cv, "run_gap_ns": gap} | host | copy_fields(copies)  # fmt: skip
     doc = {"format": "turnip-profile", "version": 1, "machine": machine, "kernels": kernels, "copies": copies,
            "launch": launch_rows(resident),
            "calibration": {"device": name, "host": platform.node(), "plans": plan_runs, "dtypes": list(dtypes),
@@ -370,7 +384,7 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
 
 
 def refit(path: str, log=print) -> dict:
-    """A profile document ``calibrate`` wrote, its concurrency factor and power duty fitted again
+    """A profile document ``calibrate`` wrote, its concurrency factor and power limit fitted again
     (``sim.fit.fit_gpu_effects``) to the plan makespans it recorded; loads it first, so a bad file is a
     one-line error."""
     from sim.fit import fit_gpu_effects

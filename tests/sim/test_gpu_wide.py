@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from sim import simulate
+from sim import Simulation, simulate
 from sim.fit import fit_gpu_effects, simulated_ms
 from sim.timing import TimingModel
 from turnip.compile import build_with_resident, make_taskgraph
@@ -59,6 +59,35 @@ def test_the_power_limit_slows_sustained_work_and_spares_a_rested_gpu():
     assert simulate(sparse, lim, mean_only=True).makespan_ns >= simulate(sparse, QUIET, mean_only=True).makespan_ns
 
 
+def test_gemms_run_at_the_rate_sustained_at_the_power_limit_once_the_bucket_is_empty():
+    mg = parallel(20)  # 4e10 flops each at 592 TFLOP/s (QUIET's roofline): GEMMs back to back
+    base = simulate(mg, QUIET, mean_only=True)
+    busy = sum((base.end_ns - base.start_ns).tolist())
+    lim = QUIET.replace(power_gemm_flops_rate=400e12, power_burst_s=0.05)
+    slow = simulate(mg, lim, mean_only=True)
+    assert sum((slow.end_ns - slow.start_ns).tolist()) == pytest.approx(20 * 4e10 / 400e12 * 1e9, rel=0.001)
+    assert slow.makespan_ns - base.makespan_ns == pytest.approx(20 * 4e10 / 400e12 * 1e9 - busy, rel=0.01)
+    assert simulate(mg, lim, mean_only=True, power_full=True).makespan_ns == base.makespan_ns  # rested: a burst
+    assert simulate(mg, QUIET.replace(power_gemm_flops_rate=600e12), mean_only=True).makespan_ns == base.makespan_ns
+    assert simulate(mg, lim.replace(power_gemm_flops_rate=0.0, power_attn_flops_rate=100e12),
+                    mean_only=True).makespan_ns == base.makespan_ns  # fmt: skip  # no attention here
+
+
+def test_a_light_run_starts_in_the_steady_state_of_runs_back_to_back():
+    # GEMMs (w = 592 / 500) with memory-bound kernels between them (w = power_memory_weight): the bucket gains
+    # over a run, so runs back to back keep it full and never slow; a run from an empty bucket would
+    n = 40
+    ops = ["einsum" if i % 2 == 0 else "rmsnorm" for i in range(n)]
+    flops = [4e10 if o == "einsum" else 0.0 for o in ops]
+    nbytes = [(1 << 27) if o == "rmsnorm" else 1 << 10 for o in ops]
+    mg = make_memgraph(["kernel"] * n, [[]] + [[i] for i in range(n - 1)], flops=flops, nbytes=nbytes, ops=ops)
+    lim = QUIET.replace(power_gemm_flops_rate=500e12, power_burst_s=0.0001, power_memory_weight=0.2)
+    base = simulate(mg, QUIET, mean_only=True).makespan_ns
+    assert simulate(mg, lim, mean_only=True).makespan_ns == base
+    cold = Simulation(mg, lim, mean_only=True).run().makespan_ns  # one run from an empty bucket
+    assert cold > base
+
+
 def test_handling_a_completion_occupies_the_host():
     mg = chain(10, flops=1e6)  # short kernels: the host's hand-overs dominate
     a = simulate(mg, QUIET, mean_only=True).makespan_ns
@@ -97,7 +126,19 @@ def test_the_fit_recovers_factors_that_made_the_measurements():
     x = fit_gpu_effects(doc, log=lines.append, plans=[(mg, meas, "tiny")])
     after = simulated_ms([(mg, meas, "tiny")], QUIET.replace(**x))[0]
     assert abs(after / (meas / 1e6) - 1) < 0.01 < abs(before / (meas / 1e6) - 1)
-    assert set(x) == {"kernel_overlap_short", "kernel_overlap_long", "power_duty"} and any("tiny" in s for s in lines)
+    assert set(x) == {"kernel_overlap_short", "kernel_overlap_long", "power_gemm_flops_rate", "power_attn_flops_rate"}
+    assert any("tiny" in s for s in lines)
+
+
+def test_the_fit_recovers_the_gemm_rate_at_the_power_limit():
+    mg = chain(30)  # a chain never queues: only the power limit changes it
+    doc = {"format": "turnip-profile", "version": 1, "machine": {"name": "fit", "kernel_excess_mean": 0.0,
+                                                                 "stall_prob": 0.0}}  # fmt: skip
+    truth = QUIET.replace(power_gemm_flops_rate=450e12)
+    meas = simulated_ms([(mg, 0.0, "chain")], truth)[0] * 1e6
+    x = fit_gpu_effects(doc, log=lambda s: None, plans=[(mg, meas, "chain", 0)])
+    assert x["power_gemm_flops_rate"] == pytest.approx(450e12, abs=10e12)
+    assert simulated_ms([(mg, meas, "chain")], QUIET.replace(**x))[0] == pytest.approx(meas / 1e6, rel=0.01)
 
 
 def test_refit_needs_recorded_plans(tmp_path):

@@ -63,13 +63,21 @@ class MachineProfile:
     kernel_overlap_short: float = 1.0
     kernel_overlap_long: float = 1.0
     # power limit: under sustained load a GPU reaches its power limit and lowers its clocks (an H100 at 700 W:
-    # SM clock 1980 -> 1500-1700 MHz). Modelled as a token bucket per GPU over busy time: a GPU keeps its full
-    # clock while busy at most power_duty of the time; busy time beyond that comes out of a bucket of
-    # power_burst_s x power_duty (a run starts with it empty: runs back to back, as measured), and once it
-    # is empty kernels run 1 / power_duty times longer. 1.0: no limit. `turnip calibrate` fits the duty to
-    # its plans run back to back; the burst is assumed
+    # SM clock 1980 -> 1350-1700 MHz in long prefills). Modelled as a token bucket per GPU: tokens (ns at the
+    # limit) accrue one per ns up to power_burst_s x 1e9, and a kernel running at full clock spends w per ns,
+    # w its power over the limit's: a GEMM's flop rate over power_gemm_flops_rate (the rate the GPU
+    # sustains at the limit), attention's over power_attn_flops_rate, power_memory_weight for memory-bound
+    # kernels. Once the bucket is empty a kernel with w > 1 runs w times longer (at the sustained rate).
+    # 0: no limit for that class. A run starts in the bucket's steady state for runs back to back with
+    # run_gap_ns of idle between them (``sim.engine.simulate``). `turnip calibrate` measures kernels at full
+    # clock (after a rest) and fits the two rates to its plans run back to back; the burst and the memory
+    # weight are assumed. power_duty < 1 instead: the older uniform model (every kernel's w = 1 / power_duty)
+    power_gemm_flops_rate: float = 0.0
+    power_attn_flops_rate: float = 0.0
+    power_memory_weight: float = 0.5
     power_duty: float = 1.0
     power_burst_s: float = 0.05
+    run_gap_ns: int = 0  # the host's idle time between two runs back to back (calibrate measures it)
     # contention (FACTS: copies slow concurrent GEMMs by ~11%)
     kernel_slowdown_with_copies: float = 1.11
     # jitter: duration = floor * (1 + e), e ~ lognormal with the given mean and standard deviation (the sd of
