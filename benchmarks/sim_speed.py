@@ -1,7 +1,10 @@
 """Simulator speed: simulated vertices per second (target 100,000/s on one core) for the LLaMA-7B/4K and
 65B/4K/8-GPU plans, and the scheduler core's own host cost per event (driven with no simulator at all).
 
-    python benchmarks/sim_speed.py [--quick]
+    python benchmarks/sim_speed.py [--quick] [--profile NAME]
+
+A profile with a power limit (``h100-calibrated``) simulates each run until the power bucket's start level
+settles (``sim.engine.simulate``): the rate counts every pass.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import time
 from sim.engine import simulate
 from sim.timing import TimingModel
 from turnip.compile import compile_model
-from turnip.machine.profile import h100
+from turnip.machine.profile import load_profile
 from turnip.sched import Scheduler
 
 TARGET_VERTICES_PER_S = 100_000
@@ -37,9 +40,10 @@ def core_cost_us(mg, policy: str, reps: int = 3) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="7B only")
+    ap.add_argument("--profile", default="h100", help="machine profile (default: the h100 preset)")
     a = ap.parse_args()
     plans = [("llama-7b", 4096, 1, "6GiB")] + ([] if a.quick else [("llama-65b", 4096, 8, "16GiB")])
-    prof = h100()
+    prof = load_profile(a.profile)
     print(f"{'plan':<28}{'vertices':>10}{'policy':>8}{'sim v/s':>10}{'vs target':>10}{'core us/event':>15}")
     for model, seq, gpus, budget in plans:
         t0 = time.perf_counter()

@@ -297,6 +297,25 @@ def power_rates(mg: MemGraph, prof: MachineProfile) -> tuple[list[float], list[f
 
 
 STEADY_PASSES = 4  # at most this many runs to reach the power bucket's steady state
+STEADY_TOL = 0.005  # a start level within this fraction of the makespan of where the run leaves it: settled
+
+
+def _steady_guess(mg: MemGraph, prof: MachineProfile, tm: TimingModel) -> list[float]:
+    """A first guess at each GPU's bucket level where runs back to back start: full when the run's lower bound
+    leaves more time than its kernels' energy at the limit (a GEMM's is its flops over its class's rate),
+    else what the gap between runs refills."""
+    from turnip.machine.bound import lower_bound
+
+    if getattr(tm, "_bound", None) is None:
+        tm._bound = lower_bound(tm)
+    t = tm._bound["lower_bound_ns"]
+    flops, rate = power_rates(mg, prof)
+    other = 1.0 / prof.power_duty if prof.power_duty < 1.0 else prof.power_memory_weight
+    energy = [0.0] * mg.n_gpus
+    for v in np.flatnonzero(tm.eng == ENG_KERNEL).tolist():
+        energy[mg.gpu[v]] += flops[v] / rate[v] if rate[v] > 0.0 else other * float(tm.kernel_ns[v])
+    cap = prof.power_burst_s * 1e9
+    return [cap if t > e else min(cap, float(prof.run_gap_ns)) for e in energy]
 
 
 def simulate(
@@ -311,20 +330,24 @@ def simulate(
 ) -> SimResult:
     """Simulate one run. Same arguments → same result. ``det-replay`` needs ``order`` (``fastest_run``).
     Under a power limit the run starts where runs back to back (``prof.run_gap_ns`` apart) leave the power
-    bucket: the run is repeated from an empty bucket until its start level settles (``STEADY_PASSES`` at
-    most); ``power_full``: the GPUs start rested instead (their bucket full)."""
+    bucket: from a first guess (``_steady_guess``) the run is repeated from where the last left it until the
+    start level settles (``STEADY_TOL``, ``STEADY_PASSES`` at most); ``power_full``: the GPUs start rested
+    instead (their bucket full)."""
     if not power_limited(prof):
         return Simulation(mg, prof, policy, seed, mean_only, tm, order).run()
     tm = tm or TimingModel(mg, prof)
     cap = prof.power_burst_s * 1e9
-    level = [cap] * mg.n_gpus if power_full else [0.0] * mg.n_gpus
+    level = [cap] * mg.n_gpus if power_full else _steady_guess(mg, prof, tm)
+    wall = 0.0
     for _ in range(STEADY_PASSES):
         s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level)
         res = s.run()
+        wall += res.wall_s
         nxt = s.end_levels(prof.run_gap_ns)
-        if power_full or max(abs(a - b) for a, b in zip(nxt, level, strict=True)) <= 0.01 * cap:
+        if power_full or max(abs(a - b) for a, b in zip(nxt, level, strict=True)) <= STEADY_TOL * res.makespan_ns:
             break
         level = nxt
+    res.wall_s = wall  # every pass
     return res
 
 

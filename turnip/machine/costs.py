@@ -199,7 +199,8 @@ class VertexCosts:
         mu_v = np.where(e == ENG_KERNEL, (1 + mu_v) * (1 + prof.run_excess_mean) - 1, mu_v)  # the run's factor too
         roof = kernel_floor_ns(mg, prof)
         table_floor = self.table_mean_ns / (1 + mu_v)
-        self.kernel_ns = np.where(self.covered & (e == ENG_KERNEL), np.rint(table_floor), roof).astype(np.int64)
+        table_kernel = np.maximum(np.rint(table_floor), prof.kernel_min_ns)  # no floor below the smallest kernel
+        self.kernel_ns = np.where(self.covered & (e == ENG_KERNEL), table_kernel, roof).astype(np.int64)
         self.overlap = np.where(e == ENG_KERNEL, overlap_factor(self.kernel_ns, prof), 1.0)
         # copies: floor (float ns) and link occupancy
         lat = np.where(e == ENG_P2P, prof.p2p_latency_ns, prof.copy_latency_ns).astype(np.float64)
