@@ -17,13 +17,13 @@ def register(sub) -> None:
         "concurrency factor and the power limit are fitted), copies of pinned memory by size and direction "
         "alone and against traffic the other way; write a JSON profile with shape-aware kernel and copy "
         "tables and their spread (docs/profile.md). Use it with `turnip simulate/ablate --profile FILE`. "
-        "About 2 minutes on an H100 (--quick: about 1). --refit redoes the fit from a profile, no GPU.",
+        "About 2.5 minutes on an H100 (--quick: about half). --refit redoes the fit from a profile, no GPU.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="profile file to write")
     p.add_argument("--dtypes", nargs="+", default=["fp16"], choices=ck.DTYPES, help="compute dtypes to measure")
     p.add_argument("--quick", action="store_true", help="half the plans, fewer repeats and copy sizes")
-    p.add_argument("--refit", metavar="PROFILE.json", help="no GPU: refit the concurrency factor and power duty "
+    p.add_argument("--refit", metavar="PROFILE.json", help="no GPU: refit the concurrency factor and power-limit rates "
                    "of a profile `turnip calibrate` wrote (to its recorded plan makespans), write it to --output")
     p.set_defaults(func=cmd_calibrate)
 
