@@ -28,7 +28,7 @@ import numpy as np
 from sim.timing import TimingModel
 from turnip.machine.costs import ENG_H2D, ENG_KERNEL, ENG_P2P
 from turnip.machine.profile import MachineProfile
-from turnip.memgraph.plan import KIND_KERNEL, MemGraph
+from turnip.memgraph.plan import MemGraph
 from turnip.sched import Scheduler
 
 
@@ -101,10 +101,11 @@ class Simulation:
         self.handle_ns = prof.handle_ns
         self.limited = power_limited(prof)
         if self.limited:
-            self.pw_flops, self.pw_rate = power_rates(mg, prof)
-            self.pw_other = 1.0 / prof.power_duty if prof.power_duty < 1.0 else prof.power_memory_weight
+            pm = power_model(mg, prof, tm)
+            self.pw_flops, self.pw_rate, self.pw_other = pm.flops, pm.rate, pm.other
         self.power_cap = prof.power_burst_s * 1e9
         self.bucket = [min(self.power_cap, x) for x in power_level] if power_level else [0.0] * mg.n_gpus
+        self.throttled = False  # a kernel of this run was slowed by the power limit
         self.bucket_t = [0] * mg.n_gpus
         self.nbytes = tm.nbytes.tolist()
         self.launch_ns = tm.launch_ns.tolist()
@@ -128,8 +129,6 @@ class Simulation:
         self.env.run()
         if not self.core.finished:  # pragma: no cover - the core raises SchedulerStall first
             raise self.core.stall_error()
-        from turnip.machine.bound import lower_bound
-
         arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
         issue = arr(self.issue)
         return SimResult(
@@ -137,7 +136,7 @@ class Simulation:
             seed=self.seed,
             mean_only=self.mean_only,
             makespan_ns=max(self.done, default=0),
-            bound=self._bound(lower_bound),
+            bound=plan_bound(self.tm),
             n_vertices=self.mg.n,
             wall_s=time.perf_counter() - t0,
             issue_ns=issue,
@@ -148,12 +147,6 @@ class Simulation:
             host_start_ns=issue - arr(self.launch_ns),
             order=arr(self.order),
         )
-
-    def _bound(self, lower_bound) -> dict:
-        """The plan's lower bound, computed once per timing model."""
-        if getattr(self.tm, "_bound", None) is None:
-            self.tm._bound = lower_bound(self.tm)
-        return self.tm._bound
 
     def _perform(self, cmds: list) -> None:
         now = self.env.now
@@ -212,6 +205,7 @@ class Simulation:
             t_full = level / (w - 1.0)  # at full clock until the bucket is empty, then at the sustained rate
             dur = int(t_full + (dur - t_full) * w)
             level = 0.0
+            self.throttled = True
         self.bucket[g], self.bucket_t[g] = level, start + dur
         return dur
 
@@ -277,23 +271,45 @@ class Simulation:
         self._deliver(v, tail)
 
 
+def plan_bound(tm: TimingModel) -> dict:
+    """The plan's lower bound (``turnip.machine.bound.lower_bound``), computed once per timing model."""
+    from turnip.machine.bound import lower_bound
+
+    if getattr(tm, "_bound", None) is None:
+        tm._bound = lower_bound(tm)
+    return tm._bound
+
+
 def power_limited(prof: MachineProfile) -> bool:
     """Whether ``prof`` models a power limit (``MachineProfile.power_gemm_flops_rate`` and the fields by it)."""
     return prof.power_duty < 1.0 or prof.power_gemm_flops_rate > 0.0 or prof.power_attn_flops_rate > 0.0
 
 
-def power_rates(mg: MemGraph, prof: MachineProfile) -> tuple[list[float], list[float]]:
-    """Every vertex's flops and the flop rate per ns its class sustains at the power limit (0.0: the kernel
-    draws ``power_memory_weight`` of the limit, or 1 / ``power_duty`` under the uniform model)."""
+@dataclass(frozen=True, slots=True)
+class PowerModel:
+    """Per vertex: flops and the flop rate per ns its class sustains at the power limit (0.0: the kernel draws
+    ``other`` of the limit: ``power_memory_weight``, or 1 / ``power_duty`` for every kernel under the uniform
+    model); ``cap``: the bucket's capacity (ns at the limit)."""
+
+    flops: list
+    rate: list
+    other: float
+    cap: float
+
+
+def power_model(mg: MemGraph, prof: MachineProfile, tm: TimingModel) -> PowerModel:
+    """``prof``'s power limit for ``mg`` (cached on ``tm``, built for the same profile)."""
     from turnip.machine.costs import cost_class
 
-    rates = {"gemm": prof.power_gemm_flops_rate / 1e9, "attention": prof.power_attn_flops_rate / 1e9}
-    if prof.power_duty < 1.0:
-        rates = {}
-    flops = np.asarray(mg.flops, dtype=np.float64).tolist()
-    kinds = mg.kind.tolist()
-    rate = [rates.get(cost_class(op), 0.0) if k == KIND_KERNEL else 0.0 for op, k in zip(mg.op, kinds, strict=True)]
-    return flops, rate
+    if getattr(tm, "_power", None) is not None:
+        return tm._power
+    uniform = prof.power_duty < 1.0
+    rates = {} if uniform else {"gemm": prof.power_gemm_flops_rate / 1e9, "attention": prof.power_attn_flops_rate / 1e9}
+    kern = (tm.eng == ENG_KERNEL).tolist()
+    rate = [rates.get(cost_class(op), 0.0) if k else 0.0 for op, k in zip(mg.op, kern, strict=True)]
+    other = 1.0 / prof.power_duty if uniform else prof.power_memory_weight
+    tm._power = PowerModel(np.asarray(mg.flops, dtype=np.float64).tolist(), rate, other, prof.power_burst_s * 1e9)
+    return tm._power
 
 
 STEADY_PASSES = 4  # at most this many runs to reach the power bucket's steady state
@@ -302,20 +318,15 @@ STEADY_TOL = 0.005  # a start level within this fraction of the makespan of wher
 
 def _steady_guess(mg: MemGraph, prof: MachineProfile, tm: TimingModel) -> list[float]:
     """A first guess at each GPU's bucket level where runs back to back start: full when the run's lower bound
-    leaves more time than its kernels' energy at the limit (a GEMM's is its flops over its class's rate),
-    else what the gap between runs refills."""
-    from turnip.machine.bound import lower_bound
-
-    if getattr(tm, "_bound", None) is None:
-        tm._bound = lower_bound(tm)
-    t = tm._bound["lower_bound_ns"]
-    flops, rate = power_rates(mg, prof)
-    other = 1.0 / prof.power_duty if prof.power_duty < 1.0 else prof.power_memory_weight
+    and the gap between runs leave more time than its kernels' energy at the limit (a GEMM's is its flops
+    over its class's rate), else what the gap refills."""
+    pm = power_model(mg, prof, tm)
+    t = plan_bound(tm)["lower_bound_ns"] + prof.run_gap_ns
     energy = [0.0] * mg.n_gpus
     for v in np.flatnonzero(tm.eng == ENG_KERNEL).tolist():
-        energy[mg.gpu[v]] += flops[v] / rate[v] if rate[v] > 0.0 else other * float(tm.kernel_ns[v])
-    cap = prof.power_burst_s * 1e9
-    return [cap if t > e else min(cap, float(prof.run_gap_ns)) for e in energy]
+        r = pm.rate[v]
+        energy[mg.gpu[v]] += pm.flops[v] / r if r > 0.0 else pm.other * float(tm.kernel_ns[v])
+    return [pm.cap if t > e else min(pm.cap, float(prof.run_gap_ns)) for e in energy]
 
 
 def simulate(
@@ -331,20 +342,22 @@ def simulate(
     """Simulate one run. Same arguments → same result. ``det-replay`` needs ``order`` (``fastest_run``).
     Under a power limit the run starts where runs back to back (``prof.run_gap_ns`` apart) leave the power
     bucket: from a first guess (``_steady_guess``) the run is repeated from where the last left it until the
-    start level settles (``STEADY_TOL``, ``STEADY_PASSES`` at most); ``power_full``: the GPUs start rested
-    instead (their bucket full)."""
+    start level settles (``STEADY_TOL``; ``STEADY_PASSES`` at most; a run no kernel of which was slowed and
+    that leaves every bucket fuller is settled: more would change nothing); ``power_full``: the GPUs start
+    rested instead (their bucket full)."""
     if not power_limited(prof):
         return Simulation(mg, prof, policy, seed, mean_only, tm, order).run()
     tm = tm or TimingModel(mg, prof)
-    cap = prof.power_burst_s * 1e9
-    level = [cap] * mg.n_gpus if power_full else _steady_guess(mg, prof, tm)
+    level = [prof.power_burst_s * 1e9] * mg.n_gpus if power_full else _steady_guess(mg, prof, tm)
     wall = 0.0
     for _ in range(STEADY_PASSES):
         s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level)
         res = s.run()
         wall += res.wall_s
         nxt = s.end_levels(prof.run_gap_ns)
-        if power_full or max(abs(a - b) for a, b in zip(nxt, level, strict=True)) <= STEADY_TOL * res.makespan_ns:
+        moved = max(abs(a - b) for a, b in zip(nxt, level, strict=True))
+        fuller = not s.throttled and all(a >= b for a, b in zip(nxt, level, strict=True))
+        if power_full or fuller or moved <= STEADY_TOL * res.makespan_ns:
             break
         level = nxt
     res.wall_s = wall  # every pass

@@ -6,10 +6,11 @@ measured apart: kernels alone, host costs, start latency. What remains is what a
 at once: how kernels that run at the same time share it, a factor on a kernel that starts behind another
 (``kernel_overlap_short`` / ``kernel_overlap_long``, ``turnip.machine.costs.overlap_factor``), and how long
 it keeps its clocks under sustained load: the GEMM and attention flop rates it sustains at its power limit
-(``power_gemm_flops_rate``, ``power_attn_flops_rate``; ``sim.engine``), the kernel tables being measured at
-full clock. The fit picks the four that minimise the mean squared log error of the simulated (means only, no
-noise, runs in the power bucket's steady state for runs ``run_gap_ns`` apart) against the measured median
-makespans over every plan.
+(``power_gemm_flops_rate``, ``power_attn_flops_rate``: one fraction of each class's best full-clock rate;
+``sim.engine``), the kernel tables being measured at full clock. The fit picks the three (two factors, one
+fraction) that minimise the mean squared log error of the simulated (means only, no noise, runs in the
+power bucket's steady state, each plan's recorded idle time between runs apart) against the measured median
+makespans over every plan. A field the plans do not pin down stays at its starting value: ties go to it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _plan_of(row: dict):
                       int(row.get("batch", 0)))  # fmt: skip
 
 
-def recorded_plans(doc: dict) -> list[tuple[object, float, str]]:
+def recorded_plans(doc: dict) -> list[tuple[object, float, str, float | None]]:
     """(memgraph, median measured nondet makespan ns, label, median idle ns between its runs or None) of every
     recorded plan of a profile document."""
     from turnip.calibrate import plan_graph
@@ -62,56 +63,85 @@ def simulated_ms(plans, prof) -> np.ndarray:
 
 
 TF = 1e12
-# field: (low, high, coarse step, fine step, value before the fit)
+# field: (low, high, coarse step, fine step, value before the fit); power_fraction is not a profile field: the
+# GEMM and attention rates at the power limit are that fraction of their class's best full-clock rate
 GRID = {
     "kernel_overlap_short": (0.5, 1.3, 0.05, 0.01, 1.0),
     "kernel_overlap_long": (0.5, 1.3, 0.05, 0.01, 1.0),
-    "power_gemm_flops_rate": (300 * TF, 1000 * TF, 50 * TF, 10 * TF, 1000 * TF),
-    "power_attn_flops_rate": (300 * TF, 1000 * TF, 50 * TF, 10 * TF, 1000 * TF),
+    "power_fraction": (0.4, 1.0, 0.05, 0.01, 1.0),
 }
 FIELDS = tuple(GRID)
 ROUNDS = 3  # coordinate-descent passes
 
 
+def best_rates(prof, dtype: str = "fp16") -> dict[str, float]:
+    """The best full-clock flop rate (flop/s) of each flop-bound class (``gemm``: einsum, ``attention``: sdpa,
+    sdpa_bwd) in ``prof``'s tables: the median rate of its largest quarter of measured kernels (by flops; big
+    kernels run at the class's best efficiency, and a median is not thrown by one odd point); the roofline at
+    ``kernel_efficiency`` where none is measured."""
+    from turnip.machine.costs import cost_class
+
+    out = {}
+    for cls in ("gemm", "attention"):
+        pts = [k for k in (prof.tables.kernels if prof.tables else ()) if k.dtype == dtype and cost_class(k.op) == cls]
+        top = sorted(pts, key=lambda k: k.work)[-max(1, len(pts) // 4):] if pts else []
+        rates = [k.work / k.ns_mean * 1e9 for k in top]
+        out[cls] = float(np.median(rates)) if rates else prof.fp16_flops_per_s * prof.kernel_efficiency
+    return out
+
+
 def fit_gpu_effects(doc: dict, log=print, plans=None) -> dict:
-    """The profile fields of ``GRID`` fitted to ``doc``'s recorded plans (``{}`` when it records none):
-    coordinate descent, each field in turn over its coarse grid, then its fine steps around the best,
-    ``ROUNDS`` passes. 1000 TFLOP/s, above what an H100 or H200 GEMM reaches, is no limit."""
+    """``kernel_overlap_short``, ``kernel_overlap_long``, ``power_gemm_flops_rate`` and ``power_attn_flops_rate``
+    fitted to ``doc``'s recorded plans (``{}`` when it records none): coordinate descent over ``GRID``, each
+    field in turn over its coarse grid, then its fine steps around the best, ``ROUNDS`` passes; ties go to the
+    value before the fit. One fraction sets both rates (``best_rates``): plans that mix GEMMs and attention
+    cannot tell a limit on one from a limit on the other (a ridge of equal error), a limit on power can. The
+    fitted profile uses the rates, not the older ``power_duty`` (returned as 1.0)."""
     from turnip.machine.profile import DOC_KEYS, profile_from_data
 
     plans = recorded_plans(doc) if plans is None else plans
     if not plans:
         return {}
-    base = profile_from_data({k: doc[k] for k in DOC_KEYS if k in doc})
+    base = profile_from_data({k: doc[k] for k in DOC_KEYS if k in doc}).replace(power_duty=1.0)
+    peak = best_rates(base)
     meas = np.array([p[1] for p in plans]) / 1e6
     cache: dict = {}
+
+    def fields_of(x: dict) -> dict:
+        f = x["power_fraction"]
+        return {"kernel_overlap_short": x["kernel_overlap_short"], "kernel_overlap_long": x["kernel_overlap_long"],
+                "power_gemm_flops_rate": round(f * peak["gemm"], -9),
+                "power_attn_flops_rate": round(f * peak["attention"], -9)}  # fmt: skip
 
     def sim(x: dict) -> np.ndarray:
         key = tuple(float(x[f]) for f in FIELDS)
         if key not in cache:
-            cache[key] = simulated_ms(plans, base.replace(**dict(zip(FIELDS, key, strict=True))))
+            cache[key] = simulated_ms(plans, base.replace(**fields_of(x)))
         return cache[key]
 
     def err(x: dict) -> float:
         return float(np.mean(np.log(sim(x) / meas) ** 2))
 
     def steps(lo, hi, step):
-        return [float(v) for v in np.round(np.arange(lo, hi + step / 2, step) / step) * step]
+        return [round(float(v), 6) for v in np.round(np.arange(lo, hi + step / 2, step) / step) * step]
 
     start = {f: g[4] for f, g in GRID.items()}
     x = dict(start)
     for _ in range(ROUNDS):
-        for f, (lo, hi, coarse, fine, _) in GRID.items():
-            x[f] = min(steps(lo, hi, coarse), key=lambda c: err(x | {f: c}))
-            around = steps(max(lo, x[f] - 4 * fine), min(hi, x[f] + 4 * fine), fine)
-            x[f] = min(around, key=lambda c: err(x | {f: c}))
+        for f, (lo, hi, coarse, fine, first) in GRID.items():
+            def best(cands, f=f, first=first):  # the least error; among equals, the nearest to the start
+                return min(cands, key=lambda c: (round(err(x | {f: c}), 12), abs(c - first)))
+
+            x[f] = best(steps(lo, hi, coarse))
+            x[f] = best(steps(max(lo, x[f] - 4 * fine), min(hi, x[f] + 4 * fine), fine))
     before, after = sim(start), sim(x)
     for (_, m, label, *_), b, y in zip(plans, before, after, strict=True):
         log(f"  {label:<28} measured {m / 1e6:8.3f} ms  simulated {b:8.3f} ({b / (m / 1e6) - 1:+6.1%}) -> "
             f"{y:8.3f} ({y / (m / 1e6) - 1:+6.1%})")  # fmt: skip
+    out = fields_of(x)
     log(f"concurrency factor {x['kernel_overlap_short']:.2f} (kernels of 10 us or less) to "
-        f"{x['kernel_overlap_long']:.2f} (1 ms or more); at the power limit GEMMs "
-        f"{x['power_gemm_flops_rate'] / TF:.0f}, attention {x['power_attn_flops_rate'] / TF:.0f} TFLOP/s: "
-        f"rms log error "
+        f"{x['kernel_overlap_long']:.2f} (1 ms or more); at the power limit {x['power_fraction']:.2f} of the best "
+        f"full-clock rates: GEMMs {out['power_gemm_flops_rate'] / TF:.0f} of {peak['gemm'] / TF:.0f}, attention "
+        f"{out['power_attn_flops_rate'] / TF:.0f} of {peak['attention'] / TF:.0f} TFLOP/s: rms log error "
         f"{np.sqrt(err(start)):.3f} -> {np.sqrt(err(x)):.3f} over {len(plans)} plans")  # fmt: skip
-    return x
+    return out | {"power_duty": 1.0}

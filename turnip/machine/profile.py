@@ -63,7 +63,7 @@ class MachineProfile:
     kernel_overlap_short: float = 1.0
     kernel_overlap_long: float = 1.0
     # power limit: under sustained load a GPU reaches its power limit and lowers its clocks (an H100 at 700 W:
-    # SM clock 1980 -> 1350-1700 MHz in long prefills). Modelled as a token bucket per GPU: tokens (ns at the
+    # SM clock 1980 -> 1300-1620 MHz in long prefills). Modelled as a token bucket per GPU: tokens (ns at the
     # limit) accrue one per ns up to power_burst_s x 1e9, and a kernel running at full clock spends w per ns,
     # w its power over the limit's: a GEMM's flop rate over power_gemm_flops_rate (the rate the GPU
     # sustains at the limit), attention's over power_attn_flops_rate, power_memory_weight for memory-bound
@@ -156,6 +156,13 @@ def _check_values(p: Path, data: dict) -> None:
         least = 1 if f.name in ("n_gpus", "streams_per_gpu") or f.name.endswith("_per_s") else 0
         if not math.isfinite(v) or v < least or (f.name.endswith("_per_s") and v <= 0):
             raise ValueError(f"{p}: field {f.name} = {v!r} is out of range (must be {'> 0' if least else '>= 0'})")
+    duty = data.get("power_duty", 1.0)
+    if not 0 < duty <= 1:
+        raise ValueError(f"{p}: field power_duty = {duty!r} is out of range (must be > 0 and <= 1)")
+    rates = [f for f in ("power_gemm_flops_rate", "power_attn_flops_rate") if data.get(f, 0) > 0]
+    if duty < 1 and rates:
+        raise ValueError(f"{p}: power_duty = {duty!r} (the uniform power model) and {', '.join(rates)} (the "
+                         "flop-rate model) both set: keep one")  # fmt: skip
 
 
 def _find(name_or_path: str | Path) -> Path | None:
