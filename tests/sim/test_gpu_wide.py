@@ -171,6 +171,27 @@ def test_the_fit_recovers_the_gemm_rate_at_the_power_limit():
     assert simulated_ms([(mg, meas, "chain")], QUIET.replace(**x))[0] == pytest.approx(meas / 1e6, rel=0.01)
 
 
+def test_kernels_held_at_the_power_limit_take_their_energy_s_time_whatever_their_jitter():
+    mg = parallel(20)
+    noisy = QUIET.replace(kernel_excess_mean=0.05, kernel_excess_sd=0.05)
+    free = [simulate(mg, noisy, seed=s).makespan_ns for s in (0, 1, 0)]
+    assert free[0] == free[2] != free[1]  # jitter: seeds differ, a seed repeats
+    held = [simulate(mg, noisy.replace(power_gemm_flops_rate=400e12), seed=s) for s in (0, 1)]
+    assert held[0].makespan_ns == held[1].makespan_ns >= held[0].lower_bound_ns  # flops / rate, at any clock
+
+
+def test_recorded_plans_carry_their_gap_between_runs():
+    from sim.fit import recorded_plans
+
+    row = {"model": "llama-tiny", "seq": 64, "tiles": {"t": 16}, "layers": 1, "nondet_ms": [1.0, 3.0, 2.0],
+           "gap_ms": [0.5, 0.7, 0.6]}  # fmt: skip
+    (mg, meas, label, gap), = recorded_plans({"calibration": {"plans": [row, row | {"nondet_ms": []}]}})
+    assert meas == 2.0e6 and gap == pytest.approx(0.6e6) and "llama-tiny 64 L1" in label
+    lim = QUIET.replace(power_gemm_flops_rate=100e12)
+    by_row = simulated_ms([(mg, meas, label, gap)], lim)[0]
+    assert by_row == simulated_ms([(mg, meas, label)], lim.replace(run_gap_ns=600_000))[0]
+
+
 def test_profiles_set_one_power_model():
     from turnip.machine.profile import profile_from_data
 
