@@ -100,10 +100,10 @@ class Simulation:
         self.overlap = tm.overlap.tolist()
         self.handle_ns = prof.handle_ns
         self.limited = power_limited(prof)
+        self.power_cap = 0.0
         if self.limited:
             pm = power_model(mg, prof, tm)
-            self.pw_flops, self.pw_rate, self.pw_other = pm.flops, pm.rate, pm.other
-        self.power_cap = prof.power_burst_s * 1e9
+            self.pw_flops, self.pw_rate, self.pw_other, self.power_cap = pm.flops, pm.rate, pm.other, pm.cap
         self.bucket = [min(self.power_cap, x) for x in power_level] if power_level else [0.0] * mg.n_gpus
         self.throttled = False  # a kernel of this run was slowed by the power limit
         self.bucket_t = [0] * mg.n_gpus
@@ -289,12 +289,14 @@ def power_limited(prof: MachineProfile) -> bool:
 class PowerModel:
     """Per vertex: flops and the flop rate per ns its class sustains at the power limit (0.0: the kernel draws
     ``other`` of the limit: ``power_memory_weight``, or 1 / ``power_duty`` for every kernel under the uniform
-    model); ``cap``: the bucket's capacity (ns at the limit)."""
+    model); ``cap``: the bucket's capacity (ns at the limit); ``energy``: per GPU, its kernels' energy at the
+    limit (ns: a GEMM's is its flops over its class's rate, another kernel's ``other`` x its floor)."""
 
     flops: list
     rate: list
     other: float
     cap: float
+    energy: list
 
 
 def power_model(mg: MemGraph, prof: MachineProfile, tm: TimingModel) -> PowerModel:
@@ -308,7 +310,13 @@ def power_model(mg: MemGraph, prof: MachineProfile, tm: TimingModel) -> PowerMod
     kern = (tm.eng == ENG_KERNEL).tolist()
     rate = [rates.get(cost_class(op), 0.0) if k else 0.0 for op, k in zip(mg.op, kern, strict=True)]
     other = 1.0 / prof.power_duty if uniform else prof.power_memory_weight
-    tm._power = PowerModel(np.asarray(mg.flops, dtype=np.float64).tolist(), rate, other, prof.power_burst_s * 1e9)
+    flops = np.asarray(mg.flops, dtype=np.float64)
+    r = np.asarray(rate)
+    kern = np.flatnonzero(tm.eng == ENG_KERNEL)
+    per = np.where(r[kern] > 0.0, flops[kern] / np.where(r[kern] > 0.0, r[kern], 1.0),
+                   other * tm.kernel_ns[kern].astype(np.float64))  # fmt: skip
+    energy = np.bincount(mg.gpu[kern], per, minlength=mg.n_gpus).tolist()
+    tm._power = PowerModel(flops.tolist(), rate, other, prof.power_burst_s * 1e9, energy)
     return tm._power
 
 
@@ -322,11 +330,7 @@ def _steady_guess(mg: MemGraph, prof: MachineProfile, tm: TimingModel) -> list[f
     over its class's rate), else what the gap refills."""
     pm = power_model(mg, prof, tm)
     t = plan_bound(tm)["lower_bound_ns"] + prof.run_gap_ns
-    energy = [0.0] * mg.n_gpus
-    for v in np.flatnonzero(tm.eng == ENG_KERNEL).tolist():
-        r = pm.rate[v]
-        energy[mg.gpu[v]] += pm.flops[v] / r if r > 0.0 else pm.other * float(tm.kernel_ns[v])
-    return [pm.cap if t > e else min(pm.cap, float(prof.run_gap_ns)) for e in energy]
+    return [pm.cap if t > e else min(pm.cap, float(prof.run_gap_ns)) for e in pm.energy]
 
 
 def simulate(
@@ -348,7 +352,7 @@ def simulate(
     if not power_limited(prof):
         return Simulation(mg, prof, policy, seed, mean_only, tm, order).run()
     tm = tm or TimingModel(mg, prof)
-    level = [prof.power_burst_s * 1e9] * mg.n_gpus if power_full else _steady_guess(mg, prof, tm)
+    level = [power_model(mg, prof, tm).cap] * mg.n_gpus if power_full else _steady_guess(mg, prof, tm)
     wall = 0.0
     for _ in range(STEADY_PASSES):
         s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level)

@@ -362,8 +362,9 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     streamed = measure_host(dtypes[0], repeat=2 if quick else 3)
     # kernels' issue and completion costs from the resident plans (most of a plan's kernels run so; a streamed
     # plan's kernels are hidden behind its copies anyway), copies' issue cost from the streamed plan
-    host = host_fields(resident) | {"copy_launch_ns": host_fields(streamed)["copy_launch_ns"]}
-    log(f"host costs: {host} (streamed plan: {host_fields(streamed)}), {time.perf_counter() - t0:.0f} s")
+    host_res, host_str = host_fields(resident), host_fields(streamed)
+    host = host_res | {"copy_launch_ns": host_str["copy_launch_ns"]}
+    log(f"host costs: {host} (streamed plan: {host_str}), {time.perf_counter() - t0:.0f} s")
     from cuda_kernels._numba import cuda
 
     name = cuda().get_current_device().name
@@ -378,7 +379,7 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     doc = {"format": "turnip-profile", "version": 1, "machine": machine, "kernels": kernels, "copies": copies,
            "launch": launch_rows(resident),
            "calibration": {"device": name, "host": platform.node(), "plans": plan_runs, "dtypes": list(dtypes),
-                           "host_resident": host_fields(resident), "host_streamed": host_fields(streamed)}}  # fmt: skip
+                           "host_resident": host_res, "host_streamed": host_str}}  # fmt: skip
     from sim.fit import fit_gpu_effects
 
     doc["machine"] |= fit_gpu_effects(doc, log=log)
