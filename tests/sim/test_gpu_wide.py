@@ -19,6 +19,13 @@ QUIET = h100().replace(kernel_excess_mean=0.0, kernel_contended_excess_mean=0.0,
                        kernel_launch_ns=1000, gemm_launch_ns=1000, completion_ns=1000)  # fmt: skip
 
 
+def quiet_doc() -> dict:
+    """A profile document whose machine is QUIET's where the fit's simulations depend on it."""
+    fields = ("kernel_excess_mean", "stall_prob", "kernel_launch_ns", "gemm_launch_ns", "completion_ns")
+    machine = {"name": "fit"} | {k: getattr(QUIET, k) for k in fields}
+    return {"format": "turnip-profile", "version": 1, "machine": machine}
+
+
 def parallel(n: int, flops: float = 4e10):
     """n independent einsum kernels on one GPU."""
     return make_memgraph(["kernel"] * n, [[]] * n, flops=[flops] * n, nbytes=[1 << 10] * n, ops=["einsum"] * n)
@@ -141,9 +148,7 @@ def test_launch_costs_per_op_from_the_profile_table(tmp_path):
 def test_the_fit_recovers_factors_that_made_the_measurements():
     tg = make_taskgraph("llama-tiny", 64, 1, "fp16", {"t": 16})
     mg = build_with_resident(tg, 1 << 26, None, str(1 << 25))
-    doc = {"format": "turnip-profile", "version": 1, "machine": {"name": "fit"} | {
-        k: getattr(QUIET, k) for k in ("kernel_excess_mean", "stall_prob", "kernel_launch_ns", "gemm_launch_ns",
-                                       "completion_ns")}}  # fmt: skip
+    doc = quiet_doc()
     truth = QUIET.replace(kernel_overlap_short=0.7, kernel_overlap_long=0.9)
     meas = simulated_ms([(mg, 0.0, "tiny")], truth)[0] * 1e6
     before = simulated_ms([(mg, meas, "tiny")], QUIET)[0]
@@ -159,9 +164,7 @@ def test_the_fit_recovers_factors_that_made_the_measurements():
 
 def test_the_fit_recovers_the_gemm_rate_at_the_power_limit():
     mg = chain(30)  # a chain never queues: only the power limit changes it
-    doc = {"format": "turnip-profile", "version": 1, "machine": {"name": "fit"} | {
-        k: getattr(QUIET, k) for k in ("kernel_excess_mean", "stall_prob", "kernel_launch_ns", "gemm_launch_ns",
-                                       "completion_ns")}}  # fmt: skip
+    doc = quiet_doc()
     truth = QUIET.replace(power_gemm_flops_rate=450e12)
     meas = simulated_ms([(mg, 0.0, "chain")], truth)[0] * 1e6
     x = fit_gpu_effects(doc, log=lambda s: None, plans=[(mg, meas, "chain", 0)])
