@@ -10,8 +10,10 @@ State it owns (virtual time in integer ns):
                       again when the other finishes (stale completions are recognised by their token)
   copies_active[g]    copies touching GPU g now (kernels issued meanwhile are slowed and noisier)
   bucket[g]           GPU g's power bucket (ns at the power limit, as of bucket_t[g]): a kernel at full
-                      clock spends its power over the limit's per ns, the bucket refills one per ns, and
-                      an empty one slows kernels that draw more than the limit (``MachineProfile``)
+                      clock spends its power over the limit's per ns, the bucket refills one per ns (less
+                      what an idle GPU draws), and an empty one slows kernels that draw more than the limit;
+                      under the shared-clock model it goes into debt and the debt lowers the GPU's clock
+                      for every kernel (``MachineProfile``)
 Each launched vertex costs one ``Timeout`` when the host has issued it, one when its completion reaches the
 scheduler, and host-link copies one more when their bytes are through. No generator process per vertex.
 Every run records its issue order (``SimResult.order``), which ``det-replay`` replays (``fastest_run``).
@@ -100,10 +102,14 @@ class Simulation:
         self.overlap = tm.overlap.tolist()
         self.handle_ns = prof.handle_ns
         self.limited = power_limited(prof)
+        self.clock = self.limited and prof.power_slow_gemm > 0.0  # the shared-clock model
         self.power_cap = 0.0
+        self.refill = 1.0 - prof.power_idle_weight  # per ns of idle
         if self.limited:
             pm = power_model(mg, prof, tm)
             self.pw_flops, self.pw_rate, self.pw_other, self.power_cap = pm.flops, pm.rate, pm.other, pm.cap
+            self.pw_slow, self.window = pm.slow, prof.power_window_s * 1e9
+            self.draw_loss = 1.0 - prof.power_clock_draw  # what theta 1 takes off a flop-bound kernel's draw
         self.bucket = [min(self.power_cap, x) for x in power_level] if power_level else [0.0] * mg.n_gpus
         self.throttled = False  # a kernel of this run was slowed by the power limit
         self.bucket_t = [0] * mg.n_gpus
@@ -173,7 +179,9 @@ class Simulation:
             else:
                 dur = self.kernel_ns[v] * self.f[v]
             dur = int(dur * self.overlap[v]) if busy else int(dur)  # it shares the GPU with the one before
-            if self.limited:
+            if self.clock:
+                dur = self._power_clock(g, start, dur, v)
+            elif self.limited:
                 dur = self._power_limited(g, start, dur, v)
             self.start[v], self.end[v] = start, start + dur
             self.compute_free[g] = start + dur
@@ -196,7 +204,7 @@ class Simulation:
         runs w times slower when w > 1. Kernels start in order on a GPU's engine."""
         rate = self.pw_rate[v]
         w = self.pw_flops[v] / (dur * rate) if rate > 0.0 and dur > 0 else self.pw_other
-        level = min(self.power_cap, self.bucket[g] + max(0, start - self.bucket_t[g]))
+        level = min(self.power_cap, self.bucket[g] + max(0, start - self.bucket_t[g]) * self.refill)
         if w <= 1.0:
             level = min(self.power_cap, level + (1.0 - w) * dur)
         elif level >= (w - 1.0) * dur:
@@ -209,11 +217,27 @@ class Simulation:
         self.bucket[g], self.bucket_t[g] = level, start + dur
         return dur
 
+    def _power_clock(self, g: int, start: int, dur: int, v: int) -> int:
+        """Duration of kernel v, ``dur`` ns at full clock, starting at ``start`` on GPU g under the shared-clock
+        model: the GPU's throttle theta (its bucket's debt over the window, held for the kernel) slows it by its
+        class's factor and lowers its draw; the bucket gains the limit less the draw for every ns it runs."""
+        level = min(self.power_cap, self.bucket[g] + max(0, start - self.bucket_t[g]) * self.refill)
+        rate = self.pw_rate[v]
+        w = self.pw_flops[v] / (dur * rate) if rate > 0.0 and dur > 0 else self.pw_other
+        if level < 0.0:
+            theta = min(THETA_MAX, -level / self.window)
+            if rate > 0.0:
+                w *= 1.0 - theta * self.draw_loss
+            dur = int(dur * (1.0 + theta * (self.pw_slow[v] - 1.0)))
+            self.throttled = True
+        self.bucket[g], self.bucket_t[g] = min(self.power_cap, level + (1.0 - w) * dur), start + dur
+        return dur
+
     def end_levels(self, gap_ns: int) -> list[float]:
         """Each GPU's bucket ``gap_ns`` after this run's end: where the next run back to back starts."""
         end = max(self.done, default=0)
         bt = zip(self.bucket, self.bucket_t, strict=True)
-        return [min(self.power_cap, b + max(0, end - t) + gap_ns) for b, t in bt]
+        return [min(self.power_cap, b + (max(0, end - t) + gap_ns) * self.refill) for b, t in bt]
 
     def _deliver(self, v: int, delay_ns: int) -> None:
         """The completion of v reaches the scheduler ``completion_ns`` after the device finishes it."""
@@ -290,13 +314,15 @@ class PowerModel:
     """Per vertex: flops and the flop rate per ns its class sustains at the power limit (0.0: the kernel draws
     ``other`` of the limit: ``power_memory_weight``, or 1 / ``power_duty`` for every kernel under the uniform
     model); ``cap``: the bucket's capacity (ns at the limit); ``energy``: per GPU, its kernels' energy at the
-    limit (ns: a GEMM's is its flops over its class's rate, another kernel's ``other`` x its floor)."""
+    limit (ns: a GEMM's is its flops over its class's rate, another kernel's ``other`` x its floor); ``slow``:
+    per vertex, its class's slowdown at throttle 1 (the shared-clock model; 1.0 otherwise)."""
 
     flops: list
     rate: list
     other: float
     cap: float
     energy: list
+    slow: list
 
 
 def power_model(mg: MemGraph, prof: MachineProfile, tm: TimingModel) -> PowerModel:
@@ -316,11 +342,15 @@ def power_model(mg: MemGraph, prof: MachineProfile, tm: TimingModel) -> PowerMod
     per = np.where(r[kern] > 0.0, flops[kern] / np.where(r[kern] > 0.0, r[kern], 1.0),
                    other * tm.kernel_ns[kern].astype(np.float64))  # fmt: skip
     energy = np.bincount(mg.gpu[kern], per, minlength=mg.n_gpus).tolist()
-    tm._power = PowerModel(flops.tolist(), rate, other, prof.power_burst_s * 1e9, energy)
+    slows = {"gemm": prof.power_slow_gemm, "attention": prof.power_slow_attn, "memory": prof.power_slow_memory}
+    slow = [slows[cost_class(op)] if k and prof.power_slow_gemm > 0.0 else 1.0
+            for op, k in zip(mg.op, (tm.eng == ENG_KERNEL).tolist(), strict=True)]  # fmt: skip
+    tm._power = PowerModel(flops.tolist(), rate, other, prof.power_burst_s * 1e9, energy, slow)
     return tm._power
 
 
 STEADY_PASSES = 4  # at most this many runs to reach the power bucket's steady state
+THETA_MAX = 2.0  # the shared-clock model's deepest throttle (1: the clock of the largest GEMMs alone at the limit)
 STEADY_TOL = 0.005  # a start level within this fraction of the makespan of where the run leaves it: settled
 
 
@@ -329,7 +359,9 @@ def _steady_guess(mg: MemGraph, prof: MachineProfile, tm: TimingModel) -> list[f
     and the gap between runs leave more time than its kernels' energy at the limit (a GEMM's is its flops
     over its class's rate), else what the gap refills."""
     pm = power_model(mg, prof, tm)
-    t = plan_bound(tm)["lower_bound_ns"] + prof.run_gap_ns
+    t = (plan_bound(tm)["lower_bound_ns"] + prof.run_gap_ns) * (1.0 - prof.power_idle_weight)
+    if prof.power_slow_gemm > 0.0:  # shared clock: in debt, half the window (its throttle settles within a run)
+        return [pm.cap if t > e else -0.5 * prof.power_window_s * 1e9 for e in pm.energy]
     return [pm.cap if t > e else min(pm.cap, float(prof.run_gap_ns)) for e in pm.energy]
 
 

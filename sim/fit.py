@@ -8,9 +8,12 @@ at once: how kernels that run at the same time share it, a factor on a kernel th
 it keeps its clocks under sustained load: the GEMM and attention flop rates it sustains at its power limit
 (``power_gemm_flops_rate``, ``power_attn_flops_rate``: one fraction of each class's best full-clock rate;
 ``sim.engine``), the kernel tables being measured at full clock. The fit picks the three (two factors, one
-fraction) that minimise the mean squared log error of the simulated (means only, no noise, runs in the
+fraction) that minimise the mean absolute log error of the simulated (means only, no noise, runs in the
 power bucket's steady state, each plan's recorded idle time between runs apart) against the measured median
-makespans over every plan. A field the plans do not pin down stays at its starting value: ties go to it.
+makespans over every plan (absolute, not squared: one plan the model cannot follow does not steer it). A
+field the plans do not pin down stays at its starting value: ties go to it. Under the shared clock
+(``power_slow_gemm`` > 0) the fraction is ``power_clock_draw``; measured (``calibration.power``) it is kept
+and only the factors are fitted, and attention's rate follows its measured draw (``attn_draw``).
 """
 
 from __future__ import annotations
@@ -90,6 +93,25 @@ def best_rates(prof, dtype: str = "fp16") -> dict[str, float]:
     return out
 
 
+def attn_draw(power: dict, fraction: float) -> float | None:
+    """Attention's full-clock draw (of the limit) under the shared-clock model from ``turnip calibrate``'s
+    power measurements (``calibration.power``): the NVML reading of attention alone back to back where it
+    kept its clock, else the draw that holds the limit at the throttle it settled at (its slowdown alone over
+    its class's slowdown at throttle 1), ``fraction`` being ``power_clock_draw``. None: not measured."""
+    a = power.get("attention") if power else None
+    if not a:
+        return None
+    theta = (a["ns"][0] / power["full_ns"]["attention"] - 1.0) / max(power["slow_attn"] - 1.0, 1e-3)
+    if theta <= 0.05 and a.get("power_w") and power.get("limit_w"):
+        return min(1.0, a["power_w"] / power["limit_w"])
+    return 1.0 / (1.0 - min(max(theta, 0.0), 2.0) * (1.0 - fraction))
+
+
+def attn_rate(power: dict) -> float:
+    """Attention's full-clock flop rate (flop/s) in ``turnip calibrate``'s power measurements."""
+    return power["flops"]["attention"] / power["full_ns"]["attention"] * 1e9
+
+
 def fit_gpu_effects(doc: dict, log=print, plans=None) -> dict:
     """``kernel_overlap_short``, ``kernel_overlap_long``, ``power_gemm_flops_rate`` and ``power_attn_flops_rate``
     fitted to ``doc``'s recorded plans (``{}`` when it records none): coordinate descent over ``GRID``, each
@@ -104,14 +126,27 @@ def fit_gpu_effects(doc: dict, log=print, plans=None) -> dict:
         return {}
     base = profile_from_data({k: doc[k] for k in DOC_KEYS if k in doc}).replace(power_duty=1.0)
     peak = best_rates(base)
+    power = doc.get("calibration", {}).get("power")
+    clock = base.power_slow_gemm > 0.0
+    fixed = {}
+    if clock and power and power.get("power_clock_draw"):  # measured: the GEMMs' draw is not fitted
+        fixed["power_fraction"] = float(power["power_clock_draw"])
+    if clock and power and power.get("full_ns"):  # the reference GEMM's full-clock rate, as measured
+        peak["gemm"] = power["flops"]["gemm"] / power["full_ns"]["gemm"] * 1e9
     meas = np.array([p[1] for p in plans]) / 1e6
     cache: dict = {}
 
     def fields_of(x: dict) -> dict:
         f = x["power_fraction"]
-        return {"kernel_overlap_short": x["kernel_overlap_short"], "kernel_overlap_long": x["kernel_overlap_long"],
-                "power_gemm_flops_rate": round(f * peak["gemm"], -9),
-                "power_attn_flops_rate": round(f * peak["attention"], -9)}  # fmt: skip
+        out = {"kernel_overlap_short": x["kernel_overlap_short"], "kernel_overlap_long": x["kernel_overlap_long"],
+               "power_gemm_flops_rate": round(f * peak["gemm"], -9),
+               "power_attn_flops_rate": round(f * peak["attention"], -9)}  # fmt: skip
+        if clock:  # the best GEMMs draw 1 / f of the limit at full clock; attention as measured
+            wa = attn_draw(power, f)
+            out["power_clock_draw"] = f
+            if wa is not None:
+                out["power_attn_flops_rate"] = round(attn_rate(power) / wa, -9)
+        return out
 
     def sim(x: dict) -> np.ndarray:
         key = tuple(float(x[f]) for f in FIELDS)
@@ -119,16 +154,18 @@ def fit_gpu_effects(doc: dict, log=print, plans=None) -> dict:
             cache[key] = simulated_ms(plans, base.replace(**fields_of(x)))
         return cache[key]
 
-    def err(x: dict) -> float:
-        return float(np.mean(np.log(sim(x) / meas) ** 2))
+    def err(x: dict) -> float:  # mean absolute log error: one plan the model cannot follow does not steer it
+        return float(np.mean(np.abs(np.log(sim(x) / meas))))
 
     def steps(lo, hi, step):
         return [round(float(v), 6) for v in np.round(np.arange(lo, hi + step / 2, step) / step) * step]
 
-    start = {f: g[4] for f, g in GRID.items()}
+    start = {f: g[4] for f, g in GRID.items()} | fixed
     x = dict(start)
     for _ in range(ROUNDS):
         for f, (lo, hi, coarse, fine, first) in GRID.items():
+            if f in fixed:
+                continue
             def best(cands, f=f, first=first):  # the least error; among equals, the nearest to the start
                 return min(cands, key=lambda c: (round(err(x | {f: c}), 12), abs(c - first)))
 
@@ -142,6 +179,6 @@ def fit_gpu_effects(doc: dict, log=print, plans=None) -> dict:
     log(f"concurrency factor {x['kernel_overlap_short']:.2f} (kernels of 10 us or less) to "
         f"{x['kernel_overlap_long']:.2f} (1 ms or more); at the power limit {x['power_fraction']:.2f} of the best "
         f"full-clock rates: GEMMs {out['power_gemm_flops_rate'] / TF:.0f} of {peak['gemm'] / TF:.0f}, attention "
-        f"{out['power_attn_flops_rate'] / TF:.0f} of {peak['attention'] / TF:.0f} TFLOP/s: rms log error "
-        f"{np.sqrt(err(start)):.3f} -> {np.sqrt(err(x)):.3f} over {len(plans)} plans")  # fmt: skip
+        f"{out['power_attn_flops_rate'] / TF:.0f} of {peak['attention'] / TF:.0f} TFLOP/s: mean |log error| "
+        f"{err(start):.3f} -> {err(x):.3f} over {len(plans)} plans")  # fmt: skip
     return out | {"power_duty": 1.0}

@@ -15,6 +15,10 @@ Measurements, all through the code a real run uses:
   an idle GPU from the one-stream runs; copies' issue cost from a streamed plan.
 - **copies**: host-to-device and device-to-host copies of pinned memory from 64 KiB to 512 MiB, alone and
   while the other direction streams, timed with events on their own streams.
+- **power** (``measure_power``): the largest GEMM, attention and memory-bound kernels back to back on one
+  stream, alone and mixed, and a GEMM with a sleeping kernel, each for POWER_LOOP_S after a rest, with NVML
+  power readings: how the clock the power limit sets slows each class, and what each draws (the shared-clock
+  fields of ``MachineProfile``).
 - **GPU-wide effects**: each plan's makespans back to back on every stream slot after SUSTAIN_S seconds of
   it, and the host's idle time between two of them (``calibration.plans``, ``run_gap_ns``);
   ``sim.fit.fit_gpu_effects`` fits the concurrency factor and the flop rates GEMMs and attention sustain at
@@ -255,8 +259,243 @@ def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 
     return _rows(samples)
 
 
-def measure_copies(sizes: list[int], repeat: int = 10) -> list[dict]:
-    """H2D and D2H copies of pinned memory, alone and against a stream of copies the other way."""
+class _Nvml:
+    """Board power, its enforced limit and the SM clock through NVML (``libnvidia-ml``), or None where it
+    cannot be read. The device: the first NVML device whose PCI bus id is the CUDA device's."""
+
+    def __init__(self, pci_bus_id: str | None = None):
+        import ctypes
+
+        self.ok = False
+        try:
+            self.lib = lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if lib.nvmlInit_v2() != 0:
+                return
+            self.h = ctypes.c_void_p()
+            found = pci_bus_id and lib.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id.encode(), ctypes.byref(self.h)) == 0
+            self.ok = bool(found) or lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.h)) == 0
+        except OSError:
+            return
+
+    def _uint(self, fn, *args) -> int | None:
+        import ctypes
+
+        x = ctypes.c_uint()
+        return int(x.value) if self.ok and fn(self.h, *args, ctypes.byref(x)) == 0 else None
+
+    def watts(self) -> float | None:
+        mw = self._uint(self.lib.nvmlDeviceGetPowerUsage) if self.ok else None
+        return None if mw is None else mw / 1e3
+
+    def limit_watts(self) -> float | None:
+        mw = self._uint(self.lib.nvmlDeviceGetEnforcedPowerLimit) if self.ok else None
+        return None if mw is None else mw / 1e3
+
+    def sm_mhz(self) -> int | None:
+        return self._uint(self.lib.nvmlDeviceGetClockInfo, 1) if self.ok else None  # NVML_CLOCK_SM
+
+
+POWER_PLAN = KernelPlan("llama-7b", 28672, {"t": 7168, "h": 32, "f": 11008})  # the largest GEMMs and attention
+POWER_LOOP_S = 2.0  # seconds of one cycle back to back: the clock settles where it holds the power limit
+POWER_TAIL_S = 0.3  # the last this many seconds of a loop are timed kernel by kernel
+
+
+def _sleep_kernel():
+    """A one-thread kernel that sleeps about ``ns`` ns: the GPU busy on the stream but drawing idle power."""
+    from cuda_kernels._numba import cuda
+
+    c = cuda()
+
+    @c.jit("void(int64)")
+    def nap(ns):
+        for _ in range(ns // 1000):
+            c.nanosleep(1000)
+
+    return nap
+
+
+def measure_power(progress=None, log=print) -> dict:
+    """How the GPU's clock, under its power limit, slows each class of kernel (``MachineProfile``'s
+    shared-clock fields): kernels of the largest calibration plan (``POWER_PLAN``) back to back on one stream
+    for ``POWER_LOOP_S``, each loop after a rest, the last ``POWER_TAIL_S`` timed kernel by kernel, NVML power
+    and SM clock sampled throughout. Cycles: the largest GEMM alone (its slowdown at the clock where GEMMs
+    alone hold the limit: throttle 1), attention alone, a memory-bound kernel alone (their slowdown and draw),
+    two GEMMs with attention and two with memory-bound kernels (each class's slowdown at the mix's throttle,
+    read off the GEMMs'), and a GEMM with a sleeping kernel of about a third and two thirds of its time
+    (energy balance: the GEMM's full-clock draw). Returns the raw figures (``calibration.power``) with the
+    derived fields (``power_fields``)."""
+    import threading
+
+    from turnip.machine.costs import cost_class, vertex_work
+    from turnip.memgraph.plan import KIND_KERNEL
+    from turnip.runtime import execute, open_backend
+    from turnip.runtime.weights import iter_random_inputs, write_streaming
+    from turnip.sched.events import Launch
+
+    tg, mg = plan_graph(POWER_PLAN)
+    work = vertex_work(mg)
+    kern = np.flatnonzero(mg.kind == KIND_KERNEL)
+
+    def largest(pred):
+        vs = [int(v) for v in kern if pred(mg.op[v])]
+        return max(vs, key=lambda v: work[v]) if vs else None
+
+    gemm = largest(lambda op: cost_class(op) == "gemm")
+    attn = largest(lambda op: cost_class(op) == "attention")
+    mem = largest(lambda op: op == "silu_mul") or largest(lambda op: cost_class(op) == "memory")
+    nv = None
+    out: dict = {"plan": POWER_PLAN.__dict__ | {"model": "llama-7b"}}
+    with open_backend("cuda", mg, 5) as be:
+        write_streaming(be, tg, iter_random_inputs(tg, seed=0))
+        execute(mg, be, "nondet", 5, seed=0)  # warm-up
+        from cuda_kernels._numba import cuda
+
+        dev = cuda().get_current_device()
+        try:
+            bus = f"{dev.PCI_DOMAIN_ID:08X}:{dev.PCI_BUS_ID:02X}:{dev.PCI_DEVICE_ID:02X}.0"
+        except AttributeError:
+            bus = None
+        nv = _Nvml(bus)
+        drv, h, stream = be.drv, be.hstreams[0][0], be.streams[0][0]
+        nap = _sleep_kernel()
+
+        def enqueue(item) -> None:
+            if item[0] == "sleep":
+                nap[1, 1, stream](item[1])
+            else:
+                be.submit(Launch(item[1], 0, 0))
+
+        def timed(cycle, reps: int) -> list[list[float]]:
+            """Durations (ns) of each item of ``cycle`` over ``reps`` cycles, events between every item."""
+            evs = [drv.event() for _ in range(reps * len(cycle) + 1)]
+            drv.check(drv.cuEventRecord(evs[0], h), "event")
+            k = 0
+            for _ in range(reps):
+                for it in cycle:
+                    enqueue(it)
+                    k += 1
+                    drv.check(drv.cuEventRecord(evs[k], h), "event")
+            drv.check(drv.cuCtxSynchronize(), "sync")
+            be._in_flight.clear()
+            ns = [drv.elapsed_ms(evs[i], evs[i + 1]) * 1e6 for i in range(k)]
+            for e in evs:
+                drv.cuEventDestroy_v2(e)
+            return [ns[i::len(cycle)] for i in range(len(cycle))]
+
+        def rest(s: float) -> None:
+            drv.check(drv.cuCtxSynchronize(), "sync")
+            time.sleep(s)
+
+        rest(0.5)
+        idle = [nv.watts() for _ in range(5)] if nv.ok else []
+        full = {}
+        for name, v in (("gemm", gemm), ("attention", attn), ("memory", mem)):
+            rest(0.3)
+            full[name] = float(np.median(timed([("k", v)], 3)[0]))
+        rest(0.3)
+        cls_of = {gemm: "gemm", attn: "attention", mem: "memory"}
+        t_g = full["gemm"]
+        loops = {"gemm": [("k", gemm)], "attention": [("k", attn)], "memory": [("k", mem)],
+                 "mix_attention": [("k", gemm), ("k", gemm), ("k", attn)],
+                 "mix_memory": [("k", gemm), ("k", gemm), ("k", mem), ("k", mem)],
+                 "sleep_short": [("k", gemm), ("sleep", int(t_g / 3))],
+                 "sleep_long": [("k", gemm), ("sleep", int(2 * t_g / 3))]}  # fmt: skip
+        for i, (name, cycle) in enumerate(loops.items()):
+            rest(0.5)
+            samples: list = []
+            stop = threading.Event()
+
+            def sample(samples=samples, stop=stop) -> None:
+                t0 = time.perf_counter()
+                while not stop.is_set():
+                    samples.append((time.perf_counter() - t0, nv.watts(), nv.sm_mhz()))
+                    time.sleep(0.02)
+
+            th = threading.Thread(target=sample, daemon=True)
+            if nv.ok:
+                th.start()
+            one = sum(it[1] if it[0] == "sleep" else full[cls_of[it[1]]] for it in cycle)  # ns per cycle
+            tail = max(1, int(POWER_TAIL_S * 1e9 / one))
+            head = max(1, int((POWER_LOOP_S - POWER_TAIL_S) * 1e9 / one))
+            for _ in range(head):
+                for it in cycle:
+                    enqueue(it)
+                if len(be._in_flight) > 4096:
+                    be._in_flight.clear()
+            ns = timed(cycle, tail)
+            stop.set()
+            if nv.ok:
+                th.join()
+            late = [s for s in samples if s[0] >= POWER_LOOP_S / 2 and s[1] is not None]
+            out[name] = {"items": [it[0] if it[0] == "sleep" else mg.op[it[1]] for it in cycle],
+                         "ns": [float(np.median(x)) for x in ns],
+                         "power_w": float(np.median([s[1] for s in late])) if late else None,
+                         "sm_mhz": float(np.median([s[2] for s in late if s[2]])) if late else None}  # fmt: skip
+            if progress:
+                progress(i + 1)
+    out["full_ns"] = full
+    out["flops"] = {"gemm": float(mg.flops[gemm]), "attention": float(mg.flops[attn])}
+    out["shapes"] = {n: "x".join(map(str, mg.shape[v])) for n, v in (("gemm", gemm), ("attention", attn),
+                                                                      ("memory", mem))}  # fmt: skip
+    out["limit_w"] = nv.limit_watts() if nv and nv.ok else None
+    out["idle_w"] = float(np.median([w for w in idle if w])) if idle and any(idle) else None
+    out |= power_fields(out)
+    log(f"power: {json.dumps({k: out[k] for k in POWER_FIELDS if k in out})}")
+    return out
+
+
+POWER_FIELDS = ("power_slow_gemm", "power_slow_attn", "power_slow_memory", "power_memory_weight",
+                "power_idle_weight", "power_clock_draw")  # fmt: skip
+
+
+def power_fields(pw: dict) -> dict:
+    """The shared-clock fields from ``measure_power``'s figures: each class's slowdown at throttle 1 (the
+    GEMM's alone; attention's and memory-bound kernels' from the mixes, scaled by the mix's throttle, read
+    off its GEMMs), the memory-bound and idle draws (NVML over the limit), and ``power_clock_draw`` from the
+    GEMM-with-sleep cycles' energy balance (the one whose throttle is furthest inside (0, 1); absent when
+    neither is). Also ``slow_attn`` (attention's slowdown, for ``sim.fit.attn_draw``)."""
+    full = pw["full_ns"]
+    slow_g = max(1.0, pw["gemm"]["ns"][0] / full["gemm"])
+    out = {"power_slow_gemm": round(slow_g, 4)}
+
+    def theta(mix: dict) -> float:
+        g = np.mean([x for it, x in zip(mix["items"], mix["ns"], strict=True) if it == "einsum"])
+        return (g / full["gemm"] - 1.0) / (slow_g - 1.0) if slow_g > 1.001 else 0.0
+
+    for cls, mix, item in (("attn", "mix_attention", "attention"), ("memory", "mix_memory", "memory")):
+        m = pw[mix]
+        th = theta(m)
+        x = np.mean([t for it, t in zip(m["items"], m["ns"], strict=True) if it != "einsum"])
+        out[f"power_slow_{cls}"] = round(float(max(1.0, 1.0 + (x / full[item] - 1.0) / th)) if th > 0.1 else 1.0, 4)
+    out["slow_attn"] = out["power_slow_attn"]
+    lim = pw.get("limit_w")
+    if lim and pw["memory"].get("power_w"):
+        out["power_memory_weight"] = round(min(1.0, pw["memory"]["power_w"] / lim), 3)
+    idle = pw.get("idle_w") / lim if lim and pw.get("idle_w") else 0.0
+    out["power_idle_weight"] = round(min(idle, 0.5), 3)
+    best = None
+    for name in ("sleep_short", "sleep_long"):
+        m = pw[name]
+        th = theta(m)
+        if not 0.1 < th < 0.9:
+            continue
+        tg, ts = m["ns"]
+        p = 1.0 + (1.0 - idle) * ts / tg  # the GEMM's draw at throttle th
+        f = (1.0 - th) / (p - th)  # p = (1 - th) / f + th
+        if 0.2 < f <= 1.0 and (best is None or abs(th - 0.5) < best[0]):
+            best = (abs(th - 0.5), f)
+    if best is not None:
+        out["power_clock_draw"] = round(float(best[1]), 3)
+    return out
+
+
+COPY_PASSES = 3  # sweeps over every copy size; each point keeps its median pass (by mean time)
+
+
+def measure_copies(sizes: list[int], repeat: int = 10, passes: int = COPY_PASSES) -> list[dict]:
+    """H2D and D2H copies of pinned memory, alone and against a stream of copies the other way, in ``passes``
+    sweeps: each point keeps its median pass (by mean time), so one sweep that something else on the host
+    slowed does not set the link's speed (one sweep has measured a host link 15% slower than runs then found)."""
     from cuda_kernels._numba import cuda
     from turnip.runtime._cudadrv import Driver
 
@@ -276,28 +515,30 @@ def measure_copies(sizes: list[int], repeat: int = 10) -> list[dict]:
         else:
             drv.check(drv.cuMemcpyDtoHAsync_v2(host[k], dptr[k], nbytes, stream), "d2h")
 
-    rows = []
+    def point(kind: str, contended: bool, n: int) -> dict:
+        other = "d2h" if kind == "h2d" else "h2d"
+        copy(kind, n, hm)  # warm-up
+        drv.check(drv.cuStreamSynchronize(hm), "sync")
+        if contended:  # keep the other direction busy for the whole measurement
+            total = n * repeat * 2 + (64 << 20)
+            chunk = min(big, 64 << 20)
+            for _ in range(max(2, total // chunk)):
+                copy(other, chunk, ho, 1)
+        for e0, e1 in ev:
+            drv.check(drv.cuEventRecord(e0, hm), "event")
+            copy(kind, n, hm)
+            drv.check(drv.cuEventRecord(e1, hm), "event")
+        drv.check(drv.cuStreamSynchronize(hm), "sync")
+        drv.check(drv.cuStreamSynchronize(ho), "sync")
+        ns = np.array([drv.elapsed_ms(e0, e1) * 1e6 for e0, e1 in ev])
+        return {"kind": kind, "contended": contended, "nbytes": int(n), "ns_mean": float(ns.mean()),
+                "ns_sd": float(ns.std(ddof=1)), "n": int(ns.size)}  # fmt: skip
+
+    runs: dict = {}
     try:
-        for kind in ("h2d", "d2h"):
-            other = "d2h" if kind == "h2d" else "h2d"
-            for contended in (False, True):
-                for n in sizes:
-                    copy(kind, n, hm)  # warm-up
-                    drv.check(drv.cuStreamSynchronize(hm), "sync")
-                    if contended:  # keep the other direction busy for the whole measurement
-                        total = n * repeat * 2 + (64 << 20)
-                        chunk = min(big, 64 << 20)
-                        for _ in range(max(2, total // chunk)):
-                            copy(other, chunk, ho, 1)
-                    for e0, e1 in ev:
-                        drv.check(drv.cuEventRecord(e0, hm), "event")
-                        copy(kind, n, hm)
-                        drv.check(drv.cuEventRecord(e1, hm), "event")
-                    drv.check(drv.cuStreamSynchronize(hm), "sync")
-                    drv.check(drv.cuStreamSynchronize(ho), "sync")
-                    ns = np.array([drv.elapsed_ms(e0, e1) * 1e6 for e0, e1 in ev])
-                    rows.append({"kind": kind, "contended": contended, "nbytes": int(n), "ns_mean": float(ns.mean()),
-                                 "ns_sd": float(ns.std(ddof=1)), "n": int(ns.size)})  # fmt: skip
+        for _ in range(max(1, passes)):
+            for key in [(k, c, n) for k in ("h2d", "d2h") for c in (False, True) for n in sizes]:
+                runs.setdefault(key, []).append(point(*key))
     finally:
         for e0, e1 in ev:
             drv.cuEventDestroy_v2(e0)
@@ -305,7 +546,7 @@ def measure_copies(sizes: list[int], repeat: int = 10) -> list[dict]:
         for p in host:
             drv.cuMemFreeHost(p)
         del dev
-    return rows
+    return [sorted(rs, key=lambda r: r["ns_mean"])[(len(rs) - 1) // 2] for rs in runs.values()]
 
 
 def measure_host(dtype: str = "fp16", repeat: int = 3) -> dict:
@@ -337,8 +578,10 @@ def copy_fields(copies: list[dict]) -> dict:
             "copy_latency_ns": int(small["ns_mean"])}  # fmt: skip
 
 
-def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=print) -> dict:
-    """Run every measurement; returns the profile document."""
+def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=print,
+              power_loops: bool = True) -> dict:  # fmt: skip
+    """Run every measurement; returns the profile document. ``power_loops``: measure the shared clock
+    (``measure_power``) and use that model; without, the power bucket's rates are fitted alone."""
     t0 = time.perf_counter()
     plans = kernel_plans(quick)
     kernels: list[dict] = []
@@ -359,6 +602,13 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     sizes = [1 << k for k in range(16, 30, 1 if not quick else 2)]
     copies = measure_copies(sizes, repeat=5 if quick else 10)
     log(f"copies: {len(copies)} points, {time.perf_counter() - t0:.0f} s")
+    power = None
+    if power_loops:
+        try:
+            power = measure_power(log=log)
+        except Exception as e:  # noqa: BLE001 - the rest of the profile stands without it
+            log(f"power: the shared-clock measurement failed ({type(e).__name__}: {e}); fitting the bucket's rates")
+    log(f"power: {time.perf_counter() - t0:.0f} s")
     streamed = measure_host(dtypes[0], repeat=2 if quick else 3)
     # kernels' issue and completion costs from the resident plans (most of a plan's kernels run so; a streamed
     # plan's kernels are hidden behind its copies anyway), copies' issue cost from the streamed plan
@@ -380,6 +630,11 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
            "launch": launch_rows(resident),
            "calibration": {"device": name, "host": platform.node(), "plans": plan_runs, "dtypes": list(dtypes),
                            "host_resident": host_res, "host_streamed": host_str}}  # fmt: skip
+    if power is not None:
+        doc["calibration"]["power"] = power
+        doc["machine"] |= {k: power[k] for k in POWER_FIELDS if k in power} | {"power_window_s": 0.01}
+        if "power_clock_draw" not in power:
+            doc["machine"].pop("power_clock_draw", None)
     from sim.fit import fit_gpu_effects
 
     doc["machine"] |= fit_gpu_effects(doc, log=log)

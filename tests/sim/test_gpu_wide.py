@@ -212,3 +212,101 @@ def test_refit_needs_recorded_plans(tmp_path):
     p.write_text(json.dumps({"format": "turnip-profile", "version": 1, "machine": {}, "calibration": {"plans": []}}))
     with pytest.raises(ValueError, match="records no plan makespans"):
         refit(str(p))
+
+
+# ---------------------------------------------------------------- the shared clock (power_slow_gemm > 0)
+def clocked(rate_of_full: float = 0.5, **kw):
+    """QUIET under the shared-clock model: GEMMs of ``chain``/``parallel`` draw 1 / ``rate_of_full`` of the
+    limit at full clock (``power_clock_draw`` the same), attention of the same flops exactly the limit (alone it
+    never throttles), GEMMs alone slow 1.2x at throttle 1."""
+    full = 4e10 / int(TimingModel(chain(1), QUIET).kernel_ns[0]) * 1e9  # the kernels' full-clock flop rate
+    fields = {"power_slow_gemm": 1.2, "power_slow_attn": 1.4, "power_slow_memory": 1.05,
+              "power_clock_draw": rate_of_full, "power_gemm_flops_rate": rate_of_full * full,
+              "power_attn_flops_rate": full, "power_memory_weight": 0.9, "power_idle_weight": 0.0,
+              "power_window_s": 1e-4, "power_burst_s": 1e-4, "attn_launch_ns": 1000}  # fmt: skip
+    return QUIET.replace(**(fields | kw))
+
+
+def test_gemms_alone_settle_at_throttle_one_and_take_its_slowdown():
+    mg = chain(300)
+    floor = int(TimingModel(mg, QUIET).kernel_ns[0])
+    r = simulate(mg, clocked(), mean_only=True)
+    late = (r.end_ns - r.start_ns)[150:]
+    assert late.mean() == pytest.approx(1.2 * floor, rel=0.02)  # the clock where GEMMs alone hold the limit
+    assert simulate(mg, clocked(), mean_only=True, power_full=False).makespan_ns == r.makespan_ns  # deterministic
+    rested = simulate(chain(3), clocked(), mean_only=True, power_full=True)
+    assert (rested.end_ns - rested.start_ns)[0] == floor  # a rested GPU starts at full clock
+
+
+def test_the_clock_slows_attention_that_gemms_throttled_though_attention_alone_draws_little():
+    n = 200
+    ops = ["einsum", "sdpa"] * (n // 2)
+    mg = make_memgraph(["kernel"] * n, [[]] + [[i] for i in range(n - 1)], flops=[4e10] * n, nbytes=[1 << 10] * n,
+                       ops=ops)  # fmt: skip
+    tm = TimingModel(mg, QUIET)
+    floor = tm.kernel_ns.astype(float)
+    attn = [v for v in range(n // 2, n) if ops[v] == "sdpa"]
+    clock = simulate(mg, clocked(), mean_only=True)
+    slow = (clock.end_ns - clock.start_ns)[attn] / floor[attn]
+    assert slow.mean() > 1.05  # throttled by the GEMMs' debt, by its own class's factor
+    bucket = QUIET.replace(attn_launch_ns=1000, power_gemm_flops_rate=clocked().power_gemm_flops_rate,
+                           power_attn_flops_rate=clocked().power_attn_flops_rate, power_burst_s=1e-4)  # fmt: skip
+    own = simulate(mg, bucket, mean_only=True)
+    assert ((own.end_ns - own.start_ns)[attn] == floor[attn]).all()  # the bucket model: its own draw only
+
+
+def test_an_idle_gpu_draws_its_idle_weight_between_runs():
+    mg = chain(40)
+    a = simulate(mg, clocked(power_idle_weight=0.0).replace(run_gap_ns=200_000), mean_only=True).makespan_ns
+    b = simulate(mg, clocked(power_idle_weight=0.9).replace(run_gap_ns=200_000), mean_only=True).makespan_ns
+    assert a < b  # the gap refills less when idle draws most of the limit
+
+
+def test_power_fields_recover_the_clock_from_synthetic_loops():
+    from turnip.calibrate import power_fields
+
+    sg, sa, sm, f, idle, tg, ta, tm = 1.2, 1.35, 1.05, 0.6, 0.2, 1e6, 4e6, 2e5
+
+    def mix(theta, *items):  # each item's time at throttle theta
+        slow = {"einsum": sg, "sdpa": sa, "silu_mul": sm}
+        full = {"einsum": tg, "sdpa": ta, "silu_mul": tm}
+        return [full[i] * (1 + theta * (slow[i] - 1)) for i in items]
+
+    th = 0.5  # the sleep cycle's throttle; its sleep from the energy balance at that throttle
+    g = mix(th, "einsum")[0]
+    p = (1 / f) * (1 - th * (1 - f))
+    sleep = (p - 1) * g / (1 - idle)
+    pw = {"full_ns": {"gemm": tg, "attention": ta, "memory": tm}, "limit_w": 700.0, "idle_w": idle * 700,
+          "gemm": {"items": ["einsum"], "ns": mix(1, "einsum")},
+          "memory": {"items": ["silu_mul"], "ns": [tm], "power_w": 630.0},
+          "mix_attention": {"items": ["einsum", "einsum", "sdpa"], "ns": mix(0.8, "einsum", "einsum", "sdpa")},
+          "mix_memory": {"items": ["einsum", "einsum", "silu_mul", "silu_mul"],
+                         "ns": mix(0.9, "einsum", "einsum", "silu_mul", "silu_mul")},
+          "sleep_short": {"items": ["einsum", "sleep"], "ns": [g, sleep]},
+          "sleep_long": {"items": ["einsum", "sleep"], "ns": [tg, 3 * tg]}}  # fmt: skip
+    out = power_fields(pw)
+    assert out["power_slow_gemm"] == pytest.approx(sg)
+    assert out["power_slow_attn"] == pytest.approx(sa, abs=1e-3)
+    assert out["power_slow_memory"] == pytest.approx(sm, abs=1e-3)
+    assert out["power_clock_draw"] == pytest.approx(f, abs=1e-3)  # sleep_long never throttled: not used
+    assert out["power_memory_weight"] == 0.9 and out["power_idle_weight"] == pytest.approx(idle)
+
+
+def test_a_measured_clock_draw_is_kept_by_the_fit():
+    mg = chain(30)
+    doc = quiet_doc()
+    doc["machine"] |= {"power_slow_gemm": 1.2, "power_window_s": 1e-4}
+    doc["calibration"] = {"power": {"power_clock_draw": 0.55}}
+    meas = simulated_ms([(mg, 0.0, "chain")], QUIET)[0] * 1e6
+    x = fit_gpu_effects(doc, log=lambda s: None, plans=[(mg, meas, "chain", 0)])
+    assert x["power_clock_draw"] == 0.55 and x["power_gemm_flops_rate"] == pytest.approx(0.55 * 592e12, rel=0.02)
+
+
+@pytest.mark.parametrize("field,value", [("power_clock_draw", 0.0), ("power_clock_draw", 1.5),
+                                         ("power_idle_weight", 1.0), ("power_slow_gemm", 0.5)])  # fmt: skip
+def test_bad_shared_clock_fields_are_one_line_errors(tmp_path, field, value):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({field: value}))
+    with pytest.raises(ValueError, match=field) as e:
+        load_profile(p)
+    assert "\n" not in str(e.value)

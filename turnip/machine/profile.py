@@ -77,6 +77,22 @@ class MachineProfile:
     power_memory_weight: float = 0.5
     power_duty: float = 1.0
     power_burst_s: float = 0.05
+    # shared clock (on when power_slow_gemm > 0; the rates above keep their meaning): the clock is the GPU's,
+    # not a kernel's. The bucket (refilled 1 - power_idle_weight per ns: an idle GPU draws that much of the
+    # limit) may go into debt; the GPU then runs at throttle theta = debt / (power_window_s x 1e9) (0 while the
+    # bucket holds energy, at most THETA_MAX), theta 1 being the clock at which its largest GEMMs alone hold the
+    # limit. Every kernel then takes 1 + theta x (power_slow_<class> - 1) times its full-clock time (GEMMs,
+    # attention, memory-bound kernels: how much each class slows at that clock) and draws its full-clock power
+    # times 1 - theta x (1 - power_clock_draw) (memory-bound kernels: power_memory_weight at any clock).
+    # `turnip calibrate` measures the slowdowns, the draws of attention, memory-bound kernels and the idle GPU
+    # (kernels back to back on one stream, NVML power readings) and fits power_clock_draw (power_gemm_flops_rate
+    # = power_clock_draw x the best GEMM rate: those GEMMs draw 1 / power_clock_draw of the limit at full clock)
+    power_slow_gemm: float = 0.0
+    power_slow_attn: float = 1.0
+    power_slow_memory: float = 1.0
+    power_clock_draw: float = 1.0
+    power_idle_weight: float = 0.0
+    power_window_s: float = 0.01
     run_gap_ns: int = 0  # the host's idle time between two runs back to back (calibrate measures it)
     # contention (FACTS: copies slow concurrent GEMMs by ~11%)
     kernel_slowdown_with_copies: float = 1.11
@@ -159,6 +175,13 @@ def _check_values(p: Path, data: dict) -> None:
     duty = data.get("power_duty", 1.0)
     if not 0 < duty <= 1:
         raise ValueError(f"{p}: field power_duty = {duty!r} is out of range (must be > 0 and <= 1)")
+    if not 0 < data.get("power_clock_draw", 1.0) <= 1 or data.get("power_idle_weight", 0.0) >= 1:
+        raise ValueError(f"{p}: power_clock_draw must be > 0 and <= 1 and power_idle_weight < 1 (got "
+                         f"{data.get('power_clock_draw', 1.0)!r}, {data.get('power_idle_weight', 0.0)!r})")  # fmt: skip
+    slow = data.get("power_slow_gemm", 0.0)
+    if slow and (slow < 1 or data.get("power_window_s", 0.01) <= 0):
+        raise ValueError(f"{p}: power_slow_gemm = {slow!r} (the shared-clock model) needs power_slow_gemm >= 1 "
+                         "and power_window_s > 0")  # fmt: skip
     rates = [f for f in ("power_gemm_flops_rate", "power_attn_flops_rate") if data.get(f, 0) > 0]
     if duty < 1 and rates:
         raise ValueError(f"{p}: power_duty = {duty!r} (the uniform power model) and {', '.join(rates)} (the "
