@@ -14,10 +14,12 @@ def register(sub) -> None:
         description="Run small LLaMA-family plans on the CUDA backend at a sweep of prompt lengths and tile "
         "sizes (one stream with start events, every weight resident: each vertex's device time is its kernel "
         "alone; then every stream slot: host issue and completion costs per op, and makespans to which the "
-        "concurrency factor and the power limit are fitted), copies of pinned memory by size and direction "
-        "alone and against traffic the other way; write a JSON profile with shape-aware kernel and copy "
-        "tables and their spread (docs/profile.md). Use it with `turnip simulate/ablate --profile FILE`. "
-        "About 2.5 minutes on an H100 (--quick: about half). --refit redoes the fit from a profile, no GPU.",
+        "concurrency factor is fitted), the power limit's shared clock (the largest GEMM, attention and "
+        "memory-bound kernels looped back to back, alone and mixed, with NVML power readings), copies of pinned "
+        "memory by size and direction alone and against traffic the other way; write a JSON profile with "
+        "shape-aware kernel and copy tables and their spread (docs/profile.md). Use it with "
+        "`turnip simulate/ablate --profile FILE`. "
+        "About 2 minutes on an H100 (--quick: about half). --refit redoes the fit from a profile, no GPU.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="profile file to write")
