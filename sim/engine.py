@@ -119,6 +119,8 @@ class Simulation:
         self.issue, self.start, self.end, self.done = [0] * n, [0] * n, [0] * n, [0] * n
         self.stream = [-1] * n
         self.order: list[int] = []
+        self.inflight = 0  # vertices issued and not yet seen done (the host loop polls each one's end event)
+        self.poll_ns = prof.completion_per_inflight_ns
         self.host_free = 0
         self.compute_free = [0] * g
         self.copies_active = [0] * g
@@ -164,6 +166,7 @@ class Simulation:
             self.stream[v] = c.stream
             self.order.append(v)
             self.env.timeout(t - now, v).callbacks.append(self._on_issued)
+        self.inflight += len(cmds)
         self.host_free = t
 
     def _on_issued(self, ev) -> None:
@@ -240,13 +243,16 @@ class Simulation:
         return [min(self.power_cap, b + (max(0, end - t) + gap_ns) * self.refill) for b, t in bt]
 
     def _deliver(self, v: int, delay_ns: int) -> None:
-        """The completion of v reaches the scheduler ``completion_ns`` after the device finishes it."""
-        self.env.timeout(delay_ns + self.prof.completion_ns, v).callbacks.append(self._on_done)
+        """The completion of v reaches the scheduler ``completion_ns`` after the device finishes it, and
+        ``completion_per_inflight_ns`` more per vertex in flight (as of its issue)."""
+        self.env.timeout(delay_ns + self.prof.completion_ns + self.poll_ns * self.inflight,
+                         v).callbacks.append(self._on_done)  # fmt: skip
 
     def _on_done(self, ev) -> None:
         v, now = ev.value, self.env.now
         seen = self.host_free if self.host_free > now else now  # the host loop sees it once it is free
         self.done[v] = seen
+        self.inflight -= 1
         self.host_free = seen + self.handle_ns  # and handles it before issuing anything else
         if self.eng[v] == ENG_P2P:
             self.copies_active[self.src[v]] -= 1

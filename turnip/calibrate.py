@@ -11,8 +11,10 @@ Measurements, all through the code a real run uses:
   read plus written for the others; each group gives its mean, standard deviation and count.
 - **host costs**: the same plans without start events on every stream slot under ``nondet``: issue time per
   op (the ``launch`` table) and per class, completion handling (``handle_ns``), the delay from a kernel's
-  end to the host loop seeing it while idle (``completion_ns``); the start latency of a kernel launched on
-  an idle GPU from the one-stream runs; copies' issue cost from a streamed plan.
+  end to the host loop seeing it while idle, a line in the number of vertices in flight (the loop queries
+  each one's end event in turn: ``completion_ns`` + ``completion_per_inflight_ns`` x in flight); the start
+  latency of a kernel launched on an idle GPU from the one-stream runs; copies' issue cost from a streamed
+  plan.
 - **copies**: host-to-device and device-to-host copies of pinned memory from 64 KiB to 512 MiB, alone and
   while the other direction streams, timed with events on their own streams.
 - **power** (``measure_power``): the largest GEMM, attention and memory-bound kernels back to back on one
@@ -175,7 +177,33 @@ def host_samples(mg, runs, into: dict) -> dict:
         nxt = np.searchsorted(busy_e, r.end_ns[k], side="right")  # first busy interval ending after the end
         idle = (nxt >= len(busy_s)) | (busy_s[np.minimum(nxt, len(busy_s) - 1)] >= r.done_ns[k])
         into.setdefault("poll", []).extend((r.done_ns - r.end_ns)[k[idle]].tolist())
+        # and how many vertices were in flight then (issued, not yet seen done): the loop polls each in turn
+        ends = r.end_ns[k[idle]]
+        issued = np.searchsorted(np.sort(r.issue_ns[sent]), ends, side="right")
+        seen = np.searchsorted(np.sort(r.done_ns[sent]), ends, side="right")
+        into.setdefault("poll_inflight", []).extend((issued - seen).tolist())
     return into
+
+
+POLL_MIN_SAMPLES = 20  # in-flight counts with fewer poll samples are left out of the completion fit
+
+
+def completion_fit(poll, inflight) -> tuple[int, int]:
+    """(``completion_ns``, ``completion_per_inflight_ns``): a line through the median poll delay at each
+    in-flight count (weighted by its samples; counts with fewer than POLL_MIN_SAMPLES left out), both >= 0;
+    (median, 0) when fewer than two counts qualify."""
+    poll, inflight = np.asarray(poll, dtype=np.float64), np.asarray(inflight, dtype=np.int64)
+    if poll.size == 0:
+        return 0, 0
+    pts = [(n, float(np.median(poll[inflight == n])), int((inflight == n).sum())) for n in np.unique(inflight)]
+    pts = [p for p in pts if p[2] >= POLL_MIN_SAMPLES]
+    if len(pts) < 2 or inflight.size != poll.size:
+        return int(np.median(poll)), 0
+    x, y, w = (np.array(c, dtype=np.float64) for c in zip(*pts, strict=True))
+    slope, icpt = np.polyfit(x, y, 1, w=np.sqrt(w))
+    slope = max(0.0, float(slope))
+    icpt = float(np.average(y - slope * x, weights=w)) if slope == 0.0 else float(icpt)
+    return int(max(0.0, icpt)), int(round(slope))
 
 
 def _med(xs) -> int:
@@ -185,9 +213,11 @@ def _med(xs) -> int:
 def host_fields(host: dict) -> dict:
     """Profile fields from pooled host samples: launch cost per kind, completion (the poll delay on an idle
     host), handling."""
+    comp, per = completion_fit(host.get("poll", []), host.get("poll_inflight", []))
     return {"gemm_launch_ns": _med(host.get("gemm", [])), "attn_launch_ns": _med(host.get("attn", [])),
             "kernel_launch_ns": _med(host.get("kernel", [])), "copy_launch_ns": _med(host.get("copy", [])),
-            "completion_ns": _med(host.get("poll", [])), "handle_ns": _med(host.get("handle", []))}  # fmt: skip
+            "completion_ns": comp, "completion_per_inflight_ns": per,
+            "handle_ns": _med(host.get("handle", []))}  # fmt: skip
 
 
 def launch_rows(host: dict) -> list[dict]:

@@ -3,6 +3,7 @@ and their fit (``sim.fit``), on small plans."""
 
 import json
 
+import numpy as np
 import pytest
 
 from sim import Simulation, simulate
@@ -310,3 +311,29 @@ def test_bad_shared_clock_fields_are_one_line_errors(tmp_path, field, value):
     with pytest.raises(ValueError, match=field) as e:
         load_profile(p)
     assert "\n" not in str(e.value)
+
+
+def test_completions_reach_the_host_later_the_more_vertices_are_in_flight():
+    mg = parallel(6)
+    base = simulate(mg, QUIET, mean_only=True)
+    slow = simulate(mg, QUIET.replace(completion_per_inflight_ns=20_000), mean_only=True)
+    lag = lambda r: (r.done_ns - r.end_ns).max()  # noqa: E731
+    assert lag(slow) >= lag(base) + 20_000 and slow.makespan_ns > base.makespan_ns
+    one = chain(3)  # one in flight at a time: the delay per vertex in flight applies once
+    a = simulate(one, QUIET, mean_only=True)
+    b = simulate(one, QUIET.replace(completion_per_inflight_ns=5_000), mean_only=True)
+    assert ((b.done_ns - b.end_ns) - (a.done_ns - a.end_ns) == 5_000).all()
+
+
+def test_the_completion_fit_is_a_line_through_the_median_poll_delay_per_count():
+    from turnip.calibrate import completion_fit
+
+    rng = np.random.default_rng(0)
+    n = rng.integers(0, 8, 4000)
+    poll = 300 + 450 * n + rng.normal(0, 100, n.size)
+    c, per = completion_fit(poll.tolist(), n.tolist())
+    assert abs(c - 300) < 40 and abs(per - 450) < 15
+    assert completion_fit([5000, 6000, 7000], [3, 3, 3]) == (6000, 0)  # one count: the median, no slope
+    assert completion_fit([], []) == (0, 0)
+    c, per = completion_fit((9000 - 100 * n).tolist(), n.tolist())
+    assert per == 0 and 8000 < c < 9000  # a falling line: no slope, the weighted mean level

@@ -52,5 +52,6 @@ def cmd_calibrate(a) -> int:
           f"{m['pcie_both_bytes_per_s'] / 1e9:.1f} GB/s, latency {m['copy_latency_ns'] / 1e3:.1f} us")  # fmt: skip
     print(f"host      issue: GEMM {m['gemm_launch_ns'] / 1e3:.1f} us, attention {m['attn_launch_ns'] / 1e3:.1f} us, "
           f"other kernels {m['kernel_launch_ns'] / 1e3:.1f} us, copies {m['copy_launch_ns'] / 1e3:.1f} us; "
-          f"completion {m['completion_ns'] / 1e3:.1f} us")  # fmt: skip
+          f"completion {m['completion_ns'] / 1e3:.1f} us + {m.get('completion_per_inflight_ns', 0) / 1e3:.2f} us per "
+          "vertex in flight")  # fmt: skip
     return 0

@@ -50,6 +50,9 @@ class MachineProfile:
     attn_launch_ns: int | None = 100_000  # sdpa (cuDNN's execute from Python); None: kernel_launch_ns
     copy_launch_ns: int = 13_000  # an async host<->device copy + its end event
     completion_ns: int = 7_000  # a completion event reaching the host loop (polling), host idle
+    # and this much more per vertex in flight: the loop queries every in-flight vertex's end event in turn
+    # (`turnip calibrate` fits both to the poll delays it sees; 0: a constant delay)
+    completion_per_inflight_ns: int = 0
     handle_ns: int = 0  # the host's time to handle a completion (scheduler); the host issues nothing meanwhile
     # a kernel starts on the device this long after the host issues it, when its GPU is idle (driver
     # launch latency and the delay until the host sees its dependencies' completion events; measured by
