@@ -166,11 +166,11 @@ class Simulation:
             self.stream[v] = c.stream
             self.order.append(v)
             self.env.timeout(t - now, v).callbacks.append(self._on_issued)
-        self.inflight += len(cmds)
         self.host_free = t
 
     def _on_issued(self, ev) -> None:
         v, now = ev.value, self.env.now
+        self.inflight += 1
         e = self.eng[v]
         if e == ENG_KERNEL:
             g = self.gpu[v]
@@ -230,7 +230,7 @@ class Simulation:
         if level < 0.0:
             theta = min(THETA_MAX, -level / self.window)
             if rate > 0.0:
-                w *= 1.0 - theta * self.draw_loss
+                w *= max(0.0, 1.0 - theta * self.draw_loss)
             dur = int(dur * (1.0 + theta * (self.pw_slow[v] - 1.0)))
             self.throttled = True
         self.bucket[g], self.bucket_t[g] = min(self.power_cap, level + (1.0 - w) * dur), start + dur
@@ -243,14 +243,14 @@ class Simulation:
         return [min(self.power_cap, b + (max(0, end - t) + gap_ns) * self.refill) for b, t in bt]
 
     def _deliver(self, v: int, delay_ns: int) -> None:
-        """The completion of v reaches the scheduler ``completion_ns`` after the device finishes it, and
-        ``completion_per_inflight_ns`` more per vertex in flight (as of its issue)."""
-        self.env.timeout(delay_ns + self.prof.completion_ns + self.poll_ns * self.inflight,
-                         v).callbacks.append(self._on_done)  # fmt: skip
+        """The completion of v reaches the scheduler ``completion_ns`` after the device finishes it (and
+        ``completion_per_inflight_ns`` more per vertex then in flight: ``_on_done``)."""
+        self.env.timeout(delay_ns + self.prof.completion_ns, v).callbacks.append(self._on_done)
 
     def _on_done(self, ev) -> None:
         v, now = ev.value, self.env.now
-        seen = self.host_free if self.host_free > now else now  # the host loop sees it once it is free
+        polled = now + self.poll_ns * self.inflight  # the loop queries every in-flight vertex's end event in turn
+        seen = self.host_free if self.host_free > polled else polled  # and sees it once it is free
         self.done[v] = seen
         self.inflight -= 1
         self.host_free = seen + self.handle_ns  # and handles it before issuing anything else

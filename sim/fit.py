@@ -101,10 +101,13 @@ def attn_draw(power: dict, fraction: float) -> float | None:
     a = power.get("attention") if power else None
     if not a:
         return None
-    theta = (a["ns"][0] / power["full_ns"]["attention"] - 1.0) / max(power["slow_attn"] - 1.0, 1e-3)
-    if theta <= 0.05 and a.get("power_w") and power.get("limit_w"):
-        return min(1.0, a["power_w"] / power["limit_w"])
-    return 1.0 / (1.0 - min(max(theta, 0.0), 2.0) * (1.0 - fraction))
+    nvml = min(1.0, a["power_w"] / power["limit_w"]) if a.get("power_w") and power.get("limit_w") else 1.0
+    if power.get("slow_attn", 1.0) <= 1.001:  # attention does not slow with the clock: its throttle is unknown
+        return nvml
+    theta = (a["ns"][0] / power["full_ns"]["attention"] - 1.0) / (power["slow_attn"] - 1.0)
+    if theta <= 0.05:
+        return nvml
+    return 1.0 / (1.0 - min(theta, 2.0, 0.99 / (1.0 - fraction) if fraction < 1.0 else 2.0) * (1.0 - fraction))
 
 
 def attn_rate(power: dict) -> float:

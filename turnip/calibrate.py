@@ -195,15 +195,19 @@ def completion_fit(poll, inflight) -> tuple[int, int]:
     poll, inflight = np.asarray(poll, dtype=np.float64), np.asarray(inflight, dtype=np.int64)
     if poll.size == 0:
         return 0, 0
+    if inflight.size != poll.size:
+        return int(np.median(poll)), 0
     pts = [(n, float(np.median(poll[inflight == n])), int((inflight == n).sum())) for n in np.unique(inflight)]
     pts = [p for p in pts if p[2] >= POLL_MIN_SAMPLES]
-    if len(pts) < 2 or inflight.size != poll.size:
+    if len(pts) < 2:
         return int(np.median(poll)), 0
     x, y, w = (np.array(c, dtype=np.float64) for c in zip(*pts, strict=True))
-    slope, icpt = np.polyfit(x, y, 1, w=np.sqrt(w))
-    slope = max(0.0, float(slope))
-    icpt = float(np.average(y - slope * x, weights=w)) if slope == 0.0 else float(icpt)
-    return int(max(0.0, icpt)), int(round(slope))
+    slope, icpt = (float(c) for c in np.polyfit(x, y, 1, w=np.sqrt(w)))
+    if slope < 0.0:  # no growth: one level, the weighted mean
+        slope, icpt = 0.0, float(np.average(y, weights=w))
+    elif icpt < 0.0:  # through the origin instead of a line lifted by clipping its intercept
+        slope, icpt = float((w * x * y).sum() / (w * x * x).sum()), 0.0
+    return int(icpt), int(round(slope))
 
 
 def _med(xs) -> int:
@@ -488,14 +492,16 @@ def power_fields(pw: dict) -> dict:
     slow_g = max(1.0, pw["gemm"]["ns"][0] / full["gemm"])
     out = {"power_slow_gemm": round(slow_g, 4)}
 
+    g_op = pw["gemm"]["items"][0]  # the GEMM's op in every cycle
+
     def theta(mix: dict) -> float:
-        g = np.mean([x for it, x in zip(mix["items"], mix["ns"], strict=True) if it == "einsum"])
+        g = np.mean([x for it, x in zip(mix["items"], mix["ns"], strict=True) if it == g_op])
         return (g / full["gemm"] - 1.0) / (slow_g - 1.0) if slow_g > 1.001 else 0.0
 
     for cls, mix, item in (("attn", "mix_attention", "attention"), ("memory", "mix_memory", "memory")):
         m = pw[mix]
         th = theta(m)
-        x = np.mean([t for it, t in zip(m["items"], m["ns"], strict=True) if it != "einsum"])
+        x = np.mean([t for it, t in zip(m["items"], m["ns"], strict=True) if it != g_op])
         out[f"power_slow_{cls}"] = round(float(max(1.0, 1.0 + (x / full[item] - 1.0) / th)) if th > 0.1 else 1.0, 4)
     out["slow_attn"] = out["power_slow_attn"]
     lim = pw.get("limit_w")
@@ -663,8 +669,6 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     if power is not None:
         doc["calibration"]["power"] = power
         doc["machine"] |= {k: power[k] for k in POWER_FIELDS if k in power} | {"power_window_s": 0.01}
-        if "power_clock_draw" not in power:
-            doc["machine"].pop("power_clock_draw", None)
     from sim.fit import fit_gpu_effects
 
     doc["machine"] |= fit_gpu_effects(doc, log=log)

@@ -182,9 +182,12 @@ def _check_values(p: Path, data: dict) -> None:
         raise ValueError(f"{p}: power_clock_draw must be > 0 and <= 1 and power_idle_weight < 1 (got "
                          f"{data.get('power_clock_draw', 1.0)!r}, {data.get('power_idle_weight', 0.0)!r})")  # fmt: skip
     slow = data.get("power_slow_gemm", 0.0)
-    if slow and (slow < 1 or data.get("power_window_s", 0.01) <= 0):
-        raise ValueError(f"{p}: power_slow_gemm = {slow!r} (the shared-clock model) needs power_slow_gemm >= 1 "
-                         "and power_window_s > 0")  # fmt: skip
+    if slow and (slow < 1 or data.get("power_window_s", 0.01) <= 0 or duty < 1):
+        raise ValueError(f"{p}: power_slow_gemm = {slow!r} (the shared-clock model) needs power_slow_gemm >= 1, "
+                         "power_window_s > 0 and no power_duty")  # fmt: skip
+    for f in ("power_slow_attn", "power_slow_memory"):
+        if data.get(f, 1.0) < 1:
+            raise ValueError(f"{p}: field {f} = {data[f]!r} is out of range (a slowdown: must be >= 1)")
     rates = [f for f in ("power_gemm_flops_rate", "power_attn_flops_rate") if data.get(f, 0) > 0]
     if duty < 1 and rates:
         raise ValueError(f"{p}: power_duty = {duty!r} (the uniform power model) and {', '.join(rates)} (the "
