@@ -102,17 +102,19 @@ def attn_draw(power: dict, fraction: float) -> float | None:
     if not a:
         return None
     nvml = min(1.0, a["power_w"] / power["limit_w"]) if a.get("power_w") and power.get("limit_w") else 1.0
-    if power.get("slow_attn", 1.0) <= 1.001:  # attention does not slow with the clock: its throttle is unknown
+    slow = power.get("power_slow_attn", 1.0)
+    if slow <= 1.001:  # attention does not slow with the clock: its throttle is unknown
         return nvml
-    theta = (a["ns"][0] / power["full_ns"]["attention"] - 1.0) / (power["slow_attn"] - 1.0)
+    theta = (a["ns"][0] / power["full_ns"]["attention"] - 1.0) / (slow - 1.0)
     if theta <= 0.05:
         return nvml
     return 1.0 / (1.0 - min(theta, 2.0, 0.99 / (1.0 - fraction) if fraction < 1.0 else 2.0) * (1.0 - fraction))
 
 
-def attn_rate(power: dict) -> float:
-    """Attention's full-clock flop rate (flop/s) in ``turnip calibrate``'s power measurements."""
-    return power["flops"]["attention"] / power["full_ns"]["attention"] * 1e9
+def full_rate(power: dict, cls: str) -> float:
+    """The full-clock flop rate (flop/s) of ``cls``'s kernel (``gemm``, ``attention``) in ``turnip calibrate``'s
+    power measurements."""
+    return power["flops"][cls] / power["full_ns"][cls] * 1e9
 
 
 def fit_gpu_effects(doc: dict, log=print, plans=None) -> dict:
@@ -135,7 +137,7 @@ def fit_gpu_effects(doc: dict, log=print, plans=None) -> dict:
     if clock and power and power.get("power_clock_draw"):  # measured: the GEMMs' draw is not fitted
         fixed["power_fraction"] = float(power["power_clock_draw"])
     if clock and power and power.get("full_ns"):  # the reference GEMM's full-clock rate, as measured
-        peak["gemm"] = power["flops"]["gemm"] / power["full_ns"]["gemm"] * 1e9
+        peak["gemm"] = full_rate(power, "gemm")
     meas = np.array([p[1] for p in plans]) / 1e6
     cache: dict = {}
 
@@ -148,7 +150,7 @@ def fit_gpu_effects(doc: dict, log=print, plans=None) -> dict:
             wa = attn_draw(power, f)
             out["power_clock_draw"] = f
             if wa is not None:
-                out["power_attn_flops_rate"] = round(attn_rate(power) / wa, -9)
+                out["power_attn_flops_rate"] = round(full_rate(power, "attention") / wa, -9)
         return out
 
     def sim(x: dict) -> np.ndarray:

@@ -487,7 +487,7 @@ def power_fields(pw: dict) -> dict:
     GEMM's alone; attention's and memory-bound kernels' from the mixes, scaled by the mix's throttle, read
     off its GEMMs), the memory-bound and idle draws (NVML over the limit), and ``power_clock_draw`` from the
     GEMM-with-sleep cycles' energy balance (the one whose throttle is furthest inside (0, 1); absent when
-    neither is). Also ``slow_attn`` (attention's slowdown, for ``sim.fit.attn_draw``)."""
+    neither is)."""
     full = pw["full_ns"]
     slow_g = max(1.0, pw["gemm"]["ns"][0] / full["gemm"])
     out = {"power_slow_gemm": round(slow_g, 4)}
@@ -503,7 +503,6 @@ def power_fields(pw: dict) -> dict:
         th = theta(m)
         x = np.mean([t for it, t in zip(m["items"], m["ns"], strict=True) if it != g_op])
         out[f"power_slow_{cls}"] = round(float(max(1.0, 1.0 + (x / full[item] - 1.0) / th)) if th > 0.1 else 1.0, 4)
-    out["slow_attn"] = out["power_slow_attn"]
     lim = pw.get("limit_w")
     if lim and pw["memory"].get("power_w"):
         out["power_memory_weight"] = round(min(1.0, pw["memory"]["power_w"] / lim), 3)
