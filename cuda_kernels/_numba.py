@@ -154,7 +154,10 @@ class Compiled:
                 vals.append(ctypes.c_int64(int(a)))
             else:
                 raise TypeError(f"cannot bind an argument of type {ty}")
-        h = self.kernel._codelibrary.get_cufunc().handle
+        from cuda_kernels.launch import current_device
+
+        with cuda().gpus[current_device()]:  # the handle of the device whose context is current, not numba's
+            h = self.kernel._codelibrary.get_cufunc().handle
         return raw_launch(int(getattr(h, "value", h)) if not isinstance(h, int) else h, self.grid, self.block, vals)
 
     def launch(self, stream, args: tuple) -> None:

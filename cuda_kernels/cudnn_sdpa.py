@@ -33,20 +33,20 @@ from cuda_kernels import _numba
 from cuda_kernels.launch import LibCall
 
 DTYPES = {"fp16": "HALF", "bf16": "BFLOAT16"}  # turnip dtype -> cudnn.data_type member
-_GRAPHS: dict = {}
-_BUILD_HANDLE = None
+_GRAPHS: dict = {}  # (device, tile shape...) -> built graph: a graph's plans belong to the device built on
+_BUILD_HANDLES: dict = {}  # device -> the handle graphs are built with there
 
 
 def release() -> None:
-    """Drop the cached graphs and destroy the build handle (registered with ``atexit``: cuDNN objects
+    """Drop the cached graphs and destroy the build handles (registered with ``atexit``: cuDNN objects
     must not outlive the CUDA driver at interpreter shutdown)."""
-    global _BUILD_HANDLE
     _GRAPHS.clear()
-    if _BUILD_HANDLE is not None:
+    if _BUILD_HANDLES:
         import cudnn
 
-        cudnn.destroy_handle(_BUILD_HANDLE)
-        _BUILD_HANDLE = None
+        for h in _BUILD_HANDLES.values():
+            cudnn.destroy_handle(h)
+        _BUILD_HANDLES.clear()
 
 
 atexit.register(release)
@@ -82,13 +82,21 @@ def create_handle(stream: int):
     return h
 
 
+def _device() -> int:
+    from cuda_kernels.launch import current_device
+
+    return current_device()
+
+
 def _build_handle():
-    global _BUILD_HANDLE
-    if _BUILD_HANDLE is None:
+    """The current device's build handle (created once per device)."""
+    dev = _device()
+    h = _BUILD_HANDLES.get(dev)
+    if h is None:
         import cudnn
 
-        _BUILD_HANDLE = cudnn.create_handle()
-    return _BUILD_HANDLE
+        h = _BUILD_HANDLES[dev] = cudnn.create_handle()
+    return h
 
 
 class CudnnSdpa:
@@ -97,9 +105,9 @@ class CudnnSdpa:
     def __init__(self, tq: int, tk: int, tk_alloc: int, h: int, dh: int, dtype: str, scale: float, mode: str,
                  stats: bool, hk: int | None = None):  # fmt: skip
         key = (tq, tk, tk_alloc, h, dh, dtype, float(scale), mode, stats, h if hk is None else int(hk))
-        hit = _GRAPHS.get(key)
+        hit = _GRAPHS.get((_device(), *key))
         if hit is None:
-            hit = _GRAPHS[key] = _build(*key)
+            hit = _GRAPHS[(_device(), *key)] = _build(*key)
         self.graph, self.tensors = hit
         self.ws_nbytes = int(self.graph.get_workspace_size())
         self.stats = stats
@@ -191,10 +199,10 @@ class CudnnSdpaBwd:
         if mode not in ("none", "bottom_right"):
             raise ValueError(f"cuDNN SDPA backward: mask {mode!r} not supported")
         self.fwd = CudnnSdpa(t, t, t, hk * r, dh, dtype, scale, mode, True, hk)
-        key = ("bwd", t, hk, r, dh, dtype, float(scale), mode)
+        key = (_device(), "bwd", t, hk, r, dh, dtype, float(scale), mode)
         hit = _GRAPHS.get(key)
         if hit is None:
-            hit = _GRAPHS[key] = _build_bwd(*key[1:])
+            hit = _GRAPHS[key] = _build_bwd(*key[2:])
         self.graph, self.tensors = hit
         self.stats_nbytes = -(-hk * r * t * 4 // 256) * 256
         self.ws_nbytes = self.stats_nbytes + max(self.fwd.ws_nbytes, int(self.graph.get_workspace_size()))

@@ -628,9 +628,11 @@ def kernel_names() -> list[str]:
     return names
 
 
-# ---------------------------------------------------------------- module (one per process)
+# ---------------------------------------------------------------- module (one per device)
 
-_STATE: dict = {"module": None, "error": None, "sms": None, "funcs": {}}
+# "module": compiled on the first device used (whether the kernels are available at all); "modules" and
+# "funcs": loaded per device, since a function handle is valid in its own device's context only
+_STATE: dict = {"module": None, "error": None, "sms": None, "modules": {}, "funcs": {}}
 
 
 def last_error() -> str | None:
@@ -668,11 +670,20 @@ def _ensure_module() -> bool:
 
 
 def _function(name: str) -> int:
-    """CUfunction handle (int) of one instantiation."""
-    f = _STATE["funcs"].get(name)
+    """CUfunction handle (int) of one instantiation on the current device (its module loaded there once:
+    CuPy loads a module on the device current at its first use, so each device gets a module of its own)."""
+    from cuda_kernels.launch import current_device
+
+    dev = current_device()
+    f = _STATE["funcs"].get((dev, name))
     if f is None:
-        f = int(_STATE["module"].get_function(name).kernel.ptr)
-        _STATE["funcs"][name] = f
+        mods = _STATE["modules"]
+        if not mods:  # the module compiled by _ensure_module: loaded on its first device
+            mods[dev] = _STATE["module"]
+        elif dev not in mods:
+            mods[dev] = _cupy().RawModule(code=_SOURCE, options=("-std=c++17",), name_expressions=kernel_names())
+        f = int(mods[dev].get_function(name).kernel.ptr)
+        _STATE["funcs"][(dev, name)] = f
     return f
 
 

@@ -100,6 +100,7 @@ _SIGNATURES = {
     "cuGraphExecDestroy": [_P],
     "cuMemcpyDtoDAsync_v2": [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, _P],
     "cuEventRecordWithFlags": [_P, _P, _U],
+    "cuCtxGetDevice": [ctypes.POINTER(ctypes.c_int)],
 }
 EVENT_RECORD_EXTERNAL = 1
 CAPTURE_MODE_RELAXED, STREAM_NON_BLOCKING = 2, 1
@@ -115,6 +116,13 @@ def driver():
             f.argtypes, f.restype = args, ctypes.c_int
         _DRIVER = lib
     return _DRIVER
+
+
+def current_device() -> int:
+    """The device (ordinal) of the calling thread's current CUDA context; 0 when none is current. Function
+    handles, modules and library plans belong to one device: caches of them are keyed by it."""
+    d = ctypes.c_int(0)
+    return int(d.value) if driver().cuCtxGetDevice(ctypes.byref(d)) == 0 else 0
 
 
 def _check(r: int, what: str) -> None:

@@ -238,7 +238,7 @@ def _signatures_in_source() -> dict[str, str]:
 @pytest.fixture
 def fake_device(monkeypatch):
     """132 SMs and fake function handles: ``plan``/``bind`` run without CuPy."""
-    monkeypatch.setattr(fast, "_STATE", {"module": object(), "error": None, "sms": 132, "funcs": {}})
+    monkeypatch.setattr(fast, "_STATE", {"module": object(), "error": None, "sms": 132, "modules": {}, "funcs": {}})
     monkeypatch.setattr(fast, "_function", lambda name: 0x1000 + fast.kernel_names().index(name))
 
 
@@ -405,7 +405,7 @@ def test_none_without_cupy_or_under_simulator(monkeypatch):
     monkeypatch.setattr(_numba, "simulating", lambda: False)
     assert fast.fast_kernel("silu", [(4, 8)], (4, 8), "fp16", {}) is None
     assert "cupy" in fast.last_error()
-    monkeypatch.setattr(fast, "_STATE", {"module": object(), "error": None, "sms": 132, "funcs": {}})
+    monkeypatch.setattr(fast, "_STATE", {"module": object(), "error": None, "sms": 132, "modules": {}, "funcs": {}})
     assert fast.fast_kernel("silu", [(4, 8)], (4, 8), "fp16", {}) is not None
     monkeypatch.setattr(_numba, "simulating", lambda: True)
     assert fast.fast_kernel("silu", [(4, 8)], (4, 8), "fp16", {}) is None

@@ -61,11 +61,13 @@ def test_budget_not_a_multiple_of_256_keeps_the_workspace_aligned():
 
 
 @pytest.mark.skipif(gpus() < 2, reason="needs two CUDA devices")
-def test_tiny_llama_on_two_gpus_with_transfers():
+@pytest.mark.parametrize("mode", [{}, {"graphs": False}, {"bound": False}], ids=["graphs", "direct", "numba-launch"])
+def test_tiny_llama_on_two_gpus_with_transfers(mode):
+    """Two devices: every kernel launched with its own device's function handles and library plans."""
     tg, mg = tiny_llama(1 << 20, "fp16", n_gpus=2)
     assert (mg.kind == 2).sum() > 0
     inputs, ref = reference(tg)
-    with open_backend("cuda", mg) as be:
+    with open_backend("cuda", mg, **mode) as be:
         be.write_inputs(inputs)
         _assert_runs_correct(mg, be, ref, range(3))
 

@@ -205,7 +205,8 @@ class CudaBackend:
         mg, lay = self.mg, self.lay
         in_shapes = tuple(tuple(mg.shape[b]) for b in lay.reads[v])
         dt = mg.dtype[v]
-        key = (mg.op[v], in_shapes, tuple(mg.shape[v]), dt, json.dumps(mg.params[v], sort_keys=True))
+        # per GPU: a launcher holds function handles and library plans of the device it was prepared on
+        key = (lay.gpu[v], mg.op[v], in_shapes, tuple(mg.shape[v]), dt, json.dumps(mg.params[v], sort_keys=True))
         lau = self._launchers.get(key)
         if lau is None:
             lau = self._launchers[key] = prepare(mg.op[v], in_shapes, mg.shape[v], dt, mg.params[v], gemm=self.gemm,
