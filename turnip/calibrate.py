@@ -283,10 +283,11 @@ def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 
         if run_cvs is not None and len(runs) > 1:  # run-to-run spread of the whole plan
             ms = np.array([r.makespan_ns for r in nondet], dtype=np.float64)
             run_cvs.append(float(ms.std(ddof=1) / ms.mean()))
-        if plan_runs is not None:
+        if plan_runs is not None:  # with this plan's own host costs: how they vary with the plan
             plan_runs.append({"nondet_ms": [round(r.makespan_ns / 1e6, 4) for r in nondet],
                               "det1_ms": [round(r.makespan_ns / 1e6, 4) for r in serial],
-                              "gap_ms": [round(g / 1e6, 4) for g in gaps]})  # fmt: skip
+                              "gap_ms": [round(g / 1e6, 4) for g in gaps],
+                              "host": host_fields(host_samples(mg, nondet, {}))})  # fmt: skip
         _kernel_samples(mg, runs, samples)
         if progress:
             progress(i + 1)
@@ -584,6 +585,70 @@ def measure_copies(sizes: list[int], repeat: int = 10, passes: int = COPY_PASSES
     return [sorted(rs, key=lambda r: r["ns_mean"])[(len(rs) - 1) // 2] for rs in runs.values()]
 
 
+def measure_p2p(sizes: list[int], repeat: int = 10, passes: int = COPY_PASSES) -> list[dict]:
+    """Peer copies GPU 0 -> GPU 1 (``kind`` p2p) as the runtime issues them (``cuMemcpyPeerAsync`` on a stream
+    of the source GPU, peer access enabled where the GPUs allow it), timed with events, in ``passes`` sweeps
+    (median pass per point); [] with fewer than two GPUs."""
+    from cuda_kernels._numba import cuda
+    from turnip.runtime._cudadrv import PEER_ACCESS_ALREADY_ENABLED, SUCCESS, Driver
+
+    c = cuda()
+    if len(c.gpus) < 2:
+        return []
+    drv = Driver()
+    big = max(sizes)
+    ctx, buf, ptr = [], [], []
+    for d in (0, 1):
+        with c.gpus[d]:
+            ctx.append(drv.current_context())
+            buf.append(c.device_array(big, dtype=np.uint8))
+            ptr.append(int(buf[-1].__cuda_array_interface__["data"][0]))
+    for a, b in ((0, 1), (1, 0)):
+        if drv.can_access_peer(a, b):
+            drv.check(drv.cuCtxSetCurrent(ctx[a]), "cuCtxSetCurrent")
+            r = drv.cuCtxEnablePeerAccess(ctx[b], 0)
+            if r not in (SUCCESS, PEER_ACCESS_ALREADY_ENABLED):
+                drv.check(r, f"cuCtxEnablePeerAccess(gpu {a} -> gpu {b})")
+    runs: dict = {}
+    with c.gpus[0]:
+        stream = c.stream()
+        h = int(stream.handle)
+        ev = [(drv.event(), drv.event()) for _ in range(repeat)]
+
+        def copy(n: int) -> None:
+            drv.check(drv.cuMemcpyPeerAsync(ptr[1], ctx[1], ptr[0], ctx[0], n, h), "cuMemcpyPeerAsync")
+
+        try:
+            for _ in range(max(1, passes)):
+                for n in sizes:
+                    copy(n)  # warm-up
+                    for e0, e1 in ev:
+                        drv.check(drv.cuEventRecord(e0, h), "event")
+                        copy(n)
+                        drv.check(drv.cuEventRecord(e1, h), "event")
+                    drv.check(drv.cuStreamSynchronize(h), "sync")
+                    ns = np.array([drv.elapsed_ms(e0, e1) * 1e6 for e0, e1 in ev])
+                    runs.setdefault(n, []).append({"kind": "p2p", "contended": False, "nbytes": int(n),
+                                                   "ns_mean": float(ns.mean()), "ns_sd": float(ns.std(ddof=1)),
+                                                   "n": int(ns.size)})  # fmt: skip
+        finally:
+            for e0, e1 in ev:
+                drv.cuEventDestroy_v2(e0)
+                drv.cuEventDestroy_v2(e1)
+    del buf
+    return [sorted(rs, key=lambda r: r["ns_mean"])[(len(rs) - 1) // 2] for rs in runs.values()]
+
+
+def p2p_fields(rows: list[dict]) -> dict:
+    """``p2p_bytes_per_s`` (the largest peer copy's rate) and ``p2p_latency_ns`` (the smallest's time); {}
+    without peer copies."""
+    rows = [r for r in rows if r["kind"] == "p2p"]
+    if not rows:
+        return {}
+    big, small = max(rows, key=lambda r: r["nbytes"]), min(rows, key=lambda r: r["nbytes"])
+    return {"p2p_bytes_per_s": big["nbytes"] / big["ns_mean"] * 1e9, "p2p_latency_ns": int(small["ns_mean"])}
+
+
 def measure_host(dtype: str = "fp16", repeat: int = 3) -> dict:
     """Host samples (``host_samples``) of a streamed plan (weights copied in as the run goes) run with the
     default stream slots and ``nondet``: the copies' issue cost, and the kernels' under streaming."""
@@ -607,16 +672,17 @@ def copy_fields(copies: list[dict]) -> dict:
         r = max((x for x in copies if x["kind"] == kind and x["contended"] == contended), key=lambda x: x["nbytes"])
         return r["nbytes"] / r["ns_mean"] * 1e9
 
-    small = min(copies, key=lambda x: (x["nbytes"], x["ns_mean"]))
+    small = min((x for x in copies if x["kind"] != "p2p"), key=lambda x: (x["nbytes"], x["ns_mean"]))
     return {"h2d_bytes_per_s": rate("h2d", False), "d2h_bytes_per_s": rate("d2h", False),
             "pcie_both_bytes_per_s": rate("h2d", True) + rate("d2h", True),
             "copy_latency_ns": int(small["ns_mean"])}  # fmt: skip
 
 
 def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=print,
-              power_loops: bool = True) -> dict:  # fmt: skip
+              power_loops: bool = True, p2p: bool = False) -> dict:  # fmt: skip
     """Run every measurement; returns the profile document. ``power_loops``: measure the shared clock
-    (``measure_power``) and use that model; without, the power bucket's rates are fitted alone."""
+    (``measure_power``) and use that model; without, the power bucket's rates are fitted alone. ``p2p``: time
+    peer copies too (``measure_p2p``, two GPUs)."""
     t0 = time.perf_counter()
     plans = kernel_plans(quick)
     kernels: list[dict] = []
@@ -637,6 +703,15 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     sizes = [1 << k for k in range(16, 30, 1 if not quick else 2)]
     copies = measure_copies(sizes, repeat=5 if quick else 10)
     log(f"copies: {len(copies)} points, {time.perf_counter() - t0:.0f} s")
+    peer: list = []
+    if p2p:
+        try:
+            peer = measure_p2p([1 << k for k in range(12, 30, 1 if not quick else 2)], repeat=5 if quick else 10)
+        except Exception as e:  # noqa: BLE001 - the rest of the profile stands without it
+            log(f"peer copies: the measurement failed ({type(e).__name__}: {e}); p2p fields left as they are")
+        copies += peer
+        log(f"peer copies (GPU 0 -> 1): {p2p_fields(peer) or 'none (fewer than two GPUs)'}, "
+            f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
     power = None
     if power_loops:
         try:
@@ -660,7 +735,7 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     gap = int(np.median([g for r in plan_runs for g in r["gap_ms"]]) * 1e6)
     log(f"runs back to back: {gap / 1e3:.0f} us idle between two")
     machine = {"name": f"calibrated {name}", "kernel_start_latency_ns": start_latency, "run_excess_mean": cv,
-               "run_excess_sd": cv, "run_gap_ns": gap} | host | copy_fields(copies)  # fmt: skip
+               "run_excess_sd": cv, "run_gap_ns": gap} | host | copy_fields(copies) | p2p_fields(copies)  # fmt: skip
     doc = {"format": "turnip-profile", "version": 1, "machine": machine, "kernels": kernels, "copies": copies,
            "launch": launch_rows(resident),
            "calibration": {"device": name, "host": platform.node(), "plans": plan_runs, "dtypes": list(dtypes),

@@ -6,7 +6,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from turnip.calibrate import _kernel_rows, copy_fields, host_fields, host_samples, kernel_plans, start_latencies
+from turnip.calibrate import (
+    _kernel_rows,
+    copy_fields,
+    host_fields,
+    host_samples,
+    kernel_plans,
+    p2p_fields,
+    start_latencies,
+)
 from turnip.compile import build_with_resident, make_taskgraph
 from turnip.machine.costs import vertex_work
 from turnip.machine.profile import load_profile
@@ -90,6 +98,35 @@ def test_copy_fields_and_a_written_profile_loads(tmp_path, plan):
     p.write_text(json.dumps(doc))
     prof = load_profile(p)
     assert prof.name == "synthetic" and prof.h2d_bytes_per_s == f["h2d_bytes_per_s"]
+
+
+def test_peer_copies_set_the_p2p_fields_and_drive_a_two_gpu_plan(tmp_path):
+    """Peer copy rows give the p2p rate (largest copy) and latency (smallest), leave the host link's latency
+    alone, and a 2-GPU plan's transfers take the table's times."""
+    from sim.engine import simulate
+    from turnip.compile import build_with_resident
+    from turnip.models import llama_prefill
+
+    host = [{"kind": k, "contended": c, "nbytes": n, "ns_mean": n / 50 + 5000.0, "ns_sd": 10.0, "n": 5}
+            for k in ("h2d", "d2h") for c in (False, True) for n in (1 << 16, 1 << 24)]  # fmt: skip
+    assert p2p_fields(host) == {}
+    peer = [{"kind": "p2p", "contended": False, "nbytes": n, "ns_mean": n / 100 + 30000.0, "ns_sd": 10.0, "n": 5}
+            for n in (1 << 12, 1 << 20, 1 << 28)]  # fmt: skip
+    f = copy_fields(host + peer) | p2p_fields(host + peer)
+    assert f["copy_latency_ns"] == int((1 << 16) / 50 + 5000)  # the host link's smallest copy, not a peer copy
+    assert f["p2p_latency_ns"] == int((1 << 12) / 100 + 30000) and 98e9 < f["p2p_bytes_per_s"] < 100e9
+    tg = llama_prefill("tiny", seq=64, n_gpus=2, dtype="fp16")
+    mg = build_with_resident(tg, 1 << 20, None, "auto")
+    t = np.flatnonzero(mg.kind == 2)
+    assert len(t)
+    ends = {}
+    for name, rows in (("fast", [r | {"ns_mean": r["ns_mean"] / 10} for r in peer]), ("slow", peer)):
+        doc = {"format": "turnip-profile", "version": 1, "machine": {"name": name, "n_gpus": 2} | f,
+               "copies": host + rows}  # fmt: skip
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+        r = simulate(mg, load_profile(tmp_path / f"{name}.json"), "det", seed=0, mean_only=True)
+        ends[name] = float(np.mean(r.end_ns[t] - r.start_ns[t]))
+    assert ends["slow"] > 5 * ends["fast"]
 
 
 def test_calibration_plans_are_not_the_validation_grid():

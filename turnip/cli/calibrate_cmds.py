@@ -25,6 +25,9 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="profile file to write")
     p.add_argument("--dtypes", nargs="+", default=["fp16"], choices=ck.DTYPES, help="compute dtypes to measure")
     p.add_argument("--quick", action="store_true", help="half the plans, fewer repeats and copy sizes")
+    p.add_argument("--p2p", action="store_true",
+                   help="also time peer copies GPU 0 -> GPU 1 by size (two GPUs needed): the profile's p2p rate, "
+                        "latency and table; opt-in until measured on a GPU pair")
     p.add_argument("--refit", metavar="PROFILE.json", help="no GPU: refit the concurrency factor and power-limit rates "
                    "of a profile `turnip calibrate` wrote (to its recorded plan makespans), write it to --output")
     p.set_defaults(func=cmd_calibrate)
@@ -43,7 +46,7 @@ def cmd_calibrate(a) -> int:
         print(f"profile   {a.output}: refitted from {a.refit}")
         return 0
     _cuda_preflight("turnip calibrate", "or simulate with a shipped profile (--profile h100-calibrated)")
-    doc = calibrate(tuple(a.dtypes), a.quick, progress_factory=Progress)
+    doc = calibrate(tuple(a.dtypes), a.quick, progress_factory=Progress, p2p=a.p2p)
     write_profile(doc, a.output)
     m = doc["machine"]
     print(f"profile   {a.output}: {len(doc['kernels'])} kernel points, {len(doc['copies'])} copy points, "
