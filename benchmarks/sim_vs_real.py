@@ -18,6 +18,12 @@ Two steps, so the model can be revised without the GPU:
 
 Per cell: measured and predicted mean time, error, run-to-run spread (coefficient of variation) measured
 and predicted, and the nondet/det and nondet/det-kernels ratios measured and predicted.
+
+Where a cell misses, ``measure --traces DIR`` also records one run per cell and policy with start events
+(the plan loaded again with them, after the timed runs: they cost the host a driver call per vertex) as a
+trace (``DIR/<seq>-<budget>-g<gpus>-<policy>.json``), and ``compare --traces DIR`` overlays a simulated run
+of each on it (``DIR/overlay-<...>/overlay.png`` and ``overlay.csv``: busy time and end per GPU engine, link
+and host thread, real against simulated: the resource that drives the error).
 """
 
 from __future__ import annotations
@@ -81,12 +87,58 @@ def measure(a) -> int:
                              "vertices": mg.n, "times_ms": json.dumps([round(x, 3) for x in ms]),
                              "mean_ms": float(np.mean(ms))})  # fmt: skip
                 print(json.dumps(rows[-1]), flush=True)
+        if a.traces:
+            _record_traces(a, tg, mg, seq, budget)
         print(f"cell {i + 1}/{len(cells)} {seq}:{budget} {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     import pandas as pd
 
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(a.out, index=False)
     return 0
+
+
+def _trace_name(seq, budget, gpus, policy) -> str:
+    return f"{seq}-{budget}-g{gpus}-{policy}"
+
+
+def _record_traces(a, tg, mg, seq: int, budget: str) -> None:
+    """One run per policy with start events, after the policy's warm-up, written as a trace to ``a.traces``."""
+    from turnip.runtime import execute, open_backend
+    from turnip.runtime.weights import iter_random_inputs, write_streaming
+
+    out = Path(a.traces)
+    out.mkdir(parents=True, exist_ok=True)
+    with open_backend("cuda", mg, 5, device_start=True) as be:
+        write_streaming(be, tg, iter_random_inputs(tg, seed=0))
+        for pol in a.policies:
+            order = None
+            if pol == "det-replay":
+                rec = [execute(mg, be, "nondet", 5, seed=200 + r, record_order=True) for r in range(RECORD_RUNS)]
+                order = min(rec, key=lambda r: r.makespan_ns).order
+            t_heat = time.perf_counter()
+            while time.perf_counter() - t_heat < a.heat:
+                execute(mg, be, pol, 5, seed=100, order=order)
+            res = execute(mg, be, pol, 5, seed=0, order=order)
+            meta = {"seq": seq, "budget": budget, "gpus": a.gpus, "model": a.model, "start_events": True}
+            res.trace(mg, meta).write_chrome(out / f"{_trace_name(seq, budget, a.gpus, pol)}.json")
+
+
+def _overlays(a, mg, prof, tm, seq, budget, gpus, policies, order) -> list[str]:
+    """Overlay a simulated run (seed 0) on every recorded real trace of this cell; one line per overlay."""
+    from analysis.overlay import write_overlay
+    from sim.engine import simulate
+    from turnip.trace import read_chrome
+
+    lines = []
+    for pol in policies:
+        name = _trace_name(seq, budget, gpus, pol)
+        path = Path(a.traces) / f"{name}.json"
+        if not path.exists():
+            continue
+        sim = simulate(mg, prof, pol, seed=0, tm=tm, order=order if pol == "det-replay" else None)
+        t = write_overlay(sim.trace(mg), read_chrome(path), Path(a.traces) / f"overlay-{name}")
+        lines.append(f"{name}: {Path(a.traces).name}/overlay-{name}/ ({len(t)} rows)")
+    return lines
 
 
 def compare(a) -> int:
@@ -99,7 +151,7 @@ def compare(a) -> int:
     prof = load_profile(a.profile)
     real = pd.read_csv(a.measured)
     real = real[real.policy != "-"]
-    out = []
+    out, overlays = [], []
     for (seq, budget), cell in real.groupby(["seq", "budget"], sort=False):
         _tg, mg = plan(int(seq), str(budget), cell.model.iloc[0], int(cell.gpus.iloc[0]))
         tm = TimingModel(mg, prof)
@@ -115,6 +167,9 @@ def compare(a) -> int:
                         "predicted_ms": sims.mean(), "error": sims.mean() / meas.mean() - 1,
                         "measured_cv": meas.std(ddof=1) / meas.mean() if meas.size > 1 else float("nan"),
                         "predicted_cv": sims.std(ddof=1) / sims.mean() if sims.size > 1 else float("nan")})  # fmt: skip
+        if a.traces:
+            overlays += _overlays(a, mg, prof, tm, int(seq), str(budget), int(cell.gpus.iloc[0]),
+                                  list(cell.policy), order)  # fmt: skip
     d = pd.DataFrame(out)
     others = [p for p in ("det", "det-kernels", "det-replay") if (d.policy == p).any()]
     for other in others:
@@ -147,6 +202,9 @@ def compare(a) -> int:
     lines += ["", f"Cells within ±5%: {(err <= 0.05).sum()} of {len(d)}; mean |error| {err.mean():.1%}, "
               f"worst {d.error.iloc[err.argmax()]:+.1%} ({d.seq.iloc[err.argmax()]}:{d.budget.iloc[err.argmax()]} "
               f"{d.policy.iloc[err.argmax()]})."]  # fmt: skip
+    if overlays:
+        lines += ["", "Overlays of a simulated run on the recorded traces (real against simulated, per resource):", ""]
+        lines += [f"- {x}" for x in overlays]
     Path(f"{a.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
@@ -167,11 +225,15 @@ def main(argv=None) -> int:
                         "runs back to back keep them (its power limit), as the simulator assumes")
     m.add_argument("--repeat", type=int, default=3)
     m.add_argument("--out", required=True)
+    m.add_argument("--traces", metavar="DIR", help="also record one run per cell and policy with start events as a "
+                   "trace in DIR (the plan loaded again with them)")
     c = sub.add_parser("compare", help="simulate the measured cells' plans and compare")
     c.add_argument("measured")
     c.add_argument("--profile", required=True)
     c.add_argument("--runs", type=int, default=10)
     c.add_argument("--out", required=True)
+    c.add_argument("--traces", metavar="DIR", help="overlay a simulated run on each trace `measure --traces` recorded "
+                   "in DIR (DIR/overlay-<cell>/)")
     a = ap.parse_args(argv)
     return measure(a) if a.cmd == "measure" else compare(a)
 
