@@ -34,6 +34,7 @@ class Draws:
     factor: np.ndarray
     factor_contended: np.ndarray
     stall_ns: np.ndarray
+    host: float = 1.0  # the run's host speed factor: every host cost is this times the profile's
 
 
 class TimingModel(VertexCosts):
@@ -62,7 +63,9 @@ class TimingModel(VertexCosts):
         """Per-vertex factors for one run; ``rng=None`` gives the means (the ``--mean-only`` mode)."""
         x, xc, stall = self._excess(rng)
         f, fc = self._engine_factors(x, xc)
-        return Draws(f, fc, stall)
+        sd = self.prof.host_excess_sd
+        host = float(np.exp(sd * rng.standard_normal())) if rng is not None and sd > 0 else 1.0  # drawn last
+        return Draws(f, fc, stall, host)
 
     def _excess(self, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Duration / floor alone and contended (1 + e), and stall ns, per vertex."""

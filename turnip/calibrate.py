@@ -185,6 +185,26 @@ def host_samples(mg, runs, into: dict) -> dict:
     return into
 
 
+def run_issue_ns(mg, r) -> int:
+    """The median time the host took to issue one kernel in run ``r``: the run's host speed."""
+    from turnip.memgraph.plan import KIND_KERNEL
+
+    k = (mg.kind == KIND_KERNEL) & (r.issue_ns > 0)
+    return int(np.median((r.issue_ns - r.host_start_ns)[k])) if k.any() else 0
+
+
+def host_spread(plan_runs: list[dict]) -> float:
+    """``host_excess_sd``: the pooled within-plan standard deviation of log(per-run median issue time) over
+    the plans' recorded runs (``host_run_ns``); 0 without two runs of a plan."""
+    ss, dof = 0.0, 0
+    for row in plan_runs:
+        x = np.log([v for v in row.get("host_run_ns", []) if v > 0])
+        if x.size > 1:
+            ss += float(((x - x.mean()) ** 2).sum())
+            dof += x.size - 1
+    return float(np.sqrt(ss / dof)) if dof else 0.0
+
+
 POLL_MIN_SAMPLES = 20  # in-flight counts with fewer poll samples are left out of the completion fit
 
 
@@ -287,7 +307,8 @@ def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 
             plan_runs.append({"nondet_ms": [round(r.makespan_ns / 1e6, 4) for r in nondet],
                               "det1_ms": [round(r.makespan_ns / 1e6, 4) for r in serial],
                               "gap_ms": [round(g / 1e6, 4) for g in gaps],
-                              "host": host_fields(host_samples(mg, nondet, {}))})  # fmt: skip
+                              "host": host_fields(host_samples(mg, nondet, {})),
+                              "host_run_ns": [run_issue_ns(mg, r) for r in nondet]})  # fmt: skip
         _kernel_samples(mg, runs, samples)
         if progress:
             progress(i + 1)
@@ -734,8 +755,11 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     cv = float(np.median(run_cvs)) if run_cvs else 0.0  # a run-wide factor with this mean and spread
     gap = int(np.median([g for r in plan_runs for g in r["gap_ms"]]) * 1e6)
     log(f"runs back to back: {gap / 1e3:.0f} us idle between two")
+    spread = host_spread(plan_runs)
+    log(f"host speed between runs: sd of log(median issue time) {spread:.3f}")
     machine = {"name": f"calibrated {name}", "kernel_start_latency_ns": start_latency, "run_excess_mean": cv,
-               "run_excess_sd": cv, "run_gap_ns": gap} | host | copy_fields(copies) | p2p_fields(copies)  # fmt: skip
+               "run_excess_sd": cv, "run_gap_ns": gap, "host_excess_sd": spread} | host | copy_fields(copies) | \
+        p2p_fields(copies)  # fmt: skip
     doc = {"format": "turnip-profile", "version": 1, "machine": machine, "kernels": kernels, "copies": copies,
            "launch": launch_rows(resident),
            "calibration": {"device": name, "host": platform.node(), "plans": plan_runs, "dtypes": list(dtypes),

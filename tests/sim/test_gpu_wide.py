@@ -303,7 +303,8 @@ def test_a_measured_clock_draw_is_kept_by_the_fit():
 
 
 @pytest.mark.parametrize("field,value", [("power_clock_draw", 0.0), ("power_clock_draw", 1.5),
-                                         ("power_idle_weight", 1.0), ("power_slow_gemm", 0.5)])  # fmt: skip
+                                         ("power_idle_weight", 1.0), ("power_slow_gemm", 0.5),
+                                         ("host_excess_sd", -0.1)])  # fmt: skip
 def test_bad_shared_clock_fields_are_one_line_errors(tmp_path, field, value):
     p = tmp_path / "bad.json"
     p.write_text(json.dumps({field: value}))
@@ -338,3 +339,39 @@ def test_the_completion_fit_is_a_line_through_the_median_poll_delay_per_count():
     assert completion_fit([], []) == (0, 0)
     c, per = completion_fit((9000 - 100 * n).tolist(), n.tolist())
     assert per == 0 and 8000 < c < 9000  # a falling line: no slope, the weighted mean level
+
+
+def test_the_host_speed_factor_scales_every_host_cost_of_a_run():
+    """host_excess_sd > 0: one factor per run on issue, handling and completion (a host-bound chain's makespan
+    moves with it, its kernels do not); 0: the same runs as before, draw for draw."""
+    mg = chain(40, flops=1e8)  # short kernels: the host's chain decides
+    slowhost = QUIET.replace(handle_ns=3000, completion_per_inflight_ns=500)
+    base = [simulate(mg, slowhost, seed=s) for s in range(6)]
+    assert [r.makespan_ns for r in base] == [simulate(mg, slowhost.replace(host_excess_sd=0.0), seed=s).makespan_ns
+                                             for s in range(6)]  # fmt: skip
+    noisy = [simulate(mg, slowhost.replace(host_excess_sd=0.3), seed=s) for s in range(6)]
+    issue = lambda r: np.median(r.issue_ns - r.host_start_ns)  # noqa: E731
+    ratio = np.array([issue(n) / issue(b) for n, b in zip(noisy, base, strict=True)])
+    assert ratio.std() > 0.1 and ratio.min() > 0.3 and ratio.max() < 3.0
+    for n, b, x in zip(noisy, base, ratio, strict=True):  # the slower the host, the longer the run; kernels alike
+        assert (n.makespan_ns > b.makespan_ns) == (x > 1.0)
+        assert np.allclose(n.end_ns - n.start_ns, b.end_ns - b.start_ns, rtol=0.2)
+    assert simulate(mg, slowhost.replace(host_excess_sd=0.3), mean_only=True).makespan_ns == \
+        simulate(mg, slowhost, mean_only=True).makespan_ns  # the means: the median host
+
+
+def test_host_spread_is_the_pooled_spread_of_per_run_issue_times():
+    from turnip.calibrate import host_spread, run_issue_ns
+
+    runs = [{"host_run_ns": [6000, 6000 * np.e ** 0.2]}, {"host_run_ns": [9000, 9000 * np.e ** -0.2]},
+            {"host_run_ns": [7000]}, {}]  # fmt: skip
+    # two plans, one degree of freedom each, deviations +-0.1 around each plan's mean log: sd sqrt(4 x 0.01 / 2)
+    assert host_spread(runs) == pytest.approx(np.sqrt(0.02))
+    assert host_spread([{"host_run_ns": [5000]}]) == 0.0
+    mg = parallel(4)
+
+    class R:
+        issue_ns = np.array([5000, 7000, 0, 9000])
+        host_start_ns = np.array([1000, 1000, 0, 1000])
+
+    assert run_issue_ns(mg, R) == 6000  # kernels issued: 4000, 6000, 8000

@@ -108,6 +108,11 @@ class MachineProfile:
     # it as the spread of repeated runs' makespans; 0 in the presets
     run_excess_mean: float = 0.0
     run_excess_sd: float = 0.0
+    # host speed: one draw per run scales every host cost of it (issue, handling, completion) by
+    # exp(host_excess_sd x z), median 1: the host CPU's speed changes between runs (on the lent H100s the
+    # median GEMM issue time of a 1K run moved between 6 and 11 us from one run to the next). `turnip
+    # calibrate` measures it as the spread of its plans' per-run median issue times; 0 in the presets
+    host_excess_sd: float = 0.0
     kernel_contended_excess_mean: float = 0.02
     kernel_contended_excess_sd: float = 0.073  # GEMM with a copy stream: cv 7.3%
     h2d_excess_mean: float = 0.005
