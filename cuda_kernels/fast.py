@@ -630,8 +630,9 @@ def kernel_names() -> list[str]:
 
 # ---------------------------------------------------------------- module (one per device)
 
-# "module": compiled on the first device used (whether the kernels are available at all); "modules" and
-# "funcs": loaded per device, since a function handle is valid in its own device's context only
+# "module": compiled once (whether the kernels are available at all); "modules" and "funcs": per device, since
+# a function handle is valid in its own device's context only (one module object per device, whatever CuPy
+# caches per device itself)
 _STATE: dict = {"module": None, "error": None, "sms": None, "modules": {}, "funcs": {}}
 
 
@@ -665,22 +666,23 @@ def _ensure_module() -> bool:
         _STATE["error"] = f"fast kernels unavailable: {type(e).__name__}: {e}"
         warnings.warn(_STATE["error"], stacklevel=3)
         return False
+    from cuda_kernels.launch import current_device
+
     _STATE["module"], _STATE["sms"] = mod, sms
+    _STATE["modules"][current_device()] = mod
     return True
 
 
 def _function(name: str) -> int:
-    """CUfunction handle (int) of one instantiation on the current device (its module loaded there once:
-    CuPy loads a module on the device current at its first use, so each device gets a module of its own)."""
+    """CUfunction handle (int) of one instantiation on the current device (a module of its own per device,
+    made there on first use)."""
     from cuda_kernels.launch import current_device
 
     dev = current_device()
     f = _STATE["funcs"].get((dev, name))
     if f is None:
         mods = _STATE["modules"]
-        if not mods:  # the module compiled by _ensure_module: loaded on its first device
-            mods[dev] = _STATE["module"]
-        elif dev not in mods:
+        if dev not in mods:
             mods[dev] = _cupy().RawModule(code=_SOURCE, options=("-std=c++17",), name_expressions=kernel_names())
         f = int(mods[dev].get_function(name).kernel.ptr)
         _STATE["funcs"][(dev, name)] = f

@@ -103,6 +103,7 @@ _SIGNATURES = {
     "cuCtxGetDevice": [ctypes.POINTER(ctypes.c_int)],
 }
 EVENT_RECORD_EXTERNAL = 1
+CUDA_ERROR_INVALID_CONTEXT = 201  # no context current
 CAPTURE_MODE_RELAXED, STREAM_NON_BLOCKING = 2, 1
 
 
@@ -122,7 +123,11 @@ def current_device() -> int:
     """The device (ordinal) of the calling thread's current CUDA context; 0 when none is current. Function
     handles, modules and library plans belong to one device: caches of them are keyed by it."""
     d = ctypes.c_int(0)
-    return int(d.value) if driver().cuCtxGetDevice(ctypes.byref(d)) == 0 else 0
+    r = driver().cuCtxGetDevice(ctypes.byref(d))
+    if r == CUDA_ERROR_INVALID_CONTEXT:
+        return 0
+    _check(r, "cuCtxGetDevice")
+    return int(d.value)
 
 
 def _check(r: int, what: str) -> None:

@@ -146,7 +146,7 @@ class Simulation:
             seed=self.seed,
             mean_only=self.mean_only,
             makespan_ns=max(self.done, default=0),
-            bound=plan_bound(self.tm),
+            bound=plan_bound(self.tm, self.host_factor),
             n_vertices=self.mg.n,
             wall_s=time.perf_counter() - t0,
             issue_ns=issue,
@@ -303,10 +303,13 @@ class Simulation:
         self._deliver(v, tail)
 
 
-def plan_bound(tm: TimingModel) -> dict:
-    """The plan's lower bound (``turnip.machine.bound.lower_bound``), computed once per timing model."""
+def plan_bound(tm: TimingModel, host: float = 1.0) -> dict:
+    """The plan's lower bound (``turnip.machine.bound.lower_bound``), computed once per timing model; for a
+    run whose host speed factor is not 1 (``MachineProfile.host_excess_sd``), that run's own."""
     from turnip.machine.bound import lower_bound
 
+    if host != 1.0:
+        return lower_bound(tm, host)
     if getattr(tm, "_bound", None) is None:
         tm._bound = lower_bound(tm)
     return tm._bound

@@ -617,6 +617,7 @@ def measure_p2p(sizes: list[int], repeat: int = 10, passes: int = COPY_PASSES) -
     if len(c.gpus) < 2:
         return []
     drv = Driver()
+    prev = drv.current_context()  # restored at the end: peer setup leaves GPU 1's context current
     big = max(sizes)
     ctx, buf, ptr = [], [], []
     for d in (0, 1):
@@ -657,6 +658,8 @@ def measure_p2p(sizes: list[int], repeat: int = 10, passes: int = COPY_PASSES) -
                 drv.cuEventDestroy_v2(e0)
                 drv.cuEventDestroy_v2(e1)
     del buf
+    if prev:
+        drv.cuCtxSetCurrent(prev)
     return [sorted(rs, key=lambda r: r["ns_mean"])[(len(rs) - 1) // 2] for rs in runs.values()]
 
 
@@ -728,11 +731,11 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     if p2p:
         try:
             peer = measure_p2p([1 << k for k in range(12, 30, 1 if not quick else 2)], repeat=5 if quick else 10)
+            log(f"peer copies (GPU 0 -> 1): {p2p_fields(peer) or 'none (fewer than two GPUs)'}, "
+                f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
         except Exception as e:  # noqa: BLE001 - the rest of the profile stands without it
             log(f"peer copies: the measurement failed ({type(e).__name__}: {e}); p2p fields left as they are")
         copies += peer
-        log(f"peer copies (GPU 0 -> 1): {p2p_fields(peer) or 'none (fewer than two GPUs)'}, "
-            f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
     power = None
     if power_loops:
         try:

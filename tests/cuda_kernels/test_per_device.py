@@ -34,10 +34,12 @@ def test_fast_kernel_handles_are_per_device(monkeypatch):
             return _Module(dev["now"])
 
     monkeypatch.setattr(fast, "_cupy", lambda: _Cupy())
-    monkeypatch.setattr(fast, "_STATE", {"module": _Module(0), "error": None, "sms": 132, "modules": {}, "funcs": {}})
+    compiled = _Module(0)  # as _ensure_module leaves it: compiled on device 0
+    monkeypatch.setattr(fast, "_STATE", {"module": compiled, "error": None, "sms": 132, "modules": {0: compiled},
+                                         "funcs": {}})  # fmt: skip
     name = fast.kernel_names()[0]
     h0 = fast._function(name)
-    assert made == []  # the first device uses the module compiled by _ensure_module
+    assert made == []  # device 0 uses the module compiled there
     dev["now"] = 1
     h1 = fast._function(name)
     assert made == [1] and h1 != h0

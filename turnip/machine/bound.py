@@ -16,10 +16,11 @@ from turnip.machine.costs import ENG_D2H, ENG_H2D, ENG_KERNEL, ENG_P2P, VertexCo
 from turnip.sched.priority import critical_path_ns
 
 
-def lower_bound(costs: VertexCosts) -> dict[str, int]:
+def lower_bound(costs: VertexCosts, host: float = 1.0) -> dict[str, int]:
     """The bound and its parts (all ns): ``critical_path_ns``, ``kernel_ns`` (busiest GPU),
     ``link_ns`` (busiest host link or GPU<->GPU link), ``host_ns`` (issuing and handling all commands).
-    ``costs`` is a ``VertexCosts`` (the simulator's ``TimingModel`` is one)."""
+    ``costs`` is a ``VertexCosts`` (the simulator's ``TimingModel`` is one); ``host``: a run's host speed
+    factor (``MachineProfile.host_excess_sd``), which scales every host cost of that run."""
     mg, p = costs.mg, costs.prof
     floor = costs.floor_ns()
     e, g = costs.eng, mg.gpu.astype(np.int64)
@@ -33,14 +34,18 @@ def lower_bound(costs: VertexCosts) -> dict[str, int]:
     sel = e == ENG_P2P
     p2p = np.bincount(pair[sel], floor[sel].astype(np.float64), minlength=gpus * gpus)
     sent = ~costs.preloaded
-    host = int(costs.launch_ns.sum()) + max(0, int(sent.sum()) - 1) * p.handle_ns  # issue and handle (not the last)
+    # as the simulator scales them (sim.engine.Simulation): truncated to whole ns
+    launch = costs.launch_ns if host == 1.0 else (costs.launch_ns * host).astype(np.int64)
+    handle, completion = (p.handle_ns, p.completion_ns) if host == 1.0 else (int(p.handle_ns * host),
+                                                                          int(p.completion_ns * host))  # fmt: skip
+    host_ns = int(launch.sum()) + max(0, int(sent.sum()) - 1) * handle  # issue and handle (not the last)
     start = np.where(e == ENG_KERNEL, p.kernel_start_latency_ns, 0)
-    per_vertex = floor + costs.launch_ns + p.completion_ns + p.handle_ns + start  # a chain waits for each hand-over
+    per_vertex = floor + launch + completion + handle + start  # a chain waits for each hand-over
     parts = {
-        "critical_path_ns": int(max(0, critical_path_ns(mg, per_vertex).max(initial=0) - p.handle_ns)),  # last: seen
+        "critical_path_ns": int(max(0, critical_path_ns(mg, per_vertex).max(initial=0) - handle)),  # last: seen
         "kernel_ns": int(kern.max(initial=0)),
         "link_ns": int(max(pcie.max(initial=0) * 1e9, p2p.max(initial=0))),
-        "host_ns": host,
+        "host_ns": host_ns,
     }
     parts["lower_bound_ns"] = max(parts.values())
     return parts

@@ -109,8 +109,9 @@ class MachineProfile:
     run_excess_mean: float = 0.0
     run_excess_sd: float = 0.0
     # host speed: one draw per run scales every host cost of it (issue, handling, completion) by
-    # exp(host_excess_sd x z), median 1: the host CPU's speed changes between runs (on the lent H100s the
-    # median GEMM issue time of a 1K run moved between 6 and 11 us from one run to the next). `turnip
+    # exp(host_excess_sd x z), median 1: the host CPU's speed changes between runs (on a lent H100 the
+    # median GEMM issue time of a 1K prefill was 6.2-8.8 us in three nondet runs back to back, 7.0-10.5 us in
+    # three det runs). `turnip
     # calibrate` measures it as the spread of its plans' per-run median issue times; 0 in the presets
     host_excess_sd: float = 0.0
     kernel_contended_excess_mean: float = 0.02
