@@ -662,14 +662,15 @@ def _ensure_module() -> bool:
         sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
         mod = cp.RawModule(code=_SOURCE, options=("-std=c++17",), name_expressions=kernel_names())
         mod.compile()
+        from cuda_kernels.launch import current_device
+
+        dev = current_device()
     except Exception as e:  # noqa: BLE001 - no device, no NVRTC, or a compile error
         _STATE["error"] = f"fast kernels unavailable: {type(e).__name__}: {e}"
         warnings.warn(_STATE["error"], stacklevel=3)
         return False
-    from cuda_kernels.launch import current_device
-
     _STATE["module"], _STATE["sms"] = mod, sms
-    _STATE["modules"][current_device()] = mod
+    _STATE["modules"][dev] = mod
     return True
 
 
