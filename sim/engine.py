@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.timing import TimingModel
-from turnip.machine.costs import ENG_H2D, ENG_KERNEL, ENG_P2P
+from turnip.machine.costs import ENG_H2D, ENG_KERNEL, ENG_P2P, host_costs
 from turnip.machine.profile import MachineProfile
 from turnip.memgraph.plan import MemGraph
 from turnip.sched import Scheduler
@@ -100,9 +100,8 @@ class Simulation:
         self.src = mg.src_gpu.tolist()
         self.kernel_ns = tm.kernel_ns.tolist()
         self.overlap = tm.overlap.tolist()
-        h = self.host_factor = d.host  # this run's host speed: every host cost scaled by it
-        self.handle_ns = int(prof.handle_ns * h) if h != 1.0 else prof.handle_ns
-        self.completion_ns = int(prof.completion_ns * h) if h != 1.0 else prof.completion_ns
+        self.host_factor = d.host  # this run's host speed: every host cost scaled by it
+        launch, self.handle_ns, self.completion_ns, self.poll_ns = host_costs(tm, d.host)
         self.limited = power_limited(prof)
         self.clock = self.limited and prof.power_slow_gemm > 0.0  # the shared-clock model
         self.power_cap = 0.0
@@ -116,13 +115,12 @@ class Simulation:
         self.throttled = False  # a kernel of this run was slowed by the power limit
         self.bucket_t = [0] * mg.n_gpus
         self.nbytes = tm.nbytes.tolist()
-        self.launch_ns = tm.launch_ns.tolist() if h == 1.0 else [int(x * h) for x in tm.launch_ns.tolist()]
+        self.launch_ns = launch.tolist()
         n, g = mg.n, mg.n_gpus
         self.issue, self.start, self.end, self.done = [0] * n, [0] * n, [0] * n, [0] * n
         self.stream = [-1] * n
         self.order: list[int] = []
         self.inflight = 0  # vertices issued and not yet seen done (the host loop polls each one's end event)
-        self.poll_ns = prof.completion_per_inflight_ns if h == 1.0 else int(prof.completion_per_inflight_ns * h)
         self.host_free = 0
         self.compute_free = [0] * g
         self.copies_active = [0] * g

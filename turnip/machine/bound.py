@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from turnip.machine.costs import ENG_D2H, ENG_H2D, ENG_KERNEL, ENG_P2P, VertexCosts
+from turnip.machine.costs import ENG_D2H, ENG_H2D, ENG_KERNEL, ENG_P2P, VertexCosts, host_costs
 from turnip.sched.priority import critical_path_ns
 
 
@@ -34,10 +34,7 @@ def lower_bound(costs: VertexCosts, host: float = 1.0) -> dict[str, int]:
     sel = e == ENG_P2P
     p2p = np.bincount(pair[sel], floor[sel].astype(np.float64), minlength=gpus * gpus)
     sent = ~costs.preloaded
-    # as the simulator scales them (sim.engine.Simulation): truncated to whole ns
-    launch = costs.launch_ns if host == 1.0 else (costs.launch_ns * host).astype(np.int64)
-    handle, completion = (p.handle_ns, p.completion_ns) if host == 1.0 else (int(p.handle_ns * host),
-                                                                          int(p.completion_ns * host))  # fmt: skip
+    launch, handle, completion, _ = host_costs(costs, host)  # as the simulator charges them
     host_ns = int(launch.sum()) + max(0, int(sent.sum()) - 1) * handle  # issue and handle (not the last)
     start = np.where(e == ENG_KERNEL, p.kernel_start_latency_ns, 0)
     per_vertex = floor + launch + completion + handle + start  # a chain waits for each hand-over

@@ -138,6 +138,17 @@ def launch_ns(mg: MemGraph, prof: MachineProfile, eng: np.ndarray | None = None)
     return np.where(mg.preloaded(), 0, launch).astype(np.int64)
 
 
+def host_costs(costs: VertexCosts, host: float = 1.0) -> tuple[np.ndarray, int, int, int]:
+    """One run's host costs at host speed factor ``host`` (``MachineProfile.host_excess_sd``): issue time per
+    vertex (``launch_ns``), ``handle_ns``, ``completion_ns`` and ``completion_per_inflight_ns``, each scaled
+    and truncated to whole ns; the simulator charges them, the lower bound counts them."""
+    p = costs.prof
+    if host == 1.0:
+        return costs.launch_ns, p.handle_ns, p.completion_ns, p.completion_per_inflight_ns
+    return ((costs.launch_ns * host).astype(np.int64), int(p.handle_ns * host), int(p.completion_ns * host),
+            int(p.completion_per_inflight_ns * host))  # fmt: skip
+
+
 OVERLAP_SHORT_NS, OVERLAP_LONG_NS = 10_000, 1_000_000  # knots of the concurrency factor (profile fields)
 
 
