@@ -342,18 +342,18 @@ def power_model(mg: MemGraph, prof: MachineProfile, tm: TimingModel) -> PowerMod
         return tm._power
     uniform = prof.power_duty < 1.0
     rates = {} if uniform else {"gemm": prof.power_gemm_flops_rate / 1e9, "attention": prof.power_attn_flops_rate / 1e9}
-    kern = (tm.eng == ENG_KERNEL).tolist()
-    rate = [rates.get(cost_class(op), 0.0) if k else 0.0 for op, k in zip(mg.op, kern, strict=True)]
+    is_kern = tm.eng == ENG_KERNEL
+    classes = [cost_class(op) if k else None for op, k in zip(mg.op, is_kern.tolist(), strict=True)]
+    rate = [rates.get(c, 0.0) if c else 0.0 for c in classes]
     other = 1.0 / prof.power_duty if uniform else prof.power_memory_weight
     flops = np.asarray(mg.flops, dtype=np.float64)
     r = np.asarray(rate)
-    kern = np.flatnonzero(tm.eng == ENG_KERNEL)
+    kern = np.flatnonzero(is_kern)
     per = np.where(r[kern] > 0.0, flops[kern] / np.where(r[kern] > 0.0, r[kern], 1.0),
                    other * tm.kernel_ns[kern].astype(np.float64))  # fmt: skip
     energy = np.bincount(mg.gpu[kern], per, minlength=mg.n_gpus).tolist()
     slows = {"gemm": prof.power_slow_gemm, "attention": prof.power_slow_attn, "memory": prof.power_slow_memory}
-    slow = [slows[cost_class(op)] if k and prof.power_slow_gemm > 0.0 else 1.0
-            for op, k in zip(mg.op, (tm.eng == ENG_KERNEL).tolist(), strict=True)]  # fmt: skip
+    slow = [slows[c] if c and prof.power_slow_gemm > 0.0 else 1.0 for c in classes]
     tm._power = PowerModel(flops.tolist(), rate, other, prof.power_burst_s * 1e9, energy, slow)
     return tm._power
 
