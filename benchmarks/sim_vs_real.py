@@ -74,14 +74,7 @@ def measure(a) -> int:
         with open_backend("cuda", mg, 5) as be:
             write_streaming(be, tg, iter_random_inputs(tg, seed=0))
             for pol in a.policies:
-                order = None
-                if pol == "det-replay":  # the order of the fastest of RECORD_RUNS nondet runs, replayed fixed
-                    rec = [execute(mg, be, "nondet", 5, seed=200 + r, record_order=True) for r in range(RECORD_RUNS)]
-                    order = min(rec, key=lambda r: r.makespan_ns).order
-                w, t_heat = 0, time.perf_counter()  # warm-up: runs back to back reach their steady clocks
-                while w < a.warmup or time.perf_counter() - t_heat < a.heat:
-                    execute(mg, be, pol, 5, seed=100 + w, order=order)
-                    w += 1
+                order = _warm_up(a, mg, be, pol)
                 ms = [execute(mg, be, pol, 5, seed=r, order=order).makespan_ns / 1e6 for r in range(a.repeat)]
                 rows.append({"seq": seq, "budget": budget, "policy": pol, "gpus": a.gpus, "model": a.model,
                              "vertices": mg.n, "times_ms": json.dumps([round(x, 3) for x in ms]),
@@ -95,6 +88,23 @@ def measure(a) -> int:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(a.out, index=False)
     return 0
+
+
+def _warm_up(a, mg, be, pol: str):
+    """Before a policy's timed runs: for det-replay the order of the fastest of RECORD_RUNS nondet runs (returned,
+    to be replayed fixed; None for the other policies), then warm-up runs back to back, at least ``--warmup`` of
+    them and ``--heat`` seconds (the GPU's clocks reach where runs back to back keep them)."""
+    from turnip.runtime import execute
+
+    order = None
+    if pol == "det-replay":
+        rec = [execute(mg, be, "nondet", 5, seed=200 + r, record_order=True) for r in range(RECORD_RUNS)]
+        order = min(rec, key=lambda r: r.makespan_ns).order
+    w, t_heat = 0, time.perf_counter()
+    while w < a.warmup or time.perf_counter() - t_heat < a.heat:
+        execute(mg, be, pol, 5, seed=100 + w, order=order)
+        w += 1
+    return order
 
 
 def _trace_name(seq, budget, gpus, policy) -> str:
@@ -111,13 +121,7 @@ def _record_traces(a, tg, mg, seq: int, budget: str) -> None:
     with open_backend("cuda", mg, 5, device_start=True) as be:
         write_streaming(be, tg, iter_random_inputs(tg, seed=0))
         for pol in a.policies:
-            order = None
-            if pol == "det-replay":
-                rec = [execute(mg, be, "nondet", 5, seed=200 + r, record_order=True) for r in range(RECORD_RUNS)]
-                order = min(rec, key=lambda r: r.makespan_ns).order
-            t_heat = time.perf_counter()
-            while time.perf_counter() - t_heat < a.heat:
-                execute(mg, be, pol, 5, seed=100, order=order)
+            order = _warm_up(a, mg, be, pol)
             res = execute(mg, be, pol, 5, seed=0, order=order)
             meta = {"seq": seq, "budget": budget, "gpus": a.gpus, "model": a.model, "start_events": True}
             res.trace(mg, meta).write_chrome(out / f"{_trace_name(seq, budget, a.gpus, pol)}.json")
