@@ -549,6 +549,24 @@ def power_fields(pw: dict) -> dict:
 COPY_PASSES = 3  # sweeps over every copy size; each point keeps its median pass (by mean time)
 
 
+def _timed_copies(drv, ev: list, stream: int, kind: str, contended: bool, n: int, issue) -> dict:
+    """A copy table row: ``issue()`` (one copy of ``n`` bytes on ``stream``) timed between each event pair of
+    ``ev``, back to back."""
+    for e0, e1 in ev:
+        drv.check(drv.cuEventRecord(e0, stream), "event")
+        issue()
+        drv.check(drv.cuEventRecord(e1, stream), "event")
+    drv.check(drv.cuStreamSynchronize(stream), "sync")
+    ns = np.array([drv.elapsed_ms(e0, e1) * 1e6 for e0, e1 in ev])
+    return {"kind": kind, "contended": contended, "nbytes": int(n), "ns_mean": float(ns.mean()),
+            "ns_sd": float(ns.std(ddof=1)), "n": int(ns.size)}  # fmt: skip
+
+
+def _median_passes(runs: dict) -> list[dict]:
+    """Each point's median pass (by mean time) of its ``passes`` sweeps."""
+    return [sorted(rs, key=lambda r: r["ns_mean"])[(len(rs) - 1) // 2] for rs in runs.values()]
+
+
 def measure_copies(sizes: list[int], repeat: int = 10, passes: int = COPY_PASSES) -> list[dict]:
     """H2D and D2H copies of pinned memory, alone and against a stream of copies the other way, in ``passes``
     sweeps: each point keeps its median pass (by mean time), so one sweep that something else on the host
@@ -581,15 +599,9 @@ def measure_copies(sizes: list[int], repeat: int = 10, passes: int = COPY_PASSES
             chunk = min(big, 64 << 20)
             for _ in range(max(2, total // chunk)):
                 copy(other, chunk, ho, 1)
-        for e0, e1 in ev:
-            drv.check(drv.cuEventRecord(e0, hm), "event")
-            copy(kind, n, hm)
-            drv.check(drv.cuEventRecord(e1, hm), "event")
-        drv.check(drv.cuStreamSynchronize(hm), "sync")
+        row = _timed_copies(drv, ev, hm, kind, contended, n, lambda: copy(kind, n, hm))
         drv.check(drv.cuStreamSynchronize(ho), "sync")
-        ns = np.array([drv.elapsed_ms(e0, e1) * 1e6 for e0, e1 in ev])
-        return {"kind": kind, "contended": contended, "nbytes": int(n), "ns_mean": float(ns.mean()),
-                "ns_sd": float(ns.std(ddof=1)), "n": int(ns.size)}  # fmt: skip
+        return row
 
     runs: dict = {}
     try:
@@ -603,7 +615,7 @@ def measure_copies(sizes: list[int], repeat: int = 10, passes: int = COPY_PASSES
         for p in host:
             drv.cuMemFreeHost(p)
         del dev
-    return [sorted(rs, key=lambda r: r["ns_mean"])[(len(rs) - 1) // 2] for rs in runs.values()]
+    return _median_passes(runs)
 
 
 def measure_p2p(sizes: list[int], repeat: int = 10, passes: int = COPY_PASSES) -> list[dict]:
@@ -644,15 +656,7 @@ def measure_p2p(sizes: list[int], repeat: int = 10, passes: int = COPY_PASSES) -
             for _ in range(max(1, passes)):
                 for n in sizes:
                     copy(n)  # warm-up
-                    for e0, e1 in ev:
-                        drv.check(drv.cuEventRecord(e0, h), "event")
-                        copy(n)
-                        drv.check(drv.cuEventRecord(e1, h), "event")
-                    drv.check(drv.cuStreamSynchronize(h), "sync")
-                    ns = np.array([drv.elapsed_ms(e0, e1) * 1e6 for e0, e1 in ev])
-                    runs.setdefault(n, []).append({"kind": "p2p", "contended": False, "nbytes": int(n),
-                                                   "ns_mean": float(ns.mean()), "ns_sd": float(ns.std(ddof=1)),
-                                                   "n": int(ns.size)})  # fmt: skip
+                    runs.setdefault(n, []).append(_timed_copies(drv, ev, h, "p2p", False, n, lambda n=n: copy(n)))
         finally:
             for e0, e1 in ev:
                 drv.cuEventDestroy_v2(e0)
@@ -660,7 +664,7 @@ def measure_p2p(sizes: list[int], repeat: int = 10, passes: int = COPY_PASSES) -
     del buf
     if prev:
         drv.cuCtxSetCurrent(prev)
-    return [sorted(rs, key=lambda r: r["ns_mean"])[(len(rs) - 1) // 2] for rs in runs.values()]
+    return _median_passes(runs)
 
 
 def p2p_fields(rows: list[dict]) -> dict:

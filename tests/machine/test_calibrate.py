@@ -134,3 +134,36 @@ def test_calibration_plans_are_not_the_validation_grid():
     plans = kernel_plans()
     assert plans and not {p.seq for p in plans} & grid
     assert all(p.layers <= 8 for p in plans)
+
+
+def test_copy_rows_time_each_copy_between_its_events_and_keep_the_median_pass():
+    """The copy table's rows (host link and peer copies alike): one event pair around each copy, the stream
+    synchronised before the times are read; of several sweeps each point keeps its median one."""
+    from turnip.calibrate import _median_passes, _timed_copies
+
+    class Drv:
+        def __init__(self):
+            self.calls = []
+
+        def check(self, r, what):
+            assert r == 0, what
+
+        def cuEventRecord(self, e, stream):  # noqa: N802 - the driver's name
+            self.calls.append(("record", e, stream))
+            return 0
+
+        def cuStreamSynchronize(self, stream):  # noqa: N802
+            self.calls.append(("sync", stream))
+            return 0
+
+        def elapsed_ms(self, a, b):
+            assert self.calls[-1] == ("sync", 7)  # read only after the stream is done
+            return (b - a) / 1000
+
+    drv = Drv()
+    row = _timed_copies(drv, [(1, 3), (10, 14)], 7, "p2p", False, 4096, lambda: drv.calls.append(("copy",)))
+    assert [c[0] for c in drv.calls] == ["record", "copy", "record", "record", "copy", "record", "sync"]
+    assert row == {"kind": "p2p", "contended": False, "nbytes": 4096, "ns_mean": 3000.0,
+                   "ns_sd": pytest.approx(1414.2136), "n": 2}  # fmt: skip
+    passes = {"a": [{"ns_mean": 5.0}, {"ns_mean": 1.0}, {"ns_mean": 3.0}], "b": [{"ns_mean": 2.0}, {"ns_mean": 4.0}]}
+    assert _median_passes(passes) == [{"ns_mean": 3.0}, {"ns_mean": 2.0}]
