@@ -104,10 +104,10 @@ class CudnnSdpa:
 
     def __init__(self, tq: int, tk: int, tk_alloc: int, h: int, dh: int, dtype: str, scale: float, mode: str,
                  stats: bool, hk: int | None = None):  # fmt: skip
-        key = (tq, tk, tk_alloc, h, dh, dtype, float(scale), mode, stats, h if hk is None else int(hk))
-        hit = _GRAPHS.get((_device(), *key))
+        key = (_device(), tq, tk, tk_alloc, h, dh, dtype, float(scale), mode, stats, h if hk is None else int(hk))
+        hit = _GRAPHS.get(key)
         if hit is None:
-            hit = _GRAPHS[(_device(), *key)] = _build(*key)
+            hit = _GRAPHS[key] = _build(*key[1:])
         self.graph, self.tensors = hit
         self.ws_nbytes = int(self.graph.get_workspace_size())
         self.stats = stats

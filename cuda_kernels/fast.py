@@ -647,6 +647,11 @@ def _cupy():
     return cupy
 
 
+def _new_module(cp):
+    """The kernels' CuPy module (compiled on first use; loaded on the device current when first used)."""
+    return cp.RawModule(code=_SOURCE, options=("-std=c++17",), name_expressions=kernel_names())
+
+
 def _ensure_module() -> bool:
     """Compile the module (once) and read the SM count; False (reason in ``last_error()``) if impossible."""
     if _STATE["module"] is not None:
@@ -660,7 +665,7 @@ def _ensure_module() -> bool:
         return False
     try:
         sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
-        mod = cp.RawModule(code=_SOURCE, options=("-std=c++17",), name_expressions=kernel_names())
+        mod = _new_module(cp)
         mod.compile()
         from cuda_kernels.launch import current_device
 
@@ -684,7 +689,7 @@ def _function(name: str) -> int:
     if f is None:
         mods = _STATE["modules"]
         if dev not in mods:
-            mods[dev] = _cupy().RawModule(code=_SOURCE, options=("-std=c++17",), name_expressions=kernel_names())
+            mods[dev] = _new_module(_cupy())
         f = int(mods[dev].get_function(name).kernel.ptr)
         _STATE["funcs"][(dev, name)] = f
     return f

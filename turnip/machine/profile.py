@@ -111,8 +111,8 @@ class MachineProfile:
     # host speed: one draw per run scales every host cost of it (issue, handling, completion) by
     # exp(host_excess_sd x z), median 1: the host CPU's speed changes between runs (on a lent H100 the
     # median GEMM issue time of a 1K prefill was 6.2-8.8 us in three nondet runs back to back, 7.0-10.5 us in
-    # three det runs). `turnip
-    # calibrate` measures it as the spread of its plans' per-run median issue times; 0 in the presets
+    # three det runs). `turnip calibrate` measures it as the spread of its plans' per-run median issue times;
+    # 0 in the presets
     host_excess_sd: float = 0.0
     kernel_contended_excess_mean: float = 0.02
     kernel_contended_excess_sd: float = 0.073  # GEMM with a copy stream: cv 7.3%
