@@ -3,10 +3,13 @@
 Grid: LLaMA-7B shapes (all 32 layers, fp16, random weights), prompt {1K, 4K, 8K, 16K, 32K} x budget
 {none, 6 GiB, 1 GiB} x policy {nondet, det, det-kernels, det-replay} on one GPU (det-replay: the issue
 order of the fastest of three recorded nondet runs, replayed fixed; the simulator records its own so),
-default tiles, ``--resident auto`` (``none``: every weight resident in a 40 GiB arena). Each policy's timed
-runs follow at least ``--heat`` seconds of its warm-up runs back to back: the steady state of the GPU's
-clocks under its power limit, which the simulator predicts. ``turnip calibrate``
-runs one- and two-layer plans at other prompt lengths and tile sizes, never these.
+default tiles, ``--resident auto`` (``none``: every weight resident in a 40 GiB arena). Each policy first
+runs at least ``--heat`` seconds of warm-up runs back to back (the steady state of the GPU's clocks under
+its power limit, which the simulator predicts); then the policies' timed runs take turns, one run of each
+per round, so a drift of the host's speed within the cell (seen on the H100s: tens of percent over seconds)
+does not land on one policy (``--sequential``: each policy's runs in one block, as grids before 2026-11-25
+were measured). ``turnip calibrate`` runs one- and two-layer plans at other prompt lengths and tile sizes,
+never these.
 
 Two steps, so the model can be revised without the GPU:
 
@@ -59,7 +62,7 @@ def plan(seq: int, budget: str, model: str = "llama-7b", gpus: int = 1):
 
 
 def measure(a) -> int:
-    from turnip.runtime import execute, open_backend
+    from turnip.runtime import open_backend
     from turnip.runtime.weights import iter_random_inputs, write_streaming
 
     rows = []
@@ -73,12 +76,12 @@ def measure(a) -> int:
             continue
         with open_backend("cuda", mg, 5) as be:
             write_streaming(be, tg, iter_random_inputs(tg, seed=0))
-            for pol in a.policies:
-                order = _warm_up(a, mg, be, pol)
-                ms = [execute(mg, be, pol, 5, seed=r, order=order).makespan_ns / 1e6 for r in range(a.repeat)]
+            for pol, runs in _timed_runs(a, mg, be).items():
+                ms, issue = zip(*runs, strict=True)
                 rows.append({"seq": seq, "budget": budget, "policy": pol, "gpus": a.gpus, "model": a.model,
                              "vertices": mg.n, "times_ms": json.dumps([round(x, 3) for x in ms]),
-                             "mean_ms": float(np.mean(ms))})  # fmt: skip
+                             "mean_ms": float(np.mean(ms)),
+                             "issue_us": json.dumps([round(x, 2) for x in issue])})  # fmt: skip
                 print(json.dumps(rows[-1]), flush=True)
         if a.traces:
             _record_traces(a, tg, mg, seq, budget)
@@ -88,6 +91,33 @@ def measure(a) -> int:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(a.out, index=False)
     return 0
+
+
+def _timed_runs(a, mg, be) -> dict[str, list[tuple[float, float]]]:
+    """{policy: (makespan ms, median kernel issue us) of each of its ``--repeat`` timed runs}; the issue time
+    is the run's host speed (``turnip.calibrate.run_issue_ns``). Interleaved (the default): every policy's
+    warm-up (``_warm_up``), then rounds of one run per policy, so that a drift of the host's or the GPU's speed
+    during the cell weighs on every policy alike; ``--sequential``: each policy's warm-up and runs in turn (the
+    grids measured before 2026-11-25)."""
+    from turnip.calibrate import run_issue_ns
+    from turnip.runtime import execute
+
+    def run(pol, r, order):
+        x = execute(mg, be, pol, 5, seed=r, order=order)
+        return x.makespan_ns / 1e6, run_issue_ns(mg, x) / 1e3
+
+    if a.sequential:
+        out = {}
+        for pol in a.policies:
+            order = _warm_up(a, mg, be, pol)
+            out[pol] = [run(pol, r, order) for r in range(a.repeat)]
+        return out
+    orders = {pol: _warm_up(a, mg, be, pol) for pol in a.policies}
+    out = {pol: [] for pol in a.policies}
+    for r in range(a.repeat):
+        for pol in a.policies:
+            out[pol].append(run(pol, r, orders[pol]))
+    return out
 
 
 def _warm_up(a, mg, be, pol: str):
@@ -150,11 +180,13 @@ def compare(a) -> int:
 
     from sim.engine import fastest_run, simulate
     from sim.timing import TimingModel
+    from turnip.calibrate import run_issue_ns
     from turnip.machine.profile import load_profile
 
     prof = load_profile(a.profile)
     real = pd.read_csv(a.measured)
     real = real[real.policy != "-"]
+    has_issue = "issue_us" in real.columns  # grids measured from 2026-11-25 on
     out, overlays = [], []
     for (seq, budget), cell in real.groupby(["seq", "budget"], sort=False):
         _tg, mg = plan(int(seq), str(budget), cell.model.iloc[0], int(cell.gpus.iloc[0]))
@@ -165,12 +197,16 @@ def compare(a) -> int:
         for _, r in cell.iterrows():
             meas = np.array(json.loads(r.times_ms))
             o = order if r.policy == "det-replay" else None
-            sims = np.array([simulate(mg, prof, r.policy, seed=s, tm=tm, order=o).makespan_ns / 1e6
-                             for s in range(a.runs)])  # fmt: skip
+            runs = [simulate(mg, prof, r.policy, seed=s, tm=tm, order=o) for s in range(a.runs)]
+            sims = np.array([x.makespan_ns / 1e6 for x in runs])
             out.append({"seq": int(seq), "budget": budget, "policy": r.policy, "measured_ms": meas.mean(),
                         "predicted_ms": sims.mean(), "error": sims.mean() / meas.mean() - 1,
                         "measured_cv": meas.std(ddof=1) / meas.mean() if meas.size > 1 else float("nan"),
                         "predicted_cv": sims.std(ddof=1) / sims.mean() if sims.size > 1 else float("nan")})  # fmt: skip
+            if has_issue:  # the host's speed: median kernel issue time, measured runs against simulated ones
+                sim_issue = float(np.median([run_issue_ns(mg, x) for x in runs])) / 1e3
+                meas_issue = float(np.median(json.loads(r.issue_us)))
+                out[-1] |= {"measured_issue_us": meas_issue, "predicted_issue_us": sim_issue}
         if a.traces:
             overlays += _overlays(a, mg, prof, tm, int(seq), str(budget), int(cell.gpus.iloc[0]),
                                   list(cell.policy), order)  # fmt: skip
@@ -187,11 +223,13 @@ def compare(a) -> int:
     lines = [f"# Simulated against measured: {Path(a.measured).name} on profile {Path(a.profile).name}", "",
              f"Command: `python {' '.join(sys.argv)}`", "",
              f"{a.runs} simulated runs per cell; measured: the runs in the CSV (after warm-up).", "",
-             "| seq | budget | policy | measured ms | predicted ms | error | measured cv | predicted cv |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| seq | budget | policy | measured ms | predicted ms | error | measured cv | predicted cv |"
+             + (" host issue us measured | predicted |" if has_issue else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|" if has_issue else "")]  # fmt: skip
     for _, r in d.iterrows():
         lines.append(f"| {r.seq} | {r.budget} | {r.policy} | {r.measured_ms:.1f} | {r.predicted_ms:.1f} | "
-                     f"{r.error:+.1%} | {r.measured_cv:.3f} | {r.predicted_cv:.3f} |")  # fmt: skip
+                     f"{r.error:+.1%} | {r.measured_cv:.3f} | {r.predicted_cv:.3f} |"
+                     + (f" {r.measured_issue_us:.2f} | {r.predicted_issue_us:.2f} |" if has_issue else ""))  # fmt: skip
     nd = d[d.policy == "nondet"]
     lines += ["", "| seq | budget | " + " | ".join(f"nondet/{o} measured | predicted" for o in others) + " |",
               "|---|---|" + "---|---|" * len(others)]  # fmt: skip
@@ -228,6 +266,9 @@ def main(argv=None) -> int:
                    help="seconds of warm-up runs per policy (at least): the timed runs find the GPU's clocks where "
                         "runs back to back keep them (its power limit), as the simulator assumes")
     m.add_argument("--repeat", type=int, default=3)
+    m.add_argument("--sequential", action="store_true",
+                   help="time each policy's runs in one block after its warm-up, not interleaved with the other "
+                        "policies' (how grids before 2026-11-25 were measured)")
     m.add_argument("--out", required=True)
     m.add_argument("--traces", metavar="DIR", help="also record one run per cell and policy with start events as a "
                    "trace in DIR (the plan loaded again with them)")

@@ -7,6 +7,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +30,8 @@ def test_compare_reports_each_cell_and_overlays_recorded_traces(tmp_path):
     ms = real.makespan_ns / 1e6
     grid = tmp_path / "grid.csv"
     pd.DataFrame([{"seq": 1024, "budget": "none", "policy": pol, "gpus": 1, "model": "llama-7b", "vertices": mg.n,
-                   "times_ms": json.dumps([ms, ms * 1.02]), "mean_ms": ms * 1.01} for pol in ("nondet", "det")]
+                   "times_ms": json.dumps([ms, ms * 1.02]), "mean_ms": ms * 1.01, "issue_us": json.dumps([7.0, 9.0])}
+                  for pol in ("nondet", "det")]
                  ).to_csv(grid, index=False)  # fmt: skip
     traces = tmp_path / "traces"
     traces.mkdir()
@@ -40,10 +42,59 @@ def test_compare_reports_each_cell_and_overlays_recorded_traces(tmp_path):
     d = pd.read_csv(f"{out}.csv")
     assert list(d.policy) == ["nondet", "det"] and d.predicted_ms.gt(0).all()
     assert (d.error - (d.predicted_ms / d.measured_ms - 1)).abs().max() < 1e-9
+    # the host's speed per cell: the measured runs' median issue time against the simulated runs' (the profile's)
+    prof = load_profile("h200-calibrated")
+    assert (d.measured_issue_us == 8.0).all()
+    assert d.predicted_issue_us.between(prof.kernel_launch_ns / 1e3 * 0.5, prof.gemm_launch_ns / 1e3 * 2).all()
     ov = traces / "overlay-1024-none-g1-nondet"
     assert (ov / "overlay.png").stat().st_size > 0
     table = pd.read_csv(ov / "overlay.csv")
     assert len(table) > 0
     assert not (traces / "overlay-1024-none-g1-det").exists()
     md = Path(f"{out}.md").read_text()
-    assert "overlay-1024-none-g1-nondet" in md and "Cells within ±5%: " in md
+    assert "overlay-1024-none-g1-nondet" in md and "Cells within ±5%: " in md and "host issue us measured" in md
+
+
+def _fake_execute(calls):
+    """A stand-in for ``turnip.runtime.execute`` that logs (policy, timed or not) and returns run-like objects:
+    recorded nondet runs get makespans 30, 20, 25 ms and an order naming their seed."""
+    from types import SimpleNamespace
+
+    def execute(mg, be, policy, streams, seed=None, order=None, record_order=False):
+        calls.append((policy, seed, order))
+        ms = {200: 30.0, 201: 20.0, 202: 25.0}.get(seed, 10.0 + len(calls)) if record_order else 10.0 + len(calls)
+        issue = np.array([1000, 1000 + 1000 * len(calls), 900_000], dtype=np.int64)  # the kernels' median: 2nd
+        return SimpleNamespace(makespan_ns=int(ms * 1e6), order=[f"rec{seed}"] if record_order else [],
+                               issue_ns=issue, host_start_ns=np.zeros(3, dtype=np.int64))
+
+    return execute
+
+
+def test_timed_runs_interleave_policies_after_every_warm_up(monkeypatch):
+    from types import SimpleNamespace
+
+    import turnip.runtime
+    from turnip.memgraph.plan import KIND_KERNEL
+
+    bench = _bench()
+    pols = ["nondet", "det", "det-replay"]
+    for sequential in (False, True):
+        calls: list = []
+        monkeypatch.setattr(turnip.runtime, "execute", _fake_execute(calls))
+        a = SimpleNamespace(policies=pols, repeat=3, warmup=1, heat=0.0, sequential=sequential)
+        mg = SimpleNamespace(kind=np.array([KIND_KERNEL, KIND_KERNEL, KIND_KERNEL]))
+        out = bench._timed_runs(a, mg, None)
+        assert list(out) == pols and all(len(v) == 3 for v in out.values())
+        timed = [(p, s) for p, s, _ in calls if s in (0, 1, 2)]
+        if sequential:  # each policy's warm-up, then its three runs
+            assert timed == [(p, s) for p in pols for s in range(3)]
+            assert [p for p, s, _ in calls][:4] == ["nondet", "nondet", "nondet", "nondet"]
+        else:  # every warm-up first, then rounds of one run per policy
+            assert timed == [(p, s) for s in range(3) for p in pols]
+            first_timed = next(i for i, (p, s, _) in enumerate(calls) if s == 0)
+            assert all(s not in (0, 1, 2) for _, s, _ in calls[:first_timed])
+        # det-replay replays the fastest recorded nondet run's order, in its warm-up and timed runs
+        assert {str(o) for p, _, o in calls if p == "det-replay"} == {"['rec201']"}
+        # the makespans and kernel issue times (us) returned are those of the timed runs, in round order
+        idx = {p: [i for i, (q, s, _) in enumerate(calls) if q == p and s in (0, 1, 2)] for p in pols}
+        assert out == {p: [(10.0 + i + 1, 1.0 + i + 1) for i in idx[p]] for p in pols}
