@@ -18,9 +18,9 @@ Measurements, all through the code a real run uses:
 - **copies**: host-to-device and device-to-host copies of pinned memory from 64 KiB to 512 MiB, alone and
   while the other direction streams, timed with events on their own streams.
 - **power** (``measure_power``): the largest GEMM, attention and memory-bound kernels back to back on one
-  stream, alone and mixed, and a GEMM with a sleeping kernel, each for POWER_LOOP_S after a rest, with NVML
-  power readings: how the clock the power limit sets slows each class, and what each draws (the shared-clock
-  fields of ``MachineProfile``).
+  stream, alone and mixed, and a GEMM with a sleeping kernel, each for POWER_LOOP_S after a rest, in
+  POWER_REPEATS rounds (each loop's median round kept), with NVML power readings: how the clock the power
+  limit sets slows each class, and what each draws (the shared-clock fields of ``MachineProfile``).
 - **GPU-wide effects**: each plan's makespans back to back on every stream slot after SUSTAIN_S seconds of
   it, and the host's idle time between two of them (``calibration.plans``, ``run_gap_ns``);
   ``sim.fit.fit_gpu_effects`` fits the concurrency factor and the flop rates GEMMs and attention sustain at
@@ -354,6 +354,8 @@ class _Nvml:
 POWER_PLAN = KernelPlan("llama-7b", 28672, {"t": 7168, "h": 32, "f": 11008})  # the largest GEMMs and attention
 POWER_LOOP_S = 2.0  # seconds of one cycle back to back: the clock settles where it holds the power limit
 POWER_TAIL_S = 0.3  # the last this many seconds of a loop are timed kernel by kernel
+POWER_REPEATS = 3  # rounds of every loop; the fields come from each loop's median round (one round alone moved
+# power_slow_attn by 8% between two calibrations of one H100 ten minutes apart)
 
 
 def _sleep_kernel():
@@ -378,8 +380,10 @@ def measure_power(progress=None, log=print) -> dict:
     alone hold the limit: throttle 1), attention alone, a memory-bound kernel alone (their slowdown and draw),
     two GEMMs with attention and two with memory-bound kernels (each class's slowdown at the mix's throttle,
     read off the GEMMs'), and a GEMM with a sleeping kernel of about a third and two thirds of its time
-    (energy balance: the GEMM's full-clock draw). Returns the raw figures (``calibration.power``) with the
-    derived fields (``power_fields``)."""
+    (energy balance: the GEMM's full-clock draw). ``POWER_REPEATS`` rounds of every loop; each item's time is
+    its median over the rounds (``_median_loop``), since the fields divide small differences of these times.
+    Returns the raw figures (``calibration.power``) with the derived fields (``power_fields``), and the fields
+    of each round alone (``repeat_fields``: their spread)."""
     import threading
 
     from turnip.machine.costs import cost_class, vertex_work
@@ -456,7 +460,9 @@ def measure_power(progress=None, log=print) -> dict:
                  "mix_memory": [("k", gemm), ("k", gemm), ("k", mem), ("k", mem)],
                  "sleep_short": [("k", gemm), ("sleep", int(t_g / 3))],
                  "sleep_long": [("k", gemm), ("sleep", int(2 * t_g / 3))]}  # fmt: skip
-        for i, (name, cycle) in enumerate(loops.items()):
+        def loop(name: str, cycle: list) -> dict:
+            """One loop of ``cycle`` after a rest: its items' median times over the timed tail, NVML's median
+            power and SM clock over its second half."""
             rest(0.5)
             samples: list = []
             stop = threading.Event()
@@ -483,21 +489,42 @@ def measure_power(progress=None, log=print) -> dict:
             if nv.ok:
                 th.join()
             late = [s for s in samples if s[0] >= POWER_LOOP_S / 2 and s[1] is not None]
-            out[name] = {"items": [it[0] if it[0] == "sleep" else mg.op[it[1]] for it in cycle],
-                         "ns": [float(np.median(x)) for x in ns],
-                         "power_w": float(np.median([s[1] for s in late])) if late else None,
-                         "sm_mhz": float(np.median([s[2] for s in late if s[2]])) if late else None}  # fmt: skip
-            if progress:
-                progress(i + 1)
+            return {"items": [it[0] if it[0] == "sleep" else mg.op[it[1]] for it in cycle],
+                    "ns": [float(np.median(x)) for x in ns],
+                    "power_w": float(np.median([s[1] for s in late])) if late else None,
+                    "sm_mhz": float(np.median([s[2] for s in late if s[2]])) if late else None}  # fmt: skip
+
+        reps: list[dict] = []
+        for k in range(POWER_REPEATS):  # rounds of every loop: a slow round weighs on none alone
+            reps.append({})
+            for i, (name, cycle) in enumerate(loops.items()):
+                reps[-1][name] = loop(name, cycle)
+                if progress:
+                    progress(k * len(loops) + i + 1)
+        for name in loops:
+            out[name] = _median_loop([r[name] for r in reps])
     out["full_ns"] = full
     out["flops"] = {"gemm": float(mg.flops[gemm]), "attention": float(mg.flops[attn])}
     out["shapes"] = {n: "x".join(map(str, mg.shape[v])) for n, v in (("gemm", gemm), ("attention", attn),
                                                                       ("memory", mem))}  # fmt: skip
     out["limit_w"] = nv.limit_watts() if nv and nv.ok else None
     out["idle_w"] = float(np.median([w for w in idle if w])) if idle and any(idle) else None
+    common = {k: out[k] for k in ("full_ns", "limit_w", "idle_w")}
+    out["repeat_fields"] = [power_fields(common | r) for r in reps]  # each round alone: the fields' spread
     out |= power_fields(out)
-    log(f"power: {json.dumps({k: out[k] for k in POWER_FIELDS if k in out})}")
+    log(f"power: {json.dumps({k: out[k] for k in POWER_FIELDS if k in out})}; each round alone: "
+        + ", ".join(f"{k} {'/'.join(str(r.get(k)) for r in out['repeat_fields'])}" for k in POWER_FIELDS))
     return out
+
+
+def _median_loop(rounds: list[dict]) -> dict:
+    """One loop's figures over its rounds (``measure_power``): each item's median time, the median power and
+    clock; every round's times kept (``rounds_ns``)."""
+    med = lambda xs: float(np.median(xs)) if xs else None  # noqa: E731
+    return {"items": rounds[0]["items"], "ns": [float(x) for x in np.median([r["ns"] for r in rounds], axis=0)],
+            "power_w": med([r["power_w"] for r in rounds if r["power_w"] is not None]),
+            "sm_mhz": med([r["sm_mhz"] for r in rounds if r["sm_mhz"] is not None]),
+            "rounds_ns": [r["ns"] for r in rounds]}  # fmt: skip
 
 
 POWER_FIELDS = ("power_slow_gemm", "power_slow_attn", "power_slow_memory", "power_memory_weight",

@@ -380,3 +380,25 @@ def test_host_spread_is_the_pooled_spread_of_per_run_issue_times():
         host_start_ns = np.array([1000, 1000, 0, 1000])
 
     assert run_issue_ns(mg, R) == 6000  # kernels issued: 4000, 6000, 8000
+
+
+def test_power_loops_keep_each_items_median_round():
+    from turnip.calibrate import _median_loop, power_fields
+
+    rounds = [{"items": ["einsum", "sdpa"], "ns": [1.0e6, 5.0e6], "power_w": 690.0, "sm_mhz": 1400.0},
+              {"items": ["einsum", "sdpa"], "ns": [1.1e6, 4.0e6], "power_w": None, "sm_mhz": 1500.0},
+              {"items": ["einsum", "sdpa"], "ns": [0.9e6, 4.5e6], "power_w": 700.0, "sm_mhz": 1300.0}]  # fmt: skip
+    m = _median_loop(rounds)
+    assert m["items"] == ["einsum", "sdpa"] and m["ns"] == [1.0e6, 4.5e6]  # per item, not one round's
+    assert m["power_w"] == 695.0 and m["sm_mhz"] == 1400.0  # rounds without a reading left out
+    assert m["rounds_ns"] == [r["ns"] for r in rounds]
+    # a loop document of median rounds gives the fields power_fields reads, as one round does
+    one = {"full_ns": {"gemm": 0.8e6, "attention": 4e6, "memory": 2e5}, "limit_w": 700.0, "idle_w": 140.0,
+           "gemm": _median_loop([{"items": ["einsum"], "ns": [x], "power_w": 700.0, "sm_mhz": 1300.0}
+                                 for x in (0.95e6, 0.96e6, 1.10e6)]),
+           "memory": {"items": ["silu_mul"], "ns": [2e5], "power_w": 630.0},
+           "mix_attention": {"items": ["einsum", "einsum", "sdpa"], "ns": [0.9e6, 0.9e6, 4.6e6]},
+           "mix_memory": {"items": ["einsum", "einsum", "silu_mul", "silu_mul"], "ns": [0.9e6, 0.9e6, 2e5, 2e5]},
+           "sleep_short": {"items": ["einsum", "sleep"], "ns": [0.88e6, 0.3e6]},
+           "sleep_long": {"items": ["einsum", "sleep"], "ns": [0.8e6, 0.6e6]}}  # fmt: skip
+    assert power_fields(one)["power_slow_gemm"] == pytest.approx(0.96 / 0.8)  # the median round's GEMM
