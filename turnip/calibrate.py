@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import platform
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -421,7 +422,9 @@ def measure_power(progress=None, log=print) -> dict:
 
         def enqueue(item) -> None:
             if item[0] == "sleep":
-                nap[1, 1, stream](item[1])
+                with warnings.catch_warnings():  # one thread on purpose: numba's low-occupancy warning is noise
+                    warnings.simplefilter("ignore")
+                    nap[1, 1, stream](item[1])
             else:
                 be.submit(Launch(item[1], 0, 0))
 
