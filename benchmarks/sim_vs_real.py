@@ -20,7 +20,11 @@ Two steps, so the model can be revised without the GPU:
         --profile turnip/machine/profiles/h100-calibrated.json --out benchmarks/results/sim_vs_real_h100
 
 Per cell: measured and predicted mean time, error, run-to-run spread (coefficient of variation) measured
-and predicted, and the nondet/det and nondet/det-kernels ratios measured and predicted.
+and predicted, and the nondet/det and nondet/det-kernels ratios measured and predicted; for grids measured
+from 2026-11-25 on, the host's speed too (each run's median kernel issue time, ``issue_us``, against the
+simulated runs'), and with ``compare --at-host-time`` each run predicted at its own host time (``host_ms``:
+the simulated run's host costs scaled until its host thread is as busy as the measured run's), which takes the
+host CPU's speed, the one thing a profile cannot know in advance, out of the error.
 
 Where a cell misses, ``measure --traces DIR`` also records one run per cell and policy with start events
 (the plan loaded again with them, after the timed runs: they cost the host a driver call per vertex) as a
@@ -77,11 +81,12 @@ def measure(a) -> int:
         with open_backend("cuda", mg, 5) as be:
             write_streaming(be, tg, iter_random_inputs(tg, seed=0))
             for pol, runs in _timed_runs(a, mg, be).items():
-                ms, issue = zip(*runs, strict=True)
+                ms, issue, host = zip(*runs, strict=True)
                 rows.append({"seq": seq, "budget": budget, "policy": pol, "gpus": a.gpus, "model": a.model,
                              "vertices": mg.n, "times_ms": json.dumps([round(x, 3) for x in ms]),
                              "mean_ms": float(np.mean(ms)),
-                             "issue_us": json.dumps([round(x, 2) for x in issue])})  # fmt: skip
+                             "issue_us": json.dumps([round(x, 2) for x in issue]),
+                             "host_ms": json.dumps([round(x, 3) for x in host])})  # fmt: skip
                 print(json.dumps(rows[-1]), flush=True)
         if a.traces:
             _record_traces(a, tg, mg, seq, budget)
@@ -93,9 +98,11 @@ def measure(a) -> int:
     return 0
 
 
-def _timed_runs(a, mg, be) -> dict[str, list[tuple[float, float]]]:
-    """{policy: (makespan ms, median kernel issue us) of each of its ``--repeat`` timed runs}; the issue time
-    is the run's host speed (``turnip.calibrate.run_issue_ns``). Interleaved (the default): every policy's
+def _timed_runs(a, mg, be) -> dict[str, list[tuple[float, float, float]]]:
+    """{policy: (makespan ms, median kernel issue us, host ms) of each of its ``--repeat`` timed runs}: the
+    issue time is the run's host speed (``turnip.calibrate.run_issue_ns``), the host time its host thread's
+    busy time (issuing and handling completions, ``RunResult.host_cost_ns``). Interleaved (the default): every
+    policy's
     warm-up (``_warm_up``), then rounds of one run per policy, so that a drift of the host's or the GPU's speed
     during the cell weighs on every policy alike; ``--sequential``: each policy's warm-up and runs in turn (the
     grids measured before 2026-11-25)."""
@@ -104,7 +111,7 @@ def _timed_runs(a, mg, be) -> dict[str, list[tuple[float, float]]]:
 
     def run(pol, r, order):
         x = execute(mg, be, pol, 5, seed=r, order=order)
-        return x.makespan_ns / 1e6, run_issue_ns(mg, x) / 1e3
+        return x.makespan_ns / 1e6, run_issue_ns(mg, x) / 1e3, float(x.host_cost_ns().sum()) / 1e6
 
     if a.sequential:
         out = {}
@@ -187,6 +194,9 @@ def compare(a) -> int:
     real = pd.read_csv(a.measured)
     real = real[real.policy != "-"]
     has_issue = "issue_us" in real.columns  # grids measured from 2026-11-25 on
+    if a.at_host_time and "host_ms" not in real.columns:
+        raise SystemExit(f"{a.measured}: no host_ms column (each run's host time); --at-host-time needs a grid "
+                         "measured from 2026-11-25 on")  # fmt: skip
     out, overlays = [], []
     for (seq, budget), cell in real.groupby(["seq", "budget"], sort=False):
         _tg, mg = plan(int(seq), str(budget), cell.model.iloc[0], int(cell.gpus.iloc[0]))
@@ -207,6 +217,8 @@ def compare(a) -> int:
                 sim_issue = float(np.median([run_issue_ns(mg, x) for x in runs])) / 1e3
                 meas_issue = float(np.median(json.loads(r.issue_us)))
                 out[-1] |= {"measured_issue_us": meas_issue, "predicted_issue_us": sim_issue}
+            if a.at_host_time:
+                out[-1] |= _at_host_time(mg, prof, tm, r.policy, o, meas, np.array(json.loads(r.host_ms)))
         if a.traces:
             overlays += _overlays(a, mg, prof, tm, int(seq), str(budget), int(cell.gpus.iloc[0]),
                                   list(cell.policy), order)  # fmt: skip
@@ -244,12 +256,44 @@ def compare(a) -> int:
     lines += ["", f"Cells within ±5%: {(err <= 0.05).sum()} of {len(d)}; mean |error| {err.mean():.1%}, "
               f"worst {d.error.iloc[err.argmax()]:+.1%} ({d.seq.iloc[err.argmax()]}:{d.budget.iloc[err.argmax()]} "
               f"{d.policy.iloc[err.argmax()]})."]  # fmt: skip
+    if a.at_host_time:
+        lines += ["", "At each run's own host time (every host cost of a simulated run scaled until its host thread "
+                  "is busy as long as the measured run's was):", "",
+                  "| seq | budget | policy | host ms measured | predicted ms at it | error |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r.seq} | {r.budget} | {r.policy} | {r.measured_host_ms:.2f} | {r.predicted_at_host_ms:.1f} | "
+                  f"{r.error_at_host:+.1%} |" for _, r in d.iterrows()]  # fmt: skip
+        eh = d.error_at_host.abs()
+        lines += ["", f"At the runs' own host time: cells within ±5%: {(eh <= 0.05).sum()} of {len(d)}; mean |error| "
+                  f"{eh.mean():.1%}."]  # fmt: skip
     if overlays:
         lines += ["", "Overlays of a simulated run on the recorded traces (real against simulated, per resource):", ""]
         lines += [f"- {x}" for x in overlays]
     Path(f"{a.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def _sim_host_ns(res, tm, host: float) -> float:
+    """A simulated run's host thread busy time (ns): issue time plus completion handling of every vertex it
+    issued, at host speed factor ``host``."""
+    from turnip.machine.costs import host_costs
+
+    sent = res.issue_ns > 0
+    return float((res.issue_ns - res.host_start_ns)[sent].sum() + host_costs(tm, host)[1] * sent.sum())
+
+
+def _at_host_time(mg, prof, tm, policy: str, order, meas: np.ndarray, host_ms: np.ndarray) -> dict:
+    """Each measured run predicted at its own host time: one simulated run per measured one (seed = its index)
+    at the host speed factor that makes the simulated host thread as busy as the measured run's (busy time is
+    linear in the factor: read off a run at factor 1)."""
+    from sim.engine import simulate
+
+    one = _sim_host_ns(simulate(mg, prof, policy, seed=0, mean_only=True, tm=tm, order=order, host=1.0), tm, 1.0)
+    pred = np.array([simulate(mg, prof, policy, seed=i, tm=tm, order=order, host=max(h * 1e6 / one, 1e-3)).makespan_ns
+                     for i, h in enumerate(host_ms)]) / 1e6  # fmt: skip
+    return {"measured_host_ms": float(host_ms.mean()), "predicted_at_host_ms": float(pred.mean()),
+            "error_at_host": float(pred.mean() / meas.mean() - 1)}  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -279,6 +323,9 @@ def main(argv=None) -> int:
     c.add_argument("--out", required=True)
     c.add_argument("--traces", metavar="DIR", help="overlay a simulated run on each trace `measure --traces` recorded "
                    "in DIR (DIR/overlay-<cell>/)")
+    c.add_argument("--at-host-time", action="store_true",
+                   help="also predict each measured run at its own host time (host_ms: the simulated run's host costs "
+                        "scaled until its host thread is as busy), apart from the host's speed")
     a = ap.parse_args(argv)
     return measure(a) if a.cmd == "measure" else compare(a)
 

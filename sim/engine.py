@@ -80,10 +80,14 @@ class Simulation:
         tm: TimingModel | None = None,
         order=None,
         power_level: list[float] | None = None,
+        host: float | None = None,
     ):
         """``order``: the recorded issue order ``det-replay`` replays (``turnip.sched.replay``);
         ``power_level``: each GPU's power bucket at the start (ns; None: empty; ``simulate`` starts a run in
-        the steady state of runs back to back)."""
+        the steady state of runs back to back); ``host``: the run's host speed factor (every host cost times
+        it) in place of the one drawn from ``host_excess_sd``."""
+        if host is not None and not host > 0:
+            raise ValueError(f"host speed factor must be > 0, got {host}")
         if mg.n_gpus > prof.n_gpus:
             raise ValueError(f"plan uses {mg.n_gpus} GPUs; profile {prof.name!r} has {prof.n_gpus}")
         import simpy
@@ -100,8 +104,8 @@ class Simulation:
         self.src = mg.src_gpu.tolist()
         self.kernel_ns = tm.kernel_ns.tolist()
         self.overlap = tm.overlap.tolist()
-        self.host_factor = d.host  # this run's host speed: every host cost scaled by it
-        launch, self.handle_ns, self.completion_ns, self.poll_ns = host_costs(tm, d.host)
+        self.host_factor = d.host if host is None else float(host)  # this run's host speed: every host cost x it
+        launch, self.handle_ns, self.completion_ns, self.poll_ns = host_costs(tm, self.host_factor)
         self.limited = power_limited(prof)
         self.clock = self.limited and prof.power_slow_gemm > 0.0  # the shared-clock model
         self.power_cap = 0.0
@@ -383,20 +387,23 @@ def simulate(
     tm: TimingModel | None = None,
     order=None,
     power_full: bool = False,
+    host: float | None = None,
 ) -> SimResult:
     """Simulate one run. Same arguments → same result. ``det-replay`` needs ``order`` (``fastest_run``).
+    ``host``: the run's host speed factor (every host cost times it; a host twice as slow: 2), in place of
+    the one drawn from the profile's ``host_excess_sd``.
     Under a power limit the run starts where runs back to back (``prof.run_gap_ns`` apart) leave the power
     bucket: from a first guess (``_steady_guess``) the run is repeated from where the last left it until the
     start level settles (``STEADY_TOL``; ``STEADY_PASSES`` at most; a run no kernel of which was slowed and
     that leaves every bucket fuller is settled: more would change nothing); ``power_full``: the GPUs start
     rested instead (their bucket full)."""
     if not power_limited(prof):
-        return Simulation(mg, prof, policy, seed, mean_only, tm, order).run()
+        return Simulation(mg, prof, policy, seed, mean_only, tm, order, host=host).run()
     tm = tm or TimingModel(mg, prof)
     level = [power_model(mg, prof, tm).cap] * mg.n_gpus if power_full else _steady_guess(mg, prof, tm)
     wall = 0.0
     for _ in range(STEADY_PASSES):
-        s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level)
+        s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level, host)
         res = s.run()
         wall += res.wall_s
         nxt = s.end_levels(prof.run_gap_ns)
@@ -417,14 +424,15 @@ def fastest_run(
     tm: TimingModel | None = None,
     policy: str = "nondet",
     progress=None,
+    host: float | None = None,
 ) -> SimResult:
     """The fastest of ``policy`` runs over ``seeds`` (the first on ties). Its ``order`` is the ``det-replay``
     baseline: the best order nondet found, replayed fixed (``simulate(..., order=r.order)``). ``progress``:
-    called with the number of runs done."""
+    called with the number of runs done; ``host``: as ``simulate``'s."""
     tm = tm or TimingModel(mg, prof)
     best = None
     for i, s in enumerate(seeds, 1):
-        r = simulate(mg, prof, policy, s, mean_only, tm)
+        r = simulate(mg, prof, policy, s, mean_only, tm, host=host)
         if best is None or r.makespan_ns < best.makespan_ns:
             best = r
         if progress is not None:

@@ -75,3 +75,15 @@ def test_simulate_a_lora_training_step(tmp_path, capsys):
     assert main(["compile", "--model", "llama-tiny", "--seq", "16", "--budget", "96KiB", "-o", str(plan)]) == 0
     assert main(["simulate", str(plan), "--train", "lora"]) == 2  # a compiled plan: compile it with --train
     assert "compiled plan" in capsys.readouterr().err
+
+
+def test_simulate_with_a_slower_host(tmp_path, capsys):
+    argv = ["simulate", "llama-tiny:64:1:1MiB", "--runs", "2", "--mean-only", "--profile", "h100-calibrated"]
+    ms = {}
+    for f in (None, "3"):
+        csv = tmp_path / f"runs{f}.csv"
+        assert main([*argv, "--csv", str(csv)] + (["--host-factor", f] if f else [])) == 0
+        out = capsys.readouterr().out
+        assert ("host costs x 3" in out) == (f is not None)
+        ms[f] = int(csv.read_text().splitlines()[1].split(",")[1])
+    assert ms["3"] > 1.5 * ms[None]  # a tiny plan is host-bound: three times the host costs, much longer runs

@@ -108,6 +108,8 @@ BAD = [
     "simulate plan.tplan --profile badvalue.toml --csv x.csv",
     "simulate plan.tplan --trace /nonexist/t.json",
     "simulate plan.tplan --csv /nonexist/t.csv",
+    "simulate plan.tplan --host-factor 0 --csv x.csv",
+    "simulate plan.tplan --host-factor slow --csv x.csv",
     # ablate
     "ablate --config missing.toml --out rep",
     "ablate --config broken.toml --out rep",

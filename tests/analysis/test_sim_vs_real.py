@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +66,8 @@ def _fake_execute(calls):
         ms = {200: 30.0, 201: 20.0, 202: 25.0}.get(seed, 10.0 + len(calls)) if record_order else 10.0 + len(calls)
         issue = np.array([1000, 1000 + 1000 * len(calls), 900_000], dtype=np.int64)  # the kernels' median: 2nd
         return SimpleNamespace(makespan_ns=int(ms * 1e6), order=[f"rec{seed}"] if record_order else [],
-                               issue_ns=issue, host_start_ns=np.zeros(3, dtype=np.int64))
+                               issue_ns=issue, host_start_ns=np.zeros(3, dtype=np.int64),
+                               host_cost_ns=lambda: np.array([1_000_000, 500_000 * len(calls)]))
 
     return execute
 
@@ -95,6 +97,37 @@ def test_timed_runs_interleave_policies_after_every_warm_up(monkeypatch):
             assert all(s not in (0, 1, 2) for _, s, _ in calls[:first_timed])
         # det-replay replays the fastest recorded nondet run's order, in its warm-up and timed runs
         assert {str(o) for p, _, o in calls if p == "det-replay"} == {"['rec201']"}
-        # the makespans and kernel issue times (us) returned are those of the timed runs, in round order
+        # the makespans, kernel issue times (us) and host times (ms) returned are the timed runs', in round order
         idx = {p: [i for i, (q, s, _) in enumerate(calls) if q == p and s in (0, 1, 2)] for p in pols}
-        assert out == {p: [(10.0 + i + 1, 1.0 + i + 1) for i in idx[p]] for p in pols}
+        assert out == {p: [(10.0 + i + 1, 1.0 + i + 1, 1.0 + 0.5 * (i + 1)) for i in idx[p]] for p in pols}
+
+
+def test_compare_at_the_runs_own_host_time_takes_the_host_out_of_the_error(tmp_path):
+    """Stand-in runs with a host 1.8 times slower than the profile's: the plain prediction misses them, the
+    prediction at each run's own host time (the simulated host as busy as the run's) finds them again."""
+    from sim.engine import simulate
+    from sim.timing import TimingModel
+    from turnip.machine.profile import load_profile
+
+    svr = _bench()
+    _tg, mg = svr.plan(1024, "none")
+    prof = load_profile("h100-calibrated")
+    tm = TimingModel(mg, prof)
+    runs = [simulate(mg, prof, "nondet", seed=i, tm=tm, host=1.8) for i in range(2)]
+    host_ms = [svr._sim_host_ns(r, tm, 1.8) / 1e6 for r in runs]
+    grid = tmp_path / "grid.csv"
+    pd.DataFrame([{"seq": 1024, "budget": "none", "policy": "nondet", "gpus": 1, "model": "llama-7b",
+                   "vertices": mg.n, "times_ms": json.dumps([r.makespan_ns / 1e6 for r in runs]), "mean_ms": 0.0,
+                   "issue_us": json.dumps([9.0, 9.0]), "host_ms": json.dumps(host_ms)}]
+                 ).to_csv(grid, index=False)  # fmt: skip
+    out = tmp_path / "cmp"
+    assert svr.main(["compare", str(grid), "--profile", "h100-calibrated", "--runs", "2", "--out", str(out),
+                     "--at-host-time"]) == 0  # fmt: skip
+    d = pd.read_csv(f"{out}.csv").iloc[0]
+    assert d.error < -0.08  # the profile's host is faster than these runs'
+    assert abs(d.error_at_host) < 0.01 and d.measured_host_ms == np.mean(host_ms)
+    assert "At the runs' own host time: cells within ±5%: 1 of 1" in Path(f"{out}.md").read_text()
+    # a grid without host times cannot be compared so
+    pd.read_csv(grid).drop(columns=["host_ms"]).to_csv(grid, index=False)
+    with pytest.raises(SystemExit, match="no host_ms column"):
+        svr.main(["compare", str(grid), "--profile", "h100-calibrated", "--out", str(out), "--at-host-time"])

@@ -402,3 +402,18 @@ def test_power_loops_keep_each_items_median_round():
            "sleep_short": {"items": ["einsum", "sleep"], "ns": [0.88e6, 0.3e6]},
            "sleep_long": {"items": ["einsum", "sleep"], "ns": [0.8e6, 0.6e6]}}  # fmt: skip
     assert power_fields(one)["power_slow_gemm"] == pytest.approx(0.96 / 0.8)  # the median round's GEMM
+
+
+def test_a_given_host_factor_replaces_the_drawn_one():
+    """``simulate(..., host=F)``: every host cost of the run times F, whatever ``host_excess_sd`` would draw."""
+    mg = chain(40, flops=1e8)
+    slowhost = QUIET.replace(handle_ns=3000, completion_per_inflight_ns=500)
+    noisy = slowhost.replace(host_excess_sd=0.3)
+    one = simulate(mg, slowhost, seed=2)
+    assert simulate(mg, noisy, seed=2, host=1.0).makespan_ns == one.makespan_ns  # the draw overridden
+    two = simulate(mg, noisy, seed=2, host=2.0)
+    issue = lambda r: (r.issue_ns - r.host_start_ns)[r.issue_ns > 0]  # noqa: E731
+    assert np.array_equal(issue(two), 2 * issue(one))
+    assert two.makespan_ns > 1.5 * one.makespan_ns and two.makespan_ns >= two.lower_bound_ns > one.lower_bound_ns
+    with pytest.raises(ValueError, match="host speed factor"):
+        simulate(mg, slowhost, host=0.0)

@@ -37,6 +37,9 @@ def register(sub) -> None:
     s.add_argument("--profile", default="h100", help="machine profile: preset name or .toml/.json file")
     s.add_argument("--force", action="store_true", help="compile MODEL:SEQ:GPUS:BUDGET even when it is very large")
     s.add_argument("--mean-only", action="store_true", help="no timing variance: every duration at its mean")
+    s.add_argument("--host-factor", type=ck.float_in(0.0, lo_open=True), metavar="F",
+                   help="every host cost (issue, completion handling, polling) times F in every run: a host F times "
+                        "slower than the profile's (default: each run's drawn from the profile's host_excess_sd)")
     s.add_argument("--trace", metavar="OUT.json", help="write the first run as a Chrome/Perfetto trace")
     s.add_argument("--csv", metavar="OUT.csv", help="write one row per run")
     ck.add_train_flags(s)  # for MODEL:SEQ:GPUS:BUDGET: a LoRA training step, SEQ tokens per sequence
@@ -155,14 +158,15 @@ def cmd_simulate(a) -> int:
 
         n_rec = a.record_runs or a.runs
         with Progress(n_rec, "simulate: record nondet orders") as bar:
-            best = fastest_run(mg, prof, range(a.seed, a.seed + n_rec), a.mean_only, tm, progress=bar.update)
+            best = fastest_run(mg, prof, range(a.seed, a.seed + n_rec), a.mean_only, tm, progress=bar.update,
+                               host=a.host_factor)  # fmt: skip
         order = best.order
         replayed = (f"replaying the issue order of nondet seed {best.seed} ({best.makespan_ns / 1e6:.3f} ms, the "
                     f"fastest of {n_rec} nondet runs)")  # fmt: skip
     rows = []
     with Progress(a.runs, "simulate") as bar:
         for i in range(a.runs):
-            r = simulate(mg, prof, a.policy, a.seed + i, a.mean_only, tm, order)
+            r = simulate(mg, prof, a.policy, a.seed + i, a.mean_only, tm, order, host=a.host_factor)
             if i == 0 and a.trace:
                 r.trace(mg, meta).write_chrome(a.trace)
             rows.append({"seed": r.seed, "makespan_ns": r.makespan_ns, "lower_bound_ns": r.lower_bound_ns,
@@ -173,7 +177,8 @@ def cmd_simulate(a) -> int:
     wall = sum(x["wall_s"] for x in rows)
     rate = f"{mg.n * len(rows) / wall:,.0f}" if wall > 0 else "-"
     step = f", one LoRA training step of {meta['batch']} x {meta['seq']} tokens" if "batch" in meta else ""
-    print(f"{mg.n} vertices{step}, {mg.n_gpus} GPU(s), policy {a.policy}, profile {prof.name}, {a.runs} run(s)")
+    host = f", host costs x {a.host_factor:g}" if a.host_factor is not None else ""
+    print(f"{mg.n} vertices{step}, {mg.n_gpus} GPU(s), policy {a.policy}, profile {prof.name}{host}, {a.runs} run(s)")
     if replayed:
         print(replayed)
     print(f"makespan  mean {ms.mean():.3f} ms  sd {ms.std():.3f}  min {ms.min():.3f}  max {ms.max():.3f}")
