@@ -3,13 +3,13 @@
 Grid: LLaMA-7B shapes (all 32 layers, fp16, random weights), prompt {1K, 4K, 8K, 16K, 32K} x budget
 {none, 6 GiB, 1 GiB} x policy {nondet, det, det-kernels, det-replay} on one GPU (det-replay: the issue
 order of the fastest of three recorded nondet runs, replayed fixed; the simulator records its own so),
-default tiles, ``--resident auto`` (``none``: every weight resident in a 40 GiB arena). Each policy first
-runs at least ``--heat`` seconds of warm-up runs back to back (the steady state of the GPU's clocks under
-its power limit, which the simulator predicts); then the policies' timed runs take turns, one run of each
-per round, so a drift of the host's speed within the cell (seen on the H100s: tens of percent over seconds)
-does not land on one policy (``--sequential``: each policy's runs in one block, as grids before 2026-11-25
-were measured). ``turnip calibrate`` runs one- and two-layer plans at other prompt lengths and tile sizes,
-never these.
+default tiles, ``--resident auto`` (``none``: every weight resident in a 40 GiB arena). First, warm-up
+rounds (one run of every policy each) back to back for at least ``--heat`` seconds (the steady state of the
+GPU's clocks under its power limit, which the simulator predicts); then the timed rounds, one run of each
+policy per round, so a drift of the host's speed within the cell (seen on the H100s: tens of percent over
+seconds) does not land on one policy (``--sequential``: each policy's warm-up and runs in one block, as grids
+before 2026-11-25 were measured). ``turnip calibrate`` runs one- and two-layer plans at other prompt lengths
+and tile sizes, never these.
 
 Two steps, so the model can be revised without the GPU:
 
@@ -101,11 +101,10 @@ def measure(a) -> int:
 def _timed_runs(a, mg, be) -> dict[str, list[tuple[float, float, float]]]:
     """{policy: (makespan ms, median kernel issue us, host ms) of each of its ``--repeat`` timed runs}: the
     issue time is the run's host speed (``turnip.calibrate.run_issue_ns``), the host time its host thread's
-    busy time (issuing and handling completions, ``RunResult.host_cost_ns``). Interleaved (the default): every
-    policy's
-    warm-up (``_warm_up``), then rounds of one run per policy, so that a drift of the host's or the GPU's speed
-    during the cell weighs on every policy alike; ``--sequential``: each policy's warm-up and runs in turn (the
-    grids measured before 2026-11-25)."""
+    issue and completion-handling time (``RunResult.host_cost_ns``). Interleaved (the default): det-replay's
+    order recorded, warm-up rounds of every policy (``_warm_up``), then timed rounds of one run per policy, so
+    that a drift of the host's or the GPU's speed during the cell weighs on every policy alike;
+    ``--sequential``: each policy's warm-up and runs in turn (the grids measured before 2026-11-25)."""
     from turnip.calibrate import run_issue_ns
     from turnip.runtime import execute
 
@@ -113,35 +112,44 @@ def _timed_runs(a, mg, be) -> dict[str, list[tuple[float, float, float]]]:
         x = execute(mg, be, pol, 5, seed=r, order=order)
         return x.makespan_ns / 1e6, run_issue_ns(mg, x) / 1e3, float(x.host_cost_ns().sum()) / 1e6
 
+    orders: dict = {}
     if a.sequential:
         out = {}
         for pol in a.policies:
-            order = _warm_up(a, mg, be, pol)
-            out[pol] = [run(pol, r, order) for r in range(a.repeat)]
+            if pol == "det-replay":
+                orders[pol] = _record_order(mg, be)
+            _warm_up(a, mg, be, [pol], orders)
+            out[pol] = [run(pol, r, orders.get(pol)) for r in range(a.repeat)]
         return out
-    orders = {pol: _warm_up(a, mg, be, pol) for pol in a.policies}
+    if "det-replay" in a.policies:
+        orders["det-replay"] = _record_order(mg, be)
+    _warm_up(a, mg, be, a.policies, orders)
     out = {pol: [] for pol in a.policies}
     for r in range(a.repeat):
         for pol in a.policies:
-            out[pol].append(run(pol, r, orders[pol]))
+            out[pol].append(run(pol, r, orders.get(pol)))
     return out
 
 
-def _warm_up(a, mg, be, pol: str):
-    """Before a policy's timed runs: for det-replay the order of the fastest of RECORD_RUNS nondet runs (returned,
-    to be replayed fixed; None for the other policies), then warm-up runs back to back, at least ``--warmup`` of
-    them and ``--heat`` seconds (the GPU's clocks reach where runs back to back keep them)."""
+def _record_order(mg, be):
+    """det-replay's order: that of the fastest of RECORD_RUNS recorded nondet runs, to be replayed fixed."""
     from turnip.runtime import execute
 
-    order = None
-    if pol == "det-replay":
-        rec = [execute(mg, be, "nondet", 5, seed=200 + r, record_order=True) for r in range(RECORD_RUNS)]
-        order = min(rec, key=lambda r: r.makespan_ns).order
+    rec = [execute(mg, be, "nondet", 5, seed=200 + r, record_order=True) for r in range(RECORD_RUNS)]
+    return min(rec, key=lambda r: r.makespan_ns).order
+
+
+def _warm_up(a, mg, be, policies: list[str], orders: dict) -> None:
+    """Warm-up rounds, one run of each of ``policies`` per round, back to back: at least ``--warmup`` rounds
+    and ``--heat`` seconds, so the timed runs, taken in the same rounds, find the GPU's clocks where such runs
+    keep them. ``orders``: det-replay's recorded order."""
+    from turnip.runtime import execute
+
     w, t_heat = 0, time.perf_counter()
     while w < a.warmup or time.perf_counter() - t_heat < a.heat:
-        execute(mg, be, pol, 5, seed=100 + w, order=order)
+        for pol in policies:
+            execute(mg, be, pol, 5, seed=100 + w, order=orders.get(pol))
         w += 1
-    return order
 
 
 def _trace_name(seq, budget, gpus, policy) -> str:
@@ -157,9 +165,10 @@ def _record_traces(a, tg, mg, seq: int, budget: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open_backend("cuda", mg, 5, device_start=True) as be:
         write_streaming(be, tg, iter_random_inputs(tg, seed=0))
+        orders = {"det-replay": _record_order(mg, be)} if "det-replay" in a.policies else {}
         for pol in a.policies:
-            order = _warm_up(a, mg, be, pol)
-            res = execute(mg, be, pol, 5, seed=0, order=order)
+            _warm_up(a, mg, be, [pol], orders)
+            res = execute(mg, be, pol, 5, seed=0, order=orders.get(pol))
             meta = {"seq": seq, "budget": budget, "gpus": a.gpus, "model": a.model, "start_events": True}
             res.trace(mg, meta).write_chrome(out / f"{_trace_name(seq, budget, a.gpus, pol)}.json")
 
@@ -215,10 +224,11 @@ def compare(a) -> int:
                         "predicted_cv": sims.std(ddof=1) / sims.mean() if sims.size > 1 else float("nan")})  # fmt: skip
             if has_issue:  # the host's speed: median kernel issue time, measured runs against simulated ones
                 sim_issue = float(np.median([run_issue_ns(mg, x) for x in runs])) / 1e3
-                meas_issue = float(np.median(json.loads(r.issue_us)))
+                meas_issue = float(np.median(json.loads(r.issue_us))) if isinstance(r.issue_us, str) else np.nan
                 out[-1] |= {"measured_issue_us": meas_issue, "predicted_issue_us": sim_issue}
-            if a.at_host_time:
-                out[-1] |= _at_host_time(mg, prof, tm, r.policy, o, meas, np.array(json.loads(r.host_ms)))
+            if a.at_host_time:  # rows of older grids (no host times) are left blank
+                host = np.array(json.loads(r.host_ms)) if isinstance(r.host_ms, str) else None
+                out[-1] |= _at_host_time(mg, prof, tm, r.policy, o, meas, host)
         if a.traces:
             overlays += _overlays(a, mg, prof, tm, int(seq), str(budget), int(cell.gpus.iloc[0]),
                                   list(cell.policy), order)  # fmt: skip
@@ -258,14 +268,15 @@ def compare(a) -> int:
               f"{d.policy.iloc[err.argmax()]})."]  # fmt: skip
     if a.at_host_time:
         lines += ["", "At each run's own host time (every host cost of a simulated run scaled until its host thread "
-                  "is busy as long as the measured run's was):", "",
+                  "spends as long issuing and handling completions as the measured run's did):", "",
                   "| seq | budget | policy | host ms measured | predicted ms at it | error |",
                   "|---|---|---|---|---|---|"]
         lines += [f"| {r.seq} | {r.budget} | {r.policy} | {r.measured_host_ms:.2f} | {r.predicted_at_host_ms:.1f} | "
                   f"{r.error_at_host:+.1%} |" for _, r in d.iterrows()]  # fmt: skip
-        eh = d.error_at_host.abs()
-        lines += ["", f"At the runs' own host time: cells within ±5%: {(eh <= 0.05).sum()} of {len(d)}; mean |error| "
-                  f"{eh.mean():.1%}."]  # fmt: skip
+        eh = d.error_at_host.abs().dropna()
+        blank = f" ({len(d) - len(eh)} cells without host times)" if len(eh) < len(d) else ""
+        lines += ["", f"At the runs' own host time: cells within ±5%: {(eh <= 0.05).sum()} of {len(eh)}; mean |error| "
+                  f"{eh.mean():.1%}{blank}."]  # fmt: skip
     if overlays:
         lines += ["", "Overlays of a simulated run on the recorded traces (real against simulated, per resource):", ""]
         lines += [f"- {x}" for x in overlays]
@@ -274,22 +285,16 @@ def compare(a) -> int:
     return 0
 
 
-def _sim_host_ns(res, tm, host: float) -> float:
-    """A simulated run's host thread busy time (ns): issue time plus completion handling of every vertex it
-    issued, at host speed factor ``host``."""
-    from turnip.machine.costs import host_costs
-
-    sent = res.issue_ns > 0
-    return float((res.issue_ns - res.host_start_ns)[sent].sum() + host_costs(tm, host)[1] * sent.sum())
-
-
-def _at_host_time(mg, prof, tm, policy: str, order, meas: np.ndarray, host_ms: np.ndarray) -> dict:
+def _at_host_time(mg, prof, tm, policy: str, order, meas: np.ndarray, host_ms: np.ndarray | None) -> dict:
     """Each measured run predicted at its own host time: one simulated run per measured one (seed = its index)
-    at the host speed factor that makes the simulated host thread as busy as the measured run's (busy time is
-    linear in the factor: read off a run at factor 1)."""
+    at the host speed factor that gives the simulated host thread as much issue and completion-handling time as
+    the measured run's (``turnip.machine.costs.host_busy_ns``: linear in the factor). NaN without host times."""
     from sim.engine import simulate
+    from turnip.machine.costs import host_busy_ns
 
-    one = _sim_host_ns(simulate(mg, prof, policy, seed=0, mean_only=True, tm=tm, order=order, host=1.0), tm, 1.0)
+    if host_ms is None or len(host_ms) != len(meas):
+        return {"measured_host_ms": np.nan, "predicted_at_host_ms": np.nan, "error_at_host": np.nan}
+    one = host_busy_ns(tm, 1.0)
     pred = np.array([simulate(mg, prof, policy, seed=i, tm=tm, order=order, host=max(h * 1e6 / one, 1e-3)).makespan_ns
                      for i, h in enumerate(host_ms)]) / 1e6  # fmt: skip
     return {"measured_host_ms": float(host_ms.mean()), "predicted_at_host_ms": float(pred.mean()),
@@ -305,11 +310,11 @@ def main(argv=None) -> int:
     m.add_argument("--policies", nargs="+", default=list(POLICIES))
     m.add_argument("--model", default="llama-7b")
     m.add_argument("--gpus", type=int, default=1)
-    m.add_argument("--warmup", type=int, default=1, help="warm-up runs per policy (at least)")
+    m.add_argument("--warmup", type=int, default=1, help="warm-up rounds (at least; one run of every policy each)")
     m.add_argument("--heat", type=float, default=1.0,
-                   help="seconds of warm-up runs per policy (at least): the timed runs find the GPU's clocks where "
-                        "runs back to back keep them (its power limit), as the simulator assumes")
-    m.add_argument("--repeat", type=int, default=3)
+                   help="seconds of warm-up rounds (at least; per policy with --sequential): the timed runs find the "
+                        "GPU's clocks where runs back to back keep them (its power limit), as the simulator assumes")
+    m.add_argument("--repeat", type=int, default=3, help="timed runs per cell and policy (at least 1)")
     m.add_argument("--sequential", action="store_true",
                    help="time each policy's runs in one block after its warm-up, not interleaved with the other "
                         "policies' (how grids before 2026-11-25 were measured)")
@@ -325,8 +330,10 @@ def main(argv=None) -> int:
                    "in DIR (DIR/overlay-<cell>/)")
     c.add_argument("--at-host-time", action="store_true",
                    help="also predict each measured run at its own host time (host_ms: the simulated run's host costs "
-                        "scaled until its host thread is as busy), apart from the host's speed")
+                        "scaled until it spends as long issuing and handling completions), apart from the host's speed")
     a = ap.parse_args(argv)
+    if a.cmd == "measure" and a.repeat < 1:
+        ap.error("--repeat must be at least 1")
     return measure(a) if a.cmd == "measure" else compare(a)
 
 

@@ -85,5 +85,7 @@ def test_simulate_with_a_slower_host(tmp_path, capsys):
         assert main([*argv, "--csv", str(csv)] + (["--host-factor", f] if f else [])) == 0
         out = capsys.readouterr().out
         assert ("host costs x 3" in out) == (f is not None)
-        ms[f] = int(csv.read_text().splitlines()[1].split(",")[1])
+        head, first = csv.read_text().splitlines()[:2]
+        ms[f] = int(first.split(",")[1])
+        assert ("host_factor" in head) == (f is not None)
     assert ms["3"] > 1.5 * ms[None]  # a tiny plan is host-bound: three times the host costs, much longer runs

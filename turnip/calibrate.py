@@ -19,8 +19,9 @@ Measurements, all through the code a real run uses:
   while the other direction streams, timed with events on their own streams.
 - **power** (``measure_power``): the largest GEMM, attention and memory-bound kernels back to back on one
   stream, alone and mixed, and a GEMM with a sleeping kernel, each for POWER_LOOP_S after a rest, in
-  POWER_REPEATS rounds (each loop's median round kept), with NVML power readings: how the clock the power
-  limit sets slows each class, and what each draws (the shared-clock fields of ``MachineProfile``).
+  POWER_REPEATS rounds (each kernel's time, the power and the clock: their median over the rounds), with NVML
+  power readings: how the clock the power limit sets slows each class, and what each draws (the shared-clock
+  fields of ``MachineProfile``).
 - **GPU-wide effects**: each plan's makespans back to back on every stream slot after SUSTAIN_S seconds of
   it, and the host's idle time between two of them (``calibration.plans``, ``run_gap_ns``);
   ``sim.fit.fit_gpu_effects`` fits the concurrency factor and the flop rates GEMMs and attention sustain at
@@ -355,7 +356,7 @@ class _Nvml:
 POWER_PLAN = KernelPlan("llama-7b", 28672, {"t": 7168, "h": 32, "f": 11008})  # the largest GEMMs and attention
 POWER_LOOP_S = 2.0  # seconds of one cycle back to back: the clock settles where it holds the power limit
 POWER_TAIL_S = 0.3  # the last this many seconds of a loop are timed kernel by kernel
-POWER_REPEATS = 3  # rounds of every loop; the fields come from each loop's median round (one round alone moved
+POWER_REPEATS = 3  # rounds of every loop; each kernel's time is its median over the rounds (one round alone moved
 # power_slow_attn by 8% between two calibrations of one H100 ten minutes apart)
 
 
@@ -463,7 +464,7 @@ def measure_power(progress=None, log=print) -> dict:
                  "mix_memory": [("k", gemm), ("k", gemm), ("k", mem), ("k", mem)],
                  "sleep_short": [("k", gemm), ("sleep", int(t_g / 3))],
                  "sleep_long": [("k", gemm), ("sleep", int(2 * t_g / 3))]}  # fmt: skip
-        def loop(name: str, cycle: list) -> dict:
+        def loop(cycle: list) -> dict:
             """One loop of ``cycle`` after a rest: its items' median times over the timed tail, NVML's median
             power and SM clock over its second half."""
             rest(0.5)
@@ -501,7 +502,7 @@ def measure_power(progress=None, log=print) -> dict:
         for k in range(POWER_REPEATS):  # rounds of every loop: a slow round weighs on none alone
             reps.append({})
             for i, (name, cycle) in enumerate(loops.items()):
-                reps[-1][name] = loop(name, cycle)
+                reps[-1][name] = loop(cycle)
                 if progress:
                     progress(k * len(loops) + i + 1)
         for name in loops:

@@ -95,6 +95,7 @@ def test_timed_runs_interleave_policies_after_every_warm_up(monkeypatch):
             assert timed == [(p, s) for s in range(3) for p in pols]
             first_timed = next(i for i, (p, s, _) in enumerate(calls) if s == 0)
             assert all(s not in (0, 1, 2) for _, s, _ in calls[:first_timed])
+            assert [p for p, s, _ in calls if s == 100] == pols  # the warm-up: one round of every policy
         # det-replay replays the fastest recorded nondet run's order, in its warm-up and timed runs
         assert {str(o) for p, _, o in calls if p == "det-replay"} == {"['rec201']"}
         # the makespans, kernel issue times (us) and host times (ms) returned are the timed runs', in round order
@@ -104,29 +105,42 @@ def test_timed_runs_interleave_policies_after_every_warm_up(monkeypatch):
 
 def test_compare_at_the_runs_own_host_time_takes_the_host_out_of_the_error(tmp_path):
     """Stand-in runs with a host 1.8 times slower than the profile's: the plain prediction misses them, the
-    prediction at each run's own host time (the simulated host as busy as the run's) finds them again."""
+    prediction at each run's own host time (the simulated host as long issuing and handling) finds them again.
+    Their host time is summed as the runtime sums a real run's (``RunResult.host_cost_ns``)."""
     from sim.engine import simulate
     from sim.timing import TimingModel
+    from turnip.machine.costs import host_busy_ns
     from turnip.machine.profile import load_profile
+    from turnip.runtime.driver import RunResult
 
     svr = _bench()
     _tg, mg = svr.plan(1024, "none")
     prof = load_profile("h100-calibrated")
     tm = TimingModel(mg, prof)
-    runs = [simulate(mg, prof, "nondet", seed=i, tm=tm, host=1.8) for i in range(2)]
-    host_ms = [svr._sim_host_ns(r, tm, 1.8) / 1e6 for r in runs]
+    runs = [simulate(mg, prof, "nondet", seed=s, tm=tm, host=1.8) for s in (7, 8)]  # not the seeds compare uses
+    host_ms = []
+    for r in runs:
+        sent = ~tm.preloaded
+        handle = np.where(sent, int(prof.handle_ns * 1.8), 0)
+        real = RunResult("nondet", r.seed, "stand-in", r.makespan_ns, mg.n, 0.0, r.host_start_ns, r.issue_ns,
+                         r.start_ns, r.end_ns, r.done_ns, r.stream, handle)  # fmt: skip
+        host_ms.append(float(real.host_cost_ns().sum()) / 1e6)
+        assert host_ms[-1] == host_busy_ns(tm, 1.8) / 1e6  # the formula compare inverts
+    assert host_busy_ns(tm, 1.8) == pytest.approx(1.8 * host_busy_ns(tm, 1.0), rel=1e-4)
+    row = {"seq": 1024, "budget": "none", "policy": "nondet", "gpus": 1, "model": "llama-7b", "vertices": mg.n,
+           "times_ms": json.dumps([r.makespan_ns / 1e6 for r in runs]), "mean_ms": 0.0}  # fmt: skip
     grid = tmp_path / "grid.csv"
-    pd.DataFrame([{"seq": 1024, "budget": "none", "policy": "nondet", "gpus": 1, "model": "llama-7b",
-                   "vertices": mg.n, "times_ms": json.dumps([r.makespan_ns / 1e6 for r in runs]), "mean_ms": 0.0,
-                   "issue_us": json.dumps([9.0, 9.0]), "host_ms": json.dumps(host_ms)}]
-                 ).to_csv(grid, index=False)  # fmt: skip
+    pd.DataFrame([row | {"issue_us": json.dumps([9.0, 9.0]), "host_ms": json.dumps(host_ms)},
+                  row | {"policy": "det"}]).to_csv(grid, index=False)  # a row of an older grid: no host figures
     out = tmp_path / "cmp"
     assert svr.main(["compare", str(grid), "--profile", "h100-calibrated", "--runs", "2", "--out", str(out),
                      "--at-host-time"]) == 0  # fmt: skip
-    d = pd.read_csv(f"{out}.csv").iloc[0]
-    assert d.error < -0.08  # the profile's host is faster than these runs'
-    assert abs(d.error_at_host) < 0.01 and d.measured_host_ms == np.mean(host_ms)
-    assert "At the runs' own host time: cells within ±5%: 1 of 1" in Path(f"{out}.md").read_text()
+    d = pd.read_csv(f"{out}.csv")
+    assert d.error[0] < -0.08  # the profile's host is faster than these runs'
+    assert abs(d.error_at_host[0]) < 0.01 and d.measured_host_ms[0] == pytest.approx(np.mean(host_ms))
+    assert d.measured_issue_us[0] == 9.0 and np.isnan(d.measured_issue_us[1]) and np.isnan(d.error_at_host[1])
+    md = Path(f"{out}.md").read_text()
+    assert "At the runs' own host time: cells within ±5%: 1 of 1; mean |error|" in md and "1 cells without" in md
     # a grid without host times cannot be compared so
     pd.read_csv(grid).drop(columns=["host_ms"]).to_csv(grid, index=False)
     with pytest.raises(SystemExit, match="no host_ms column"):

@@ -392,7 +392,7 @@ def test_power_loops_keep_each_items_median_round():
     assert m["items"] == ["einsum", "sdpa"] and m["ns"] == [1.0e6, 4.5e6]  # per item, not one round's
     assert m["power_w"] == 695.0 and m["sm_mhz"] == 1400.0  # rounds without a reading left out
     assert m["rounds_ns"] == [r["ns"] for r in rounds]
-    # a loop document of median rounds gives the fields power_fields reads, as one round does
+    # a loop document of medians over rounds gives the fields power_fields reads, as one round does
     one = {"full_ns": {"gemm": 0.8e6, "attention": 4e6, "memory": 2e5}, "limit_w": 700.0, "idle_w": 140.0,
            "gemm": _median_loop([{"items": ["einsum"], "ns": [x], "power_w": 700.0, "sm_mhz": 1300.0}
                                  for x in (0.95e6, 0.96e6, 1.10e6)]),
@@ -401,7 +401,7 @@ def test_power_loops_keep_each_items_median_round():
            "mix_memory": {"items": ["einsum", "einsum", "silu_mul", "silu_mul"], "ns": [0.9e6, 0.9e6, 2e5, 2e5]},
            "sleep_short": {"items": ["einsum", "sleep"], "ns": [0.88e6, 0.3e6]},
            "sleep_long": {"items": ["einsum", "sleep"], "ns": [0.8e6, 0.6e6]}}  # fmt: skip
-    assert power_fields(one)["power_slow_gemm"] == pytest.approx(0.96 / 0.8)  # the median round's GEMM
+    assert power_fields(one)["power_slow_gemm"] == pytest.approx(0.96 / 0.8)  # the GEMM's median over the rounds
 
 
 def test_a_given_host_factor_replaces_the_drawn_one():

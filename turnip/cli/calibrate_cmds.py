@@ -19,7 +19,7 @@ def register(sub) -> None:
         "memory by size and direction alone and against traffic the other way; write a JSON profile with "
         "shape-aware kernel and copy tables and their spread (docs/profile.md). Use it with "
         "`turnip simulate/ablate --profile FILE`. "
-        "About 2 minutes on an H100 (--quick: about half). --refit redoes the fit from a profile, no GPU.",
+        "About 3 minutes on an H100 (--quick: about half). --refit redoes the fit from a profile, no GPU.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="profile file to write")

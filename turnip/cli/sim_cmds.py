@@ -192,7 +192,10 @@ def cmd_simulate(a) -> int:
         from turnip.fileio import atomic_write
 
         with atomic_write(a.csv, newline="") as f:
-            pd.DataFrame(rows).assign(policy=a.policy, mean_only=a.mean_only, **meta).to_csv(f, index=False)
+            df = pd.DataFrame(rows).assign(policy=a.policy, mean_only=a.mean_only, **meta)
+            if a.host_factor is not None:
+                df["host_factor"] = a.host_factor
+            df.to_csv(f, index=False)
     return 0
 
 

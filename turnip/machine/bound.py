@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from turnip.machine.costs import ENG_D2H, ENG_H2D, ENG_KERNEL, ENG_P2P, VertexCosts, host_costs
+from turnip.machine.costs import ENG_D2H, ENG_H2D, ENG_KERNEL, ENG_P2P, VertexCosts, host_busy_ns, host_costs
 from turnip.sched.priority import critical_path_ns
 
 
@@ -33,9 +33,8 @@ def lower_bound(costs: VertexCosts, host: float = 1.0) -> dict[str, int]:
     pair = mg.src_gpu.astype(np.int64) * gpus + g
     sel = e == ENG_P2P
     p2p = np.bincount(pair[sel], floor[sel].astype(np.float64), minlength=gpus * gpus)
-    sent = ~costs.preloaded
     launch, handle, completion, _ = host_costs(costs, host)  # as the simulator charges them
-    host_ns = int(launch.sum()) + max(0, int(sent.sum()) - 1) * handle  # issue and handle (not the last)
+    host_ns = host_busy_ns(costs, host) - (handle if (~costs.preloaded).any() else 0)  # the last is only seen
     start = np.where(e == ENG_KERNEL, p.kernel_start_latency_ns, 0)
     per_vertex = floor + launch + completion + handle + start  # a chain waits for each hand-over
     parts = {

@@ -149,6 +149,14 @@ def host_costs(costs: VertexCosts, host: float = 1.0) -> tuple[np.ndarray, int, 
             int(p.completion_per_inflight_ns * host))  # fmt: skip
 
 
+def host_busy_ns(costs: VertexCosts, host: float = 1.0) -> int:
+    """The host thread's busy time in one run at host speed factor ``host``: every vertex's issue cost plus the
+    handling of its completion (resident inputs: neither), as the simulator charges them; on hardware
+    ``turnip.runtime.RunResult.host_cost_ns`` sums the same two (polling is in neither)."""
+    launch, handle, _, _ = host_costs(costs, host)
+    return int(launch.sum()) + int((~costs.preloaded).sum()) * handle
+
+
 OVERLAP_SHORT_NS, OVERLAP_LONG_NS = 10_000, 1_000_000  # knots of the concurrency factor (profile fields)
 
 
