@@ -112,17 +112,14 @@ def _timed_runs(a, mg, be) -> dict[str, list[tuple[float, float, float]]]:
         x = execute(mg, be, pol, 5, seed=r, order=order)
         return x.makespan_ns / 1e6, run_issue_ns(mg, x) / 1e3, float(x.host_cost_ns().sum()) / 1e6
 
-    orders: dict = {}
     if a.sequential:
         out = {}
         for pol in a.policies:
-            if pol == "det-replay":
-                orders[pol] = _record_order(mg, be)
+            orders = _replay_orders(mg, be, [pol])  # recorded right before det-replay's own warm-up, as before
             _warm_up(a, mg, be, [pol], orders)
             out[pol] = [run(pol, r, orders.get(pol)) for r in range(a.repeat)]
         return out
-    if "det-replay" in a.policies:
-        orders["det-replay"] = _record_order(mg, be)
+    orders = _replay_orders(mg, be, a.policies)
     _warm_up(a, mg, be, a.policies, orders)
     out = {pol: [] for pol in a.policies}
     for r in range(a.repeat):
@@ -131,12 +128,15 @@ def _timed_runs(a, mg, be) -> dict[str, list[tuple[float, float, float]]]:
     return out
 
 
-def _record_order(mg, be):
-    """det-replay's order: that of the fastest of RECORD_RUNS recorded nondet runs, to be replayed fixed."""
+def _replay_orders(mg, be, policies: list[str]) -> dict:
+    """{"det-replay": its order} when ``policies`` has det-replay ({} otherwise): the order of the fastest of
+    RECORD_RUNS recorded nondet runs, to be replayed fixed."""
     from turnip.runtime import execute
 
+    if "det-replay" not in policies:
+        return {}
     rec = [execute(mg, be, "nondet", 5, seed=200 + r, record_order=True) for r in range(RECORD_RUNS)]
-    return min(rec, key=lambda r: r.makespan_ns).order
+    return {"det-replay": min(rec, key=lambda r: r.makespan_ns).order}
 
 
 def _warm_up(a, mg, be, policies: list[str], orders: dict) -> None:
@@ -165,7 +165,7 @@ def _record_traces(a, tg, mg, seq: int, budget: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open_backend("cuda", mg, 5, device_start=True) as be:
         write_streaming(be, tg, iter_random_inputs(tg, seed=0))
-        orders = {"det-replay": _record_order(mg, be)} if "det-replay" in a.policies else {}
+        orders = _replay_orders(mg, be, a.policies)
         for pol in a.policies:
             _warm_up(a, mg, be, [pol], orders)
             res = execute(mg, be, pol, 5, seed=0, order=orders.get(pol))
