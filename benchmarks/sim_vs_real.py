@@ -90,12 +90,21 @@ def measure(a) -> int:
                 print(json.dumps(rows[-1]), flush=True)
         if a.traces:
             _record_traces(a, tg, mg, seq, budget)
+        _write_rows(rows, a.out)  # after every cell: a grid cut short keeps the cells it measured
         print(f"cell {i + 1}/{len(cells)} {seq}:{budget} {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    _write_rows(rows, a.out)
+    return 0
+
+
+def _write_rows(rows: list[dict], out: str) -> None:
+    """The measured rows so far as ``out`` (CSV, replaced atomically: never half-written)."""
     import pandas as pd
 
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(a.out, index=False)
-    return 0
+    from turnip.fileio import atomic_write
+
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(out, newline="") as f:
+        pd.DataFrame(rows).to_csv(f, index=False)
 
 
 def _timed_runs(a, mg, be) -> dict[str, list[tuple[float, float, float]]]:

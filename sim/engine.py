@@ -49,11 +49,17 @@ class SimResult:
     done_ns: np.ndarray = field(repr=False)
     stream: np.ndarray = field(repr=False)
     host_start_ns: np.ndarray = field(repr=False)
+    handle_ns: np.ndarray = field(repr=False)  # host time spent handling each vertex's completion
     order: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))  # issue order
 
     @property
     def lower_bound_ns(self) -> int:
         return self.bound["lower_bound_ns"]
+
+    def host_cost_ns(self) -> np.ndarray:
+        """Host time per vertex: issuing its command plus handling its completion (as a real run's
+        ``turnip.runtime.RunResult.host_cost_ns``)."""
+        return (self.issue_ns - self.host_start_ns) + self.handle_ns
 
     def trace(self, mg: MemGraph, meta: dict | None = None):
         """This run in the shared trace schema (``turnip.trace.Trace``), memory counter included."""
@@ -105,7 +111,8 @@ class Simulation:
         self.kernel_ns = tm.kernel_ns.tolist()
         self.overlap = tm.overlap.tolist()
         self.host_factor = d.host if host is None else float(host)  # this run's host speed: every host cost x it
-        launch, self.handle_ns, self.completion_ns, self.poll_ns = host_costs(tm, self.host_factor)
+        h = host_costs(tm, self.host_factor)
+        launch, self.handle_ns, self.handle_cmd_ns, self.completion_ns, self.poll_ns = h
         self.limited = power_limited(prof)
         self.clock = self.limited and prof.power_slow_gemm > 0.0  # the shared-clock model
         self.power_cap = 0.0
@@ -122,6 +129,7 @@ class Simulation:
         self.launch_ns = launch.tolist()
         n, g = mg.n, mg.n_gpus
         self.issue, self.start, self.end, self.done = [0] * n, [0] * n, [0] * n, [0] * n
+        self.handle = [0] * n  # host time spent handling each vertex's completion
         self.stream = [-1] * n
         self.order: list[int] = []
         self.inflight = 0  # vertices issued and not yet seen done (the host loop polls each one's end event)
@@ -157,6 +165,7 @@ class Simulation:
             done_ns=arr(self.done),
             stream=arr(self.stream),
             host_start_ns=issue - arr(self.launch_ns),
+            handle_ns=arr(self.handle),
             order=arr(self.order),
         )
 
@@ -257,11 +266,14 @@ class Simulation:
         seen = self.host_free if self.host_free > polled else polled  # and sees it once it is free
         self.done[v] = seen
         self.inflight -= 1
-        self.host_free = seen + self.handle_ns  # and handles it before issuing anything else
         if self.eng[v] == ENG_P2P:
             self.copies_active[self.src[v]] -= 1
             self.copies_active[self.gpu[v]] -= 1
         cmds = self.core.complete(v, seen)
+        # it handles the completion (the more commands it hands back, the longer) before issuing anything else
+        h = self.handle_ns + self.handle_cmd_ns * len(cmds) if cmds else self.handle_ns
+        self.handle[v] = h
+        self.host_free = seen + h
         if cmds:
             self._perform(cmds)
 

@@ -10,7 +10,8 @@ Measurements, all through the code a real run uses:
   subscripts or ``*``, dtype, work), work being flops for ``einsum``, ``sdpa`` and ``sdpa_bwd`` and bytes
   read plus written for the others; each group gives its mean, standard deviation and count.
 - **host costs**: the same plans without start events on every stream slot under ``nondet``: issue time per
-  op (the ``launch`` table) and per class, completion handling (``handle_ns``), the delay from a kernel's
+  op (the ``launch`` table) and per class, completion handling (a line in the commands the completion hands
+  back to issue: ``handle_ns`` + ``handle_per_cmd_ns`` x commands), the delay from a kernel's
   end to the host loop seeing it while idle, a line in the number of vertices in flight (the loop queries
   each one's end event in turn: ``completion_ns`` + ``completion_per_inflight_ns`` x in flight); the start
   latency of a kernel launched on an idle GPU from the one-stream runs; copies' issue cost from a streamed
@@ -155,7 +156,8 @@ def start_latencies(mg, runs) -> list[int]:
 
 def host_samples(mg, runs, into: dict) -> dict:
     """Add the host's costs in ``runs`` (run without start events) to ``into``: issue time per launch kind
-    (``gemm``, ``attn``, ``kernel``; ``copy`` for every copy), completion handling (``handle``) and, for
+    (``gemm``, ``attn``, ``kernel``; ``copy`` for every copy), completion handling (``handle``) with the
+    number of commands each completion handed back (``handle_cmds``: ``handed_back``) and, for
     kernels that ended while the host loop was only polling (issuing and handling nothing until it saw
     them), the delay from the device end to the host seeing it (``poll``); returns ``into``."""
     from turnip.memgraph.plan import KIND_KERNEL
@@ -170,6 +172,7 @@ def host_samples(mg, runs, into: dict) -> dict:
         for v in np.flatnonzero(sent & kernel).tolist():  # and per op
             into.setdefault("op", {}).setdefault(mg.op[v], []).append(int(issue[v]))
         into.setdefault("handle", []).extend(r.handle_ns[sent].tolist())
+        into.setdefault("handle_cmds", []).extend(handed_back(r)[sent].tolist())
         # the host thread's busy intervals (issuing, handling), disjoint and in time order
         busy_s = np.concatenate([r.host_start_ns[sent], r.done_ns[sent]])
         busy_e = np.concatenate([r.issue_ns[sent], r.done_ns[sent] + r.handle_ns[sent]])
@@ -185,6 +188,21 @@ def host_samples(mg, runs, into: dict) -> dict:
         seen = np.searchsorted(np.sort(r.done_ns[sent]), ends, side="right")
         into.setdefault("poll_inflight", []).extend((issued - seen).tolist())
     return into
+
+
+def handed_back(r) -> np.ndarray:
+    """Per vertex of run ``r``: how many commands the host issued in answer to its completion. The host loop
+    handles one completion, issues what the scheduler handed back, then handles the next: those are the
+    vertices whose issue began after this completion's handling and before the next completion was seen."""
+    sent = np.flatnonzero(r.issue_ns > 0)  # resident inputs complete nothing in a run
+    o = sent[np.argsort(r.done_ns[sent], kind="stable")]
+    seen = r.done_ns[o]
+    began = np.sort(r.host_start_ns[sent])
+    nxt = np.append(seen[1:], np.iinfo(np.int64).max)
+    n = np.searchsorted(began, nxt, side="left") - np.searchsorted(began, seen + r.handle_ns[o], side="left")
+    out = np.zeros(len(r.done_ns), dtype=np.int64)
+    out[o] = np.maximum(n, 0)
+    return out
 
 
 def run_issue_ns(mg, r) -> int:
@@ -207,29 +225,35 @@ def host_spread(plan_runs: list[dict]) -> float:
     return float(np.sqrt(ss / dof)) if dof else 0.0
 
 
-POLL_MIN_SAMPLES = 20  # in-flight counts with fewer poll samples are left out of the completion fit
+LINE_MIN_SAMPLES = 20  # line fits (`line_fit`) leave out the x values with fewer samples
+
+
+def line_fit(y, x) -> tuple[int, int]:
+    """(intercept, slope) of a line through the median of ``y`` at each value of ``x`` (weighted by its
+    samples; values with fewer than LINE_MIN_SAMPLES left out), both >= 0; (median, 0) when fewer than two
+    values qualify."""
+    y, x = np.asarray(y, dtype=np.float64), np.asarray(x, dtype=np.int64)
+    if y.size == 0:
+        return 0, 0
+    if x.size != y.size:
+        return int(np.median(y)), 0
+    pts = [(n, float(np.median(y[x == n])), int((x == n).sum())) for n in np.unique(x)]
+    pts = [p for p in pts if p[2] >= LINE_MIN_SAMPLES]
+    if len(pts) < 2:
+        return int(np.median(y)), 0
+    xs, ys, w = (np.array(c, dtype=np.float64) for c in zip(*pts, strict=True))
+    slope, icpt = (float(c) for c in np.polyfit(xs, ys, 1, w=np.sqrt(w)))
+    if slope < 0.0:  # no growth: one level, the weighted mean
+        slope, icpt = 0.0, float(np.average(ys, weights=w))
+    elif icpt < 0.0:  # through the origin instead of a line lifted by clipping its intercept
+        slope, icpt = float((w * xs * ys).sum() / (w * xs * xs).sum()), 0.0
+    return int(round(icpt)), int(round(slope))
 
 
 def completion_fit(poll, inflight) -> tuple[int, int]:
-    """(``completion_ns``, ``completion_per_inflight_ns``): a line through the median poll delay at each
-    in-flight count (weighted by its samples; counts with fewer than POLL_MIN_SAMPLES left out), both >= 0;
-    (median, 0) when fewer than two counts qualify."""
-    poll, inflight = np.asarray(poll, dtype=np.float64), np.asarray(inflight, dtype=np.int64)
-    if poll.size == 0:
-        return 0, 0
-    if inflight.size != poll.size:
-        return int(np.median(poll)), 0
-    pts = [(n, float(np.median(poll[inflight == n])), int((inflight == n).sum())) for n in np.unique(inflight)]
-    pts = [p for p in pts if p[2] >= POLL_MIN_SAMPLES]
-    if len(pts) < 2:
-        return int(np.median(poll)), 0
-    x, y, w = (np.array(c, dtype=np.float64) for c in zip(*pts, strict=True))
-    slope, icpt = (float(c) for c in np.polyfit(x, y, 1, w=np.sqrt(w)))
-    if slope < 0.0:  # no growth: one level, the weighted mean
-        slope, icpt = 0.0, float(np.average(y, weights=w))
-    elif icpt < 0.0:  # through the origin instead of a line lifted by clipping its intercept
-        slope, icpt = float((w * x * y).sum() / (w * x * x).sum()), 0.0
-    return int(icpt), int(round(slope))
+    """(``completion_ns``, ``completion_per_inflight_ns``): ``line_fit`` of the poll delays in the number of
+    vertices in flight."""
+    return line_fit(poll, inflight)
 
 
 def _med(xs) -> int:
@@ -238,12 +262,13 @@ def _med(xs) -> int:
 
 def host_fields(host: dict) -> dict:
     """Profile fields from pooled host samples: launch cost per kind, completion (the poll delay on an idle
-    host), handling."""
+    host), handling (a line in the commands a completion hands back)."""
     comp, per = completion_fit(host.get("poll", []), host.get("poll_inflight", []))
+    handle, per_cmd = line_fit(host.get("handle", []), host.get("handle_cmds", []))
     return {"gemm_launch_ns": _med(host.get("gemm", [])), "attn_launch_ns": _med(host.get("attn", [])),
             "kernel_launch_ns": _med(host.get("kernel", [])), "copy_launch_ns": _med(host.get("copy", [])),
-            "completion_ns": comp, "completion_per_inflight_ns": per,
-            "handle_ns": _med(host.get("handle", []))}  # fmt: skip
+            "completion_ns": comp, "completion_per_inflight_ns": per, "handle_ns": handle,
+            "handle_per_cmd_ns": per_cmd}  # fmt: skip
 
 
 def launch_rows(host: dict) -> list[dict]:

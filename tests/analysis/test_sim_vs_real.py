@@ -120,13 +120,18 @@ def test_compare_at_the_runs_own_host_time_takes_the_host_out_of_the_error(tmp_p
     runs = [simulate(mg, prof, "nondet", seed=s, tm=tm, host=1.8) for s in (7, 8)]  # not the seeds compare uses
     host_ms = []
     for r in runs:
-        sent = ~tm.preloaded
-        handle = np.where(sent, int(prof.handle_ns * 1.8), 0)
         real = RunResult("nondet", r.seed, "stand-in", r.makespan_ns, mg.n, 0.0, r.host_start_ns, r.issue_ns,
-                         r.start_ns, r.end_ns, r.done_ns, r.stream, handle)  # fmt: skip
+                         r.start_ns, r.end_ns, r.done_ns, r.stream, r.handle_ns)  # fmt: skip
         host_ms.append(float(real.host_cost_ns().sum()) / 1e6)
         assert host_ms[-1] == host_busy_ns(tm, 1.8) / 1e6  # the formula compare inverts
+        assert (r.host_cost_ns() == real.host_cost_ns()).all()
     assert host_busy_ns(tm, 1.8) == pytest.approx(1.8 * host_busy_ns(tm, 1.0), rel=1e-4)
+    # with per-command handling the formula counts the commands a run hands over: within 0.1% of a run's own
+    percmd = prof.replace(handle_ns=2500, handle_per_cmd_ns=1800)
+    tp = TimingModel(mg, percmd)
+    for pol in ("nondet", "det"):
+        r = simulate(mg, percmd, pol, seed=3, tm=tp, host=1.8)
+        assert r.host_cost_ns().sum() == pytest.approx(host_busy_ns(tp, 1.8), rel=1e-3)
     row = {"seq": 1024, "budget": "none", "policy": "nondet", "gpus": 1, "model": "llama-7b", "vertices": mg.n,
            "times_ms": json.dumps([r.makespan_ns / 1e6 for r in runs]), "mean_ms": 0.0}  # fmt: skip
     grid = tmp_path / "grid.csv"

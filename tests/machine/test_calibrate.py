@@ -9,6 +9,7 @@ import pytest
 from turnip.calibrate import (
     _kernel_rows,
     copy_fields,
+    handed_back,
     host_fields,
     host_samples,
     kernel_plans,
@@ -82,7 +83,31 @@ def test_host_samples_and_fields(plan):
     f = host_fields(h)
     assert f["gemm_launch_ns"] == 4000 and f["kernel_launch_ns"] == 3000 and f["attn_launch_ns"] == 3000
     assert f["completion_ns"] == 700 and f["handle_ns"] == 900 and f["copy_launch_ns"] == 0  # resident: no copies
+    assert f["handle_per_cmd_ns"] == 0  # every completion took as long
     assert len(h["poll"]) == 2 * int(kern.sum())
+
+
+def test_the_handling_line_is_read_back_from_runs_that_charged_it():
+    """Simulated runs of a streamed plan charged 3000 ns per completion plus 2000 per command it hands back:
+    ``handed_back`` finds every command's completion from the timestamps alone, and the fitted
+    ``handle_ns`` / ``handle_per_cmd_ns`` are the two charged."""
+    from sim.engine import simulate
+    from turnip.machine.profile import h100
+
+    tg = make_taskgraph("llama-tiny", 64, 1, "fp16", {"t": 16}, budget_nbytes=1 << 20)
+    mg = build_with_resident(tg, 1 << 20, None, "0")
+    prof = h100().replace(handle_ns=3000, handle_per_cmd_ns=2000, host_excess_sd=0.0)
+    runs = [simulate(mg, prof, pol, seed=s) for pol in ("nondet", "det") for s in range(3)]
+    for r in runs:
+        nb = handed_back(r)
+        sent = r.issue_ns > 0
+        first = int((r.host_start_ns[sent] < r.done_ns[sent].min()).sum())  # issued at the start
+        assert nb.sum() == sent.sum() - first and (nb[~sent] == 0).all()
+        assert (r.handle_ns[sent] == 3000 + 2000 * nb[sent]).all()
+    assert np.bincount(np.concatenate([handed_back(r) for r in runs])).size >= 3  # 0, 1, 2 commands seen
+    f = host_fields(host_samples(mg, runs, {}))
+    assert (f["handle_ns"], f["handle_per_cmd_ns"]) == (3000, 2000)
+    assert f["copy_launch_ns"] == prof.copy_launch_ns and f["gemm_launch_ns"] == prof.gemm_launch_ns
 
 
 def test_copy_fields_and_a_written_profile_loads(tmp_path, plan):

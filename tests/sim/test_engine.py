@@ -36,6 +36,30 @@ def test_chain_makespan_by_hand():
     assert r.lower_bound_ns == r.makespan_ns  # critical path counts launch and completion
 
 
+def test_a_completion_costs_its_handling_and_more_per_command_it_hands_back():
+    """handle_ns 300 + 200 per command: k0 -> {k1, k2}; k0's completion hands back two commands (700 ns of
+    handling before k1 is issued), k1's and k2's none (300 ns each)."""
+    prof = EXACT.replace(handle_ns=300, handle_per_cmd_ns=200)
+    mg = make_memgraph(["kernel", "kernel", "kernel"], [[], [0], [0]], flops=[1000, 1000, 1000])
+    r = simulate(mg, prof, mean_only=True)
+    assert r.handle_ns.tolist() == [700, 300, 300]
+    # k0 issued 1000, ends 2000, seen 2500, handled until 3200; k1 issued 4200, k2 5200 (one engine: ends 6200)
+    assert r.issue_ns.tolist() == [1000, 4200, 5200] and r.done_ns.tolist() == [2500, 5700, 6700]
+    assert r.host_cost_ns().tolist() == [1700, 1300, 1300]
+    b = lower_bound(TimingModel(mg, prof))
+    assert b["critical_path_ns"] == 1000 + 1000 + 500 + 500 + 1000 + 1000 + 500  # one hand-over: 300 + 200
+    assert b["host_ns"] == 3000 + 3 * 300 + 2 * 200 - 300 and 0 < b["lower_bound_ns"] <= r.makespan_ns
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_lower_bound_below_every_makespan_with_per_command_handling(policy):
+    prof = h100().replace(handle_ns=2000, handle_per_cmd_ns=3000)
+    for seed in range(4):
+        mg = random_memgraph(np.random.default_rng(seed), 120, 1 + seed % 3, p_edge=0.03)
+        r = run_policy(mg, policy, seed, prof=prof)
+        assert 0 < r.lower_bound_ns <= r.makespan_ns
+
+
 def test_kernels_share_one_compute_engine():
     mg = make_memgraph(["kernel", "kernel"], [[], []], flops=[1000, 1000])
     r = simulate(mg, EXACT, mean_only=True)

@@ -33,10 +33,12 @@ def lower_bound(costs: VertexCosts, host: float = 1.0) -> dict[str, int]:
     pair = mg.src_gpu.astype(np.int64) * gpus + g
     sel = e == ENG_P2P
     p2p = np.bincount(pair[sel], floor[sel].astype(np.float64), minlength=gpus * gpus)
-    launch, handle, completion, _ = host_costs(costs, host)  # as the simulator charges them
-    host_ns = host_busy_ns(costs, host) - (handle if (~costs.preloaded).any() else 0)  # the last is only seen
+    h = host_costs(costs, host)  # as the simulator charges them
+    host_ns = host_busy_ns(costs, host) - (h.handle if (~costs.preloaded).any() else 0)  # the last is only seen
     start = np.where(e == ENG_KERNEL, p.kernel_start_latency_ns, 0)
-    per_vertex = floor + launch + completion + handle + start  # a chain waits for each hand-over
+    # a chain waits for each hand-over: the completion that issues the next vertex hands back at least it
+    handle = h.handle + h.handle_per_cmd
+    per_vertex = floor + h.launch + h.completion + handle + start
     parts = {
         "critical_path_ns": int(max(0, critical_path_ns(mg, per_vertex).max(initial=0) - handle)),  # last: seen
         "kernel_ns": int(kern.max(initial=0)),

@@ -24,6 +24,7 @@ host launch cost (``gemm_launch_ns``, ``attn_launch_ns``, ``kernel_launch_ns``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -138,23 +139,42 @@ def launch_ns(mg: MemGraph, prof: MachineProfile, eng: np.ndarray | None = None)
     return np.where(mg.preloaded(), 0, launch).astype(np.int64)
 
 
-def host_costs(costs: VertexCosts, host: float = 1.0) -> tuple[np.ndarray, int, int, int]:
-    """One run's host costs at host speed factor ``host`` (``MachineProfile.host_excess_sd``): issue time per
-    vertex (``launch_ns``), ``handle_ns``, ``completion_ns`` and ``completion_per_inflight_ns``, each scaled
-    and truncated to whole ns; the simulator charges them, the lower bound counts them."""
+class HostCosts(NamedTuple):
+    """One run's host costs (ns): ``launch`` issue time per vertex; per completion ``handle`` plus
+    ``handle_per_cmd`` per command it hands back to issue; ``completion`` the delay until an idle host loop
+    sees a completion and ``poll`` more per vertex then in flight."""
+
+    launch: np.ndarray
+    handle: int
+    handle_per_cmd: int
+    completion: int
+    poll: int
+
+
+def host_costs(costs: VertexCosts, host: float = 1.0) -> HostCosts:
+    """One run's host costs at host speed factor ``host`` (``MachineProfile.host_excess_sd``), each scaled and
+    truncated to whole ns; the simulator charges them, the lower bound counts them."""
     p = costs.prof
+    fields = (p.handle_ns, p.handle_per_cmd_ns, p.completion_ns, p.completion_per_inflight_ns)
     if host == 1.0:
-        return costs.launch_ns, p.handle_ns, p.completion_ns, p.completion_per_inflight_ns
-    return ((costs.launch_ns * host).astype(np.int64), int(p.handle_ns * host), int(p.completion_ns * host),
-            int(p.completion_per_inflight_ns * host))  # fmt: skip
+        return HostCosts(costs.launch_ns, *fields)
+    return HostCosts((costs.launch_ns * host).astype(np.int64), *(int(x * host) for x in fields))
+
+
+def handed_over(costs: VertexCosts) -> int:
+    """Commands a run issues in answer to a completion, at least: every vertex issued that has a dependency
+    (one without may go at the run's start)."""
+    deps = np.diff(costs.mg.dep_ptr) > 0
+    return int((deps & ~costs.preloaded).sum())
 
 
 def host_busy_ns(costs: VertexCosts, host: float = 1.0) -> int:
     """The host thread's busy time in one run at host speed factor ``host``: every vertex's issue cost plus the
-    handling of its completion (resident inputs: neither), as the simulator charges them; on hardware
-    ``turnip.runtime.RunResult.host_cost_ns`` sums the same two (polling is in neither)."""
-    launch, handle, _, _ = host_costs(costs, host)
-    return int(launch.sum()) + int((~costs.preloaded).sum()) * handle
+    handling of its completion (resident inputs: neither), as the simulator charges them (per-command handling
+    counted for ``handed_over`` commands: exact when every vertex without a dependency goes at the start); on
+    hardware ``turnip.runtime.RunResult.host_cost_ns`` sums the same two (polling is in neither)."""
+    h = host_costs(costs, host)
+    return int(h.launch.sum()) + int((~costs.preloaded).sum()) * h.handle + handed_over(costs) * h.handle_per_cmd
 
 
 OVERLAP_SHORT_NS, OVERLAP_LONG_NS = 10_000, 1_000_000  # knots of the concurrency factor (profile fields)

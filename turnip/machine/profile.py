@@ -54,6 +54,10 @@ class MachineProfile:
     # (`turnip calibrate` fits both to the poll delays it sees; 0: a constant delay)
     completion_per_inflight_ns: int = 0
     handle_ns: int = 0  # the host's time to handle a completion (scheduler); the host issues nothing meanwhile
+    # and this much more per command the completion hands back to issue (the scheduler picks a stream and builds
+    # each one: a copy's completion that frees the link and readies its consumer returns two); `turnip
+    # calibrate` fits both to the handling times it sees (0: every completion costs handle_ns)
+    handle_per_cmd_ns: int = 0
     # a kernel starts on the device this long after the host issues it, when its GPU is idle (driver
     # launch latency and the delay until the host sees its dependencies' completion events; measured by
     # `turnip calibrate`, 0 in the presets)
