@@ -81,12 +81,13 @@ def measure(a) -> int:
         with open_backend("cuda", mg, 5) as be:
             write_streaming(be, tg, iter_random_inputs(tg, seed=0))
             for pol, runs in _timed_runs(a, mg, be).items():
-                ms, issue, host = zip(*runs, strict=True)
+                ms, issue, host, link = zip(*runs, strict=True)
                 rows.append({"seq": seq, "budget": budget, "policy": pol, "gpus": a.gpus, "model": a.model,
                              "vertices": mg.n, "times_ms": json.dumps([round(x, 3) for x in ms]),
                              "mean_ms": float(np.mean(ms)),
                              "issue_us": json.dumps([round(x, 2) for x in issue]),
-                             "host_ms": json.dumps([round(x, 3) for x in host])})  # fmt: skip
+                             "host_ms": json.dumps([round(x, 3) for x in host]),
+                             "link_gbps": json.dumps([None if x != x else round(x, 3) for x in link])})  # fmt: skip
                 print(json.dumps(rows[-1]), flush=True)
         if a.traces:
             _record_traces(a, tg, mg, seq, budget)
@@ -107,19 +108,22 @@ def _write_rows(rows: list[dict], out: str) -> None:
         pd.DataFrame(rows).to_csv(f, index=False)
 
 
-def _timed_runs(a, mg, be) -> dict[str, list[tuple[float, float, float]]]:
-    """{policy: (makespan ms, median kernel issue us, host ms) of each of its ``--repeat`` timed runs}: the
-    issue time is the run's host speed (``turnip.calibrate.run_issue_ns``), the host time its host thread's
-    issue and completion-handling time (``RunResult.host_cost_ns``). Interleaved (the default): det-replay's
+def _timed_runs(a, mg, be) -> dict[str, list[tuple[float, float, float, float]]]:
+    """{policy: (makespan ms, median kernel issue us, host ms, host link GB/s) of each of its ``--repeat`` timed
+    runs}: the issue time is the run's host speed (``turnip.calibrate.run_issue_ns``), the host time its host
+    thread's issue and completion-handling time (``RunResult.host_cost_ns``), the link rate its host-to-device
+    copies' bytes over the time they were on the link (``turnip.calibrate.run_link_gbps``; NaN: no copies).
+    Interleaved (the default): det-replay's
     order recorded, warm-up rounds of every policy (``_warm_up``), then timed rounds of one run per policy, so
     that a drift of the host's or the GPU's speed during the cell weighs on every policy alike;
     ``--sequential``: each policy's warm-up and runs in turn (the grids measured before 2026-11-25)."""
-    from turnip.calibrate import run_issue_ns
+    from turnip.calibrate import run_issue_ns, run_link_gbps
     from turnip.runtime import execute
 
     def run(pol, r, order):
         x = execute(mg, be, pol, 5, seed=r, order=order)
-        return x.makespan_ns / 1e6, run_issue_ns(mg, x) / 1e3, float(x.host_cost_ns().sum()) / 1e6
+        return (x.makespan_ns / 1e6, run_issue_ns(mg, x) / 1e3, float(x.host_cost_ns().sum()) / 1e6,
+                run_link_gbps(mg, x))  # fmt: skip
 
     if a.sequential:
         out = {}
@@ -212,9 +216,11 @@ def compare(a) -> int:
     real = pd.read_csv(a.measured)
     real = real[real.policy != "-"]
     has_issue = "issue_us" in real.columns  # grids measured from 2026-11-25 on
-    if a.at_host_time and "host_ms" not in real.columns:
-        raise SystemExit(f"{a.measured}: no host_ms column (each run's host time); --at-host-time needs a grid "
-                         "measured from 2026-11-25 on")  # fmt: skip
+    for flag, col, what in (("at_host_time", "host_ms", "host time"), ("at_link_rate", "link_gbps", "host link rate")):
+        if getattr(a, flag) and col not in real.columns:
+            raise SystemExit(f"{a.measured}: no {col} column (each run's {what}); --{flag.replace('_', '-')} needs a "
+                             f"grid measured with it")  # fmt: skip
+    at_run = a.at_host_time or a.at_link_rate
     out, overlays = [], []
     for (seq, budget), cell in real.groupby(["seq", "budget"], sort=False):
         _tg, mg = plan(int(seq), str(budget), cell.model.iloc[0], int(cell.gpus.iloc[0]))
@@ -235,9 +241,10 @@ def compare(a) -> int:
                 sim_issue = float(np.median([run_issue_ns(mg, x) for x in runs])) / 1e3
                 meas_issue = float(np.median(json.loads(r.issue_us))) if isinstance(r.issue_us, str) else np.nan
                 out[-1] |= {"measured_issue_us": meas_issue, "predicted_issue_us": sim_issue}
-            if a.at_host_time:  # rows of older grids (no host times) are left blank
-                host = np.array(json.loads(r.host_ms)) if isinstance(r.host_ms, str) else None
-                out[-1] |= _at_host_time(mg, prof, tm, r.policy, o, meas, host)
+            if at_run:  # rows of older grids (no such figures) are left blank
+                host = _per_run(r, "host_ms") if a.at_host_time else None
+                link = _per_run(r, "link_gbps") if a.at_link_rate else None
+                out[-1] |= _at_run(mg, prof, tm, r.policy, o, meas, host, link, a.at_host_time, a.at_link_rate)
         if a.traces:
             overlays += _overlays(a, mg, prof, tm, int(seq), str(budget), int(cell.gpus.iloc[0]),
                                   list(cell.policy), order)  # fmt: skip
@@ -275,16 +282,21 @@ def compare(a) -> int:
     lines += ["", f"Cells within ±5%: {(err <= 0.05).sum()} of {len(d)}; mean |error| {err.mean():.1%}, "
               f"worst {d.error.iloc[err.argmax()]:+.1%} ({d.seq.iloc[err.argmax()]}:{d.budget.iloc[err.argmax()]} "
               f"{d.policy.iloc[err.argmax()]})."]  # fmt: skip
-    if a.at_host_time:
-        lines += ["", "At each run's own host time (every host cost of a simulated run scaled until its host thread "
-                  "spends as long issuing and handling completions as the measured run's did):", "",
-                  "| seq | budget | policy | host ms measured | predicted ms at it | error |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {r.seq} | {r.budget} | {r.policy} | {r.measured_host_ms:.2f} | {r.predicted_at_host_ms:.1f} | "
-                  f"{r.error_at_host:+.1%} |" for _, r in d.iterrows()]  # fmt: skip
-        eh = d.error_at_host.abs().dropna()
-        blank = f" ({len(d) - len(eh)} cells without host times)" if len(eh) < len(d) else ""
-        lines += ["", f"At the runs' own host time: cells within ±5%: {(eh <= 0.05).sum()} of {len(eh)}; mean |error| "
+    if at_run:
+        what = " and ".join(w for w, on in (("host time", a.at_host_time), ("host link rate", a.at_link_rate)) if on)
+        how = [x for x, on in (("every host cost of a simulated run scaled until its host thread spends as long "
+                                "issuing and handling completions as the measured run's did", a.at_host_time),
+                               ("its host link's copies as slow as the measured run's, bytes over time on the link",
+                                a.at_link_rate)) if on]  # fmt: skip
+        lines += ["", f"At each run's own {what} ({'; '.join(how)}):", "",
+                  "| seq | budget | policy | host ms measured | link GB/s measured | predicted ms at them | error |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {r.seq} | {r.budget} | {r.policy} | {_num(r.measured_host_ms, '.2f')} | "
+                  f"{_num(r.measured_link_gbps, '.2f')} | {_num(r.predicted_at_run_ms, '.1f')} | "
+                  f"{_num(r.error_at_run, '+.1%')} |" for _, r in d.iterrows()]  # fmt: skip
+        eh = d.error_at_run.abs().dropna()
+        blank = f" ({len(d) - len(eh)} cells without these figures)" if len(eh) < len(d) else ""
+        lines += ["", f"At the runs' own {what}: cells within ±5%: {(eh <= 0.05).sum()} of {len(eh)}; mean |error| "
                   f"{eh.mean():.1%}{blank}."]  # fmt: skip
     if overlays:
         lines += ["", "Overlays of a simulated run on the recorded traces (real against simulated, per resource):", ""]
@@ -294,20 +306,51 @@ def compare(a) -> int:
     return 0
 
 
-def _at_host_time(mg, prof, tm, policy: str, order, meas: np.ndarray, host_ms: np.ndarray | None) -> dict:
-    """Each measured run predicted at its own host time: one simulated run per measured one (seed = its index)
+def _num(x, fmt: str) -> str:
+    return "-" if x is None or x != x else format(x, fmt)  # x != x: NaN
+
+
+def _per_run(r, col: str) -> np.ndarray | None:
+    """A grid row's per-run figures of ``col`` (a JSON list; null entries NaN), None when the row has none."""
+    v = getattr(r, col, None)
+    if not isinstance(v, str):
+        return None
+    return np.array([np.nan if x is None else x for x in json.loads(v)], dtype=np.float64)
+
+
+def _at_run(mg, prof, tm, policy: str, order, meas: np.ndarray, host_ms: np.ndarray | None,
+            link_gbps: np.ndarray | None, use_host: bool, use_link: bool) -> dict:  # fmt: skip
+    """Each measured run predicted at its own conditions: one simulated run per measured one (seed = its index)
     at the host speed factor that gives the simulated host thread as much issue and completion-handling time as
-    the measured run's (``turnip.machine.costs.host_busy_ns``: linear in the factor). NaN without host times."""
+    the measured run's (``turnip.machine.costs.host_busy_ns``: linear in the factor; ``use_host``) and at the
+    host link factor that makes its host-to-device copies move their bytes as slowly as the measured run's did
+    (``turnip.calibrate.run_link_gbps`` of a simulated run at factor 1 over the measured one's; a run without
+    copies from the host keeps 1; ``use_link``). NaN where a wanted figure is missing."""
     from sim.engine import simulate
+    from turnip.calibrate import run_link_gbps
     from turnip.machine.costs import host_busy_ns
 
-    if host_ms is None or len(host_ms) != len(meas):
-        return {"measured_host_ms": np.nan, "predicted_at_host_ms": np.nan, "error_at_host": np.nan}
+    blank = {"measured_host_ms": np.nan, "measured_link_gbps": np.nan, "predicted_at_run_ms": np.nan,
+             "error_at_run": np.nan}  # fmt: skip
+    n = len(meas)
+    missing = [x is None or len(x) != n for x, on in ((host_ms, use_host), (link_gbps, use_link)) if on]
+    if any(missing):
+        return blank
     one = host_busy_ns(tm, 1.0)
-    pred = np.array([simulate(mg, prof, policy, seed=i, tm=tm, order=order, host=max(h * 1e6 / one, 1e-3)).makespan_ns
-                     for i, h in enumerate(host_ms)]) / 1e6  # fmt: skip
-    return {"measured_host_ms": float(host_ms.mean()), "predicted_at_host_ms": float(pred.mean()),
-            "error_at_host": float(pred.mean() / meas.mean() - 1)}  # fmt: skip
+    host = [max(h * 1e6 / one, 1e-3) for h in host_ms] if use_host else [1.0] * n
+    link = [1.0] * n
+    if use_link:
+        for i, g in enumerate(link_gbps):
+            if g > 0:  # NaN (no copies) keeps 1
+                base = run_link_gbps(mg, simulate(mg, prof, policy, seed=i, tm=tm, order=order, host=host[i]))
+                link[i] = base / g if base > 0 else 1.0
+    pred = np.array([simulate(mg, prof, policy, seed=i, tm=tm, order=order, host=host[i], link=link[i]).makespan_ns
+                     for i in range(n)]) / 1e6  # fmt: skip
+    has_link = use_link and np.isfinite(link_gbps).any()
+    return {"measured_host_ms": float(np.mean(host_ms)) if use_host else np.nan,
+            "measured_link_gbps": float(np.nanmean(link_gbps)) if has_link else np.nan,
+            "predicted_at_run_ms": float(pred.mean()),
+            "error_at_run": float(pred.mean() / meas.mean() - 1)}  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -340,6 +383,10 @@ def main(argv=None) -> int:
     c.add_argument("--at-host-time", action="store_true",
                    help="also predict each measured run at its own host time (host_ms: the simulated run's host costs "
                         "scaled until it spends as long issuing and handling completions), apart from the host's speed")
+    c.add_argument("--at-link-rate", action="store_true",
+                   help="also predict each measured run at its own host link rate (link_gbps: the simulated run's "
+                        "host-to-device copies slowed until they move their bytes as slowly); with --at-host-time, "
+                        "at both")
     a = ap.parse_args(argv)
     if a.cmd == "measure" and a.repeat < 1:
         ap.error("--repeat must be at least 1")

@@ -87,13 +87,17 @@ class Simulation:
         order=None,
         power_level: list[float] | None = None,
         host: float | None = None,
+        link: float = 1.0,
     ):
         """``order``: the recorded issue order ``det-replay`` replays (``turnip.sched.replay``);
         ``power_level``: each GPU's power bucket at the start (ns; None: empty; ``simulate`` starts a run in
         the steady state of runs back to back); ``host``: the run's host speed factor (every host cost times
-        it) in place of the one drawn from ``host_excess_sd``."""
+        it) in place of the one drawn from ``host_excess_sd``; ``link``: the host links' time factor for this
+        run (every copy between host and GPU pushes its bytes ``link`` times slower; its latency stays)."""
         if host is not None and not host > 0:
             raise ValueError(f"host speed factor must be > 0, got {host}")
+        if not link > 0 or math.isinf(link):
+            raise ValueError(f"host link factor must be > 0 and finite, got {link}")
         if mg.n_gpus > prof.n_gpus:
             raise ValueError(f"plan uses {mg.n_gpus} GPUs; profile {prof.name!r} has {prof.n_gpus}")
         import simpy
@@ -139,7 +143,8 @@ class Simulation:
         self.pcie: list[list] = [[None, None] for _ in range(g)]
         self._token = 0
         both = prof.pcie_both_bytes_per_s / (prof.h2d_bytes_per_s + prof.d2h_bytes_per_s)
-        self.rate_solo = (prof.h2d_bytes_per_s / 1e9, prof.d2h_bytes_per_s / 1e9)  # bytes per ns
+        self.link_factor = float(link)
+        self.rate_solo = (prof.h2d_bytes_per_s / 1e9 / link, prof.d2h_bytes_per_s / 1e9 / link)  # bytes per ns
         self.rate_shared = (min(1.0, both) * self.rate_solo[0], min(1.0, both) * self.rate_solo[1])
 
     # ------------------------------------------------------------------ driver loop
@@ -156,7 +161,7 @@ class Simulation:
             seed=self.seed,
             mean_only=self.mean_only,
             makespan_ns=max(self.done, default=0),
-            bound=plan_bound(self.tm, self.host_factor),
+            bound=plan_bound(self.tm, self.host_factor, self.link_factor),
             n_vertices=self.mg.n,
             wall_s=time.perf_counter() - t0,
             issue_ns=issue,
@@ -317,13 +322,14 @@ class Simulation:
         self._deliver(v, tail)
 
 
-def plan_bound(tm: TimingModel, host: float = 1.0) -> dict:
+def plan_bound(tm: TimingModel, host: float = 1.0, link: float = 1.0) -> dict:
     """The plan's lower bound (``turnip.machine.bound.lower_bound``), computed once per timing model; for a
-    run whose host speed factor is not 1 (``MachineProfile.host_excess_sd``), that run's own."""
+    run whose host speed factor (``MachineProfile.host_excess_sd``) or host link factor is not 1, that run's
+    own."""
     from turnip.machine.bound import lower_bound
 
-    if host != 1.0:
-        return lower_bound(tm, host)
+    if host != 1.0 or link != 1.0:
+        return lower_bound(tm, host, link)
     if getattr(tm, "_bound", None) is None:
         tm._bound = lower_bound(tm)
     return tm._bound
@@ -400,22 +406,24 @@ def simulate(
     order=None,
     power_full: bool = False,
     host: float | None = None,
+    link: float = 1.0,
 ) -> SimResult:
     """Simulate one run. Same arguments → same result. ``det-replay`` needs ``order`` (``fastest_run``).
     ``host``: the run's host speed factor (every host cost times it; a host twice as slow: 2), in place of
-    the one drawn from the profile's ``host_excess_sd``.
+    the one drawn from the profile's ``host_excess_sd``; ``link``: the run's host link time factor (copies
+    between host and GPU push their bytes that many times slower: 1.25 for a link at 80% of the profile's).
     Under a power limit the run starts where runs back to back (``prof.run_gap_ns`` apart) leave the power
     bucket: from a first guess (``_steady_guess``) the run is repeated from where the last left it until the
     start level settles (``STEADY_TOL``; ``STEADY_PASSES`` at most; a run no kernel of which was slowed and
     that leaves every bucket fuller is settled: more would change nothing); ``power_full``: the GPUs start
     rested instead (their bucket full)."""
     if not power_limited(prof):
-        return Simulation(mg, prof, policy, seed, mean_only, tm, order, host=host).run()
+        return Simulation(mg, prof, policy, seed, mean_only, tm, order, host=host, link=link).run()
     tm = tm or TimingModel(mg, prof)
     level = [power_model(mg, prof, tm).cap] * mg.n_gpus if power_full else _steady_guess(mg, prof, tm)
     wall = 0.0
     for _ in range(STEADY_PASSES):
-        s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level, host)
+        s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level, host, link)
         res = s.run()
         wall += res.wall_s
         nxt = s.end_levels(prof.run_gap_ns)
@@ -437,14 +445,15 @@ def fastest_run(
     policy: str = "nondet",
     progress=None,
     host: float | None = None,
+    link: float = 1.0,
 ) -> SimResult:
     """The fastest of ``policy`` runs over ``seeds`` (the first on ties). Its ``order`` is the ``det-replay``
     baseline: the best order nondet found, replayed fixed (``simulate(..., order=r.order)``). ``progress``:
-    called with the number of runs done; ``host``: as ``simulate``'s."""
+    called with the number of runs done; ``host``, ``link``: as ``simulate``'s."""
     tm = tm or TimingModel(mg, prof)
     best = None
     for i, s in enumerate(seeds, 1):
-        r = simulate(mg, prof, policy, s, mean_only, tm, host=host)
+        r = simulate(mg, prof, policy, s, mean_only, tm, host=host, link=link)
         if best is None or r.makespan_ns < best.makespan_ns:
             best = r
         if progress is not None:

@@ -89,3 +89,18 @@ def test_simulate_with_a_slower_host(tmp_path, capsys):
         ms[f] = int(first.split(",")[1])
         assert ("host_factor" in head) == (f is not None)
     assert ms["3"] > 1.5 * ms[None]  # a tiny plan is host-bound: three times the host costs, much longer runs
+
+
+def test_simulate_with_a_slower_host_link(tmp_path, capsys):
+    """A streamed 7B plan at 1K is link-bound: copies 1.5 times slower, runs about 1.5 times longer."""
+    argv = ["simulate", "llama-7b:1024:1:1GiB", "--runs", "1", "--mean-only", "--profile", "h100-calibrated"]
+    ms = {}
+    for f in (None, "1.5"):
+        csv = tmp_path / f"runs{f}.csv"
+        assert main([*argv, "--csv", str(csv)] + (["--link-factor", f] if f else [])) == 0
+        out = capsys.readouterr().out
+        assert ("host link copies x 1.5" in out) == (f is not None)
+        head, first = csv.read_text().splitlines()[:2]
+        ms[f] = int(first.split(",")[1])
+        assert ("link_factor" in head) == (f is not None)
+    assert 1.35 * ms[None] < ms["1.5"] < 1.5 * ms[None]

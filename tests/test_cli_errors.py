@@ -110,6 +110,8 @@ BAD = [
     "simulate plan.tplan --csv /nonexist/t.csv",
     "simulate plan.tplan --host-factor 0 --csv x.csv",
     "simulate plan.tplan --host-factor slow --csv x.csv",
+    "simulate plan.tplan --link-factor 0 --csv x.csv",
+    "simulate plan.tplan --link-factor -2 --csv x.csv",
     # ablate
     "ablate --config missing.toml --out rep",
     "ablate --config broken.toml --out rep",

@@ -205,6 +205,21 @@ def handed_back(r) -> np.ndarray:
     return out
 
 
+def run_link_gbps(mg, r) -> float:
+    """The host-to-device link's rate in run ``r`` (GB/s = bytes per ns): the bytes its input and reload
+    copies moved over the time any of them was on the link (from its start, its issue in a run without start
+    events, to its end); NaN when the run copied nothing from the host."""
+    from analysis.metrics import _union_ns
+    from turnip.machine.costs import ENG_H2D, engine_class
+
+    h2d = (engine_class(mg) == ENG_H2D) & (r.issue_ns > 0)
+    if not h2d.any():
+        return float("nan")
+    a, b = _union_ns(r.start_ns[h2d], r.end_ns[h2d])
+    busy = int((b - a).sum())
+    return float(mg.out_nbytes[h2d].sum()) / busy if busy > 0 else float("nan")
+
+
 def run_issue_ns(mg, r) -> int:
     """The median time the host took to issue one kernel in run ``r``: the run's host speed."""
     from turnip.memgraph.plan import KIND_KERNEL

@@ -58,15 +58,17 @@ def test_compare_reports_each_cell_and_overlays_recorded_traces(tmp_path):
 
 def _fake_execute(calls):
     """A stand-in for ``turnip.runtime.execute`` that logs (policy, timed or not) and returns run-like objects:
-    recorded nondet runs get makespans 30, 20, 25 ms and an order naming their seed."""
+    recorded nondet runs get makespans 30, 20, 25 ms and an order naming their seed; three kernels and a copy of
+    2000 bytes from the host that is on the link for 1000 ns (2 GB/s)."""
     from types import SimpleNamespace
 
     def execute(mg, be, policy, streams, seed=None, order=None, record_order=False):
         calls.append((policy, seed, order))
         ms = {200: 30.0, 201: 20.0, 202: 25.0}.get(seed, 10.0 + len(calls)) if record_order else 10.0 + len(calls)
-        issue = np.array([1000, 1000 + 1000 * len(calls), 900_000], dtype=np.int64)  # the kernels' median: 2nd
+        issue = np.array([1000, 1000 + 1000 * len(calls), 900_000, 5000], dtype=np.int64)  # the kernels' median: 2nd
         return SimpleNamespace(makespan_ns=int(ms * 1e6), order=[f"rec{seed}"] if record_order else [],
-                               issue_ns=issue, host_start_ns=np.zeros(3, dtype=np.int64),
+                               issue_ns=issue, host_start_ns=np.zeros(4, dtype=np.int64), start_ns=issue,
+                               end_ns=issue + np.array([10, 10, 10, 1000]),
                                host_cost_ns=lambda: np.array([1_000_000, 500_000 * len(calls)]))
 
     return execute
@@ -76,7 +78,7 @@ def test_timed_runs_interleave_policies_after_every_warm_up(monkeypatch):
     from types import SimpleNamespace
 
     import turnip.runtime
-    from turnip.memgraph.plan import KIND_KERNEL
+    from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL
 
     bench = _bench()
     pols = ["nondet", "det", "det-replay"]
@@ -84,7 +86,8 @@ def test_timed_runs_interleave_policies_after_every_warm_up(monkeypatch):
         calls: list = []
         monkeypatch.setattr(turnip.runtime, "execute", _fake_execute(calls))
         a = SimpleNamespace(policies=pols, repeat=3, warmup=1, heat=0.0, sequential=sequential)
-        mg = SimpleNamespace(kind=np.array([KIND_KERNEL, KIND_KERNEL, KIND_KERNEL]))
+        mg = SimpleNamespace(kind=np.array([KIND_KERNEL, KIND_KERNEL, KIND_KERNEL, KIND_INPUT]), n=4,
+                             out_nbytes=np.array([64, 64, 64, 2000]))  # fmt: skip
         out = bench._timed_runs(a, mg, None)
         assert list(out) == pols and all(len(v) == 3 for v in out.values())
         timed = [(p, s) for p, s, _ in calls if s in (0, 1, 2)]
@@ -98,9 +101,10 @@ def test_timed_runs_interleave_policies_after_every_warm_up(monkeypatch):
             assert [p for p, s, _ in calls if s == 100] == pols  # the warm-up: one round of every policy
         # det-replay replays the fastest recorded nondet run's order, in its warm-up and timed runs
         assert {str(o) for p, _, o in calls if p == "det-replay"} == {"['rec201']"}
-        # the makespans, kernel issue times (us) and host times (ms) returned are the timed runs', in round order
+        # the makespans, kernel issue times (us), host times (ms) and host link rates (GB/s) returned are the
+        # timed runs', in round order
         idx = {p: [i for i, (q, s, _) in enumerate(calls) if q == p and s in (0, 1, 2)] for p in pols}
-        assert out == {p: [(10.0 + i + 1, 1.0 + i + 1, 1.0 + 0.5 * (i + 1)) for i in idx[p]] for p in pols}
+        assert out == {p: [(10.0 + i + 1, 1.0 + i + 1, 1.0 + 0.5 * (i + 1), 2.0) for i in idx[p]] for p in pols}
 
 
 def test_compare_at_the_runs_own_host_time_takes_the_host_out_of_the_error(tmp_path):
@@ -142,11 +146,46 @@ def test_compare_at_the_runs_own_host_time_takes_the_host_out_of_the_error(tmp_p
                      "--at-host-time"]) == 0  # fmt: skip
     d = pd.read_csv(f"{out}.csv")
     assert d.error[0] < -0.08  # the profile's host is faster than these runs'
-    assert abs(d.error_at_host[0]) < 0.01 and d.measured_host_ms[0] == pytest.approx(np.mean(host_ms))
-    assert d.measured_issue_us[0] == 9.0 and np.isnan(d.measured_issue_us[1]) and np.isnan(d.error_at_host[1])
+    assert abs(d.error_at_run[0]) < 0.01 and d.measured_host_ms[0] == pytest.approx(np.mean(host_ms))
+    assert d.measured_issue_us[0] == 9.0 and np.isnan(d.measured_issue_us[1]) and np.isnan(d.error_at_run[1])
     md = Path(f"{out}.md").read_text()
     assert "At the runs' own host time: cells within ±5%: 1 of 1; mean |error|" in md and "1 cells without" in md
     # a grid without host times cannot be compared so
     pd.read_csv(grid).drop(columns=["host_ms"]).to_csv(grid, index=False)
     with pytest.raises(SystemExit, match="no host_ms column"):
         svr.main(["compare", str(grid), "--profile", "h100-calibrated", "--out", str(out), "--at-host-time"])
+
+
+def test_compare_at_the_runs_own_host_link_rate_takes_a_slow_link_out_of_the_error(tmp_path):
+    """Stand-in runs of a streamed plan whose host link moved bytes 1.4 times slower than the profile's (and
+    whose host was 1.3 times slower): at their host time alone they are still missed; at their host time and
+    link rate (``run_link_gbps``, as ``measure`` records it) they are found again."""
+    from sim.engine import simulate
+    from turnip.calibrate import run_link_gbps
+    from turnip.machine.profile import load_profile
+
+    svr = _bench()
+    _tg, mg = svr.plan(1024, "6GiB")
+    prof = load_profile("h100-calibrated")
+    runs = [simulate(mg, prof, "nondet", seed=s, host=1.3, link=1.4) for s in (7, 8)]
+    base = run_link_gbps(mg, simulate(mg, prof, "nondet", seed=7))
+    gbps = [run_link_gbps(mg, r) for r in runs]
+    assert all(1.3 < base / g < 1.45 for g in gbps)  # the link's bytes over the time a copy was on it
+    row = {"seq": 1024, "budget": "6GiB", "policy": "nondet", "gpus": 1, "model": "llama-7b", "vertices": mg.n,
+           "times_ms": json.dumps([r.makespan_ns / 1e6 for r in runs]), "mean_ms": 0.0,
+           "issue_us": json.dumps([9.0, 9.0]), "host_ms": json.dumps([r.host_cost_ns().sum() / 1e6 for r in runs]),
+           "link_gbps": json.dumps(gbps)}  # fmt: skip
+    grid = tmp_path / "grid.csv"
+    pd.DataFrame([row]).to_csv(grid, index=False)
+    out = tmp_path / "cmp"
+    args = ["compare", str(grid), "--profile", "h100-calibrated", "--runs", "2", "--out", str(out), "--at-host-time"]
+    assert svr.main(args) == 0
+    assert pd.read_csv(f"{out}.csv").error_at_run[0] < -0.2  # the link's slowness is left in
+    assert svr.main([*args, "--at-link-rate"]) == 0
+    d = pd.read_csv(f"{out}.csv")
+    assert abs(d.error_at_run[0]) < 0.01 and d.measured_link_gbps[0] == pytest.approx(np.mean(gbps))
+    assert "At the runs' own host time and host link rate: cells within ±5%: 1 of 1" in Path(f"{out}.md").read_text()
+    # a grid without link rates cannot be compared so
+    pd.read_csv(grid).drop(columns=["link_gbps"]).to_csv(grid, index=False)
+    with pytest.raises(SystemExit, match="no link_gbps column"):
+        svr.main([*args, "--at-link-rate"])

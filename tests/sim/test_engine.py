@@ -60,6 +60,30 @@ def test_lower_bound_below_every_makespan_with_per_command_handling(policy):
         assert 0 < r.lower_bound_ns <= r.makespan_ns
 
 
+def test_a_host_link_factor_slows_host_copies_only():
+    """``link=2``: a 4000-byte load pushes for 8000 ns instead of 4000 (no latency in EXACT), the kernel after
+    it keeps its time, the peer copy too; the bound follows the slower link."""
+    mg = make_memgraph(["input", "kernel", "transfer"], [[], [0], [1]], n_gpus=2, gpus=[0, 0, 1],
+                       src_gpus=[-1, 0, 0], flops=[0, 1000, 0], nbytes=[4000, 1000, 500])  # fmt: skip
+    one, two = (simulate(mg, EXACT, mean_only=True, link=f) for f in (1.0, 2.0))
+    dur = lambda r: (r.end_ns - r.start_ns).tolist()  # noqa: E731
+    assert dur(one) == [4000, 1000, 500] and dur(two) == [8000, 1000, 500]
+    assert two.makespan_ns == one.makespan_ns + 4000
+    assert two.bound["link_ns"] == 2 * one.bound["link_ns"] == 8000 and two.lower_bound_ns <= two.makespan_ns
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="link factor"):
+            simulate(mg, EXACT, link=bad)
+
+
+@pytest.mark.parametrize("link", [0.5, 2.0])
+def test_lower_bound_below_every_makespan_at_a_link_factor(link):
+    for seed in range(4):
+        mg = random_memgraph(np.random.default_rng(seed), 120, 1 + seed % 3, p_edge=0.03)
+        for pol in ("nondet", "det"):
+            r = simulate(mg, h100(), pol, seed, link=link)
+            assert 0 < r.lower_bound_ns <= r.makespan_ns
+
+
 def test_kernels_share_one_compute_engine():
     mg = make_memgraph(["kernel", "kernel"], [[], []], flops=[1000, 1000])
     r = simulate(mg, EXACT, mean_only=True)

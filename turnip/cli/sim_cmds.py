@@ -40,6 +40,9 @@ def register(sub) -> None:
     s.add_argument("--host-factor", type=ck.float_in(0.0, lo_open=True), metavar="F",
                    help="every host cost (issue, completion handling, polling) times F in every run: a host F times "
                         "slower than the profile's (default: each run's drawn from the profile's host_excess_sd)")
+    s.add_argument("--link-factor", type=ck.float_in(0.0, lo_open=True), metavar="F", default=1.0,
+                   help="every copy between host and GPU moves its bytes F times slower (its latency stays): a host "
+                        "link at 1/F of the profile's rate, as when the host's memory is busy (default 1)")
     s.add_argument("--trace", metavar="OUT.json", help="write the first run as a Chrome/Perfetto trace")
     s.add_argument("--csv", metavar="OUT.csv", help="write one row per run")
     ck.add_train_flags(s)  # for MODEL:SEQ:GPUS:BUDGET: a LoRA training step, SEQ tokens per sequence
@@ -159,14 +162,15 @@ def cmd_simulate(a) -> int:
         n_rec = a.record_runs or a.runs
         with Progress(n_rec, "simulate: record nondet orders") as bar:
             best = fastest_run(mg, prof, range(a.seed, a.seed + n_rec), a.mean_only, tm, progress=bar.update,
-                               host=a.host_factor)  # fmt: skip
+                               host=a.host_factor, link=a.link_factor)  # fmt: skip
         order = best.order
         replayed = (f"replaying the issue order of nondet seed {best.seed} ({best.makespan_ns / 1e6:.3f} ms, the "
                     f"fastest of {n_rec} nondet runs)")  # fmt: skip
     rows = []
     with Progress(a.runs, "simulate") as bar:
         for i in range(a.runs):
-            r = simulate(mg, prof, a.policy, a.seed + i, a.mean_only, tm, order, host=a.host_factor)
+            r = simulate(mg, prof, a.policy, a.seed + i, a.mean_only, tm, order, host=a.host_factor,
+                         link=a.link_factor)  # fmt: skip
             if i == 0 and a.trace:
                 r.trace(mg, meta).write_chrome(a.trace)
             rows.append({"seed": r.seed, "makespan_ns": r.makespan_ns, "lower_bound_ns": r.lower_bound_ns,
@@ -178,6 +182,7 @@ def cmd_simulate(a) -> int:
     rate = f"{mg.n * len(rows) / wall:,.0f}" if wall > 0 else "-"
     step = f", one LoRA training step of {meta['batch']} x {meta['seq']} tokens" if "batch" in meta else ""
     host = f", host costs x {a.host_factor:g}" if a.host_factor is not None else ""
+    host += f", host link copies x {a.link_factor:g}" if a.link_factor != 1.0 else ""
     print(f"{mg.n} vertices{step}, {mg.n_gpus} GPU(s), policy {a.policy}, profile {prof.name}{host}, {a.runs} run(s)")
     if replayed:
         print(replayed)
@@ -195,6 +200,8 @@ def cmd_simulate(a) -> int:
             df = pd.DataFrame(rows).assign(policy=a.policy, mean_only=a.mean_only, **meta)
             if a.host_factor is not None:
                 df["host_factor"] = a.host_factor
+            if a.link_factor != 1.0:
+                df["link_factor"] = a.link_factor
             df.to_csv(f, index=False)
     return 0
 

@@ -16,14 +16,20 @@ from turnip.machine.costs import ENG_D2H, ENG_H2D, ENG_KERNEL, ENG_P2P, VertexCo
 from turnip.sched.priority import critical_path_ns
 
 
-def lower_bound(costs: VertexCosts, host: float = 1.0) -> dict[str, int]:
+def lower_bound(costs: VertexCosts, host: float = 1.0, link: float = 1.0) -> dict[str, int]:
     """The bound and its parts (all ns): ``critical_path_ns``, ``kernel_ns`` (busiest GPU),
     ``link_ns`` (busiest host link or GPU<->GPU link), ``host_ns`` (issuing and handling all commands).
     ``costs`` is a ``VertexCosts`` (the simulator's ``TimingModel`` is one); ``host``: a run's host speed
-    factor (``MachineProfile.host_excess_sd``), which scales every host cost of that run."""
+    factor (``MachineProfile.host_excess_sd``), which scales every host cost of that run; ``link``: its host
+    link time factor (a host<->GPU copy's time less its latency, times it)."""
     mg, p = costs.mg, costs.prof
     floor = costs.floor_ns()
     e, g = costs.eng, mg.gpu.astype(np.int64)
+    if link != 1.0:  # host link copies push their bytes ``link`` times slower; the latency stays
+        hl = (e == ENG_H2D) | (e == ENG_D2H)
+        push = np.maximum(floor[hl] - p.copy_latency_ns, 0)
+        floor = floor.copy()
+        floor[hl] = floor[hl] - push + np.floor(push * link).astype(np.int64)
     gpus = max(mg.n_gpus, 1)
     kern = np.bincount(g[e == ENG_KERNEL], floor[e == ENG_KERNEL], minlength=gpus)
     nb = np.asarray(costs.link_nbytes, dtype=np.float64)
@@ -42,7 +48,7 @@ def lower_bound(costs: VertexCosts, host: float = 1.0) -> dict[str, int]:
     parts = {
         "critical_path_ns": int(max(0, critical_path_ns(mg, per_vertex).max(initial=0) - handle)),  # last: seen
         "kernel_ns": int(kern.max(initial=0)),
-        "link_ns": int(max(pcie.max(initial=0) * 1e9, p2p.max(initial=0))),
+        "link_ns": int(max(pcie.max(initial=0) * 1e9 * link, p2p.max(initial=0))),
         "host_ns": host_ns,
     }
     parts["lower_bound_ns"] = max(parts.values())
