@@ -208,12 +208,14 @@ def handed_back(r) -> np.ndarray:
 def run_link_gbps(mg, r) -> float:
     """The host-to-device link's rate in run ``r`` (GB/s = bytes per ns): the bytes its input and reload
     copies moved over the time any of them was on the link (from its start, its issue in a run without start
-    events, to its end); NaN when the run copied nothing from the host."""
+    events, to its end); NaN when the run copied nothing from the host, or copied to it too (offloads share
+    the link: its rate one way then depends on the traffic the other way)."""
     from analysis.metrics import _union_ns
-    from turnip.machine.costs import ENG_H2D, engine_class
+    from turnip.machine.costs import ENG_D2H, ENG_H2D, engine_class
 
-    h2d = (engine_class(mg) == ENG_H2D) & (r.issue_ns > 0)
-    if not h2d.any():
+    e = engine_class(mg)
+    h2d = (e == ENG_H2D) & (r.issue_ns > 0)
+    if not h2d.any() or ((e == ENG_D2H) & (r.issue_ns > 0)).any():
         return float("nan")
     a, b = _union_ns(r.start_ns[h2d], r.end_ns[h2d])
     busy = int((b - a).sum())

@@ -39,9 +39,12 @@ def test_every_policy_runs_the_step_above_its_lower_bound(step, profile):
     order = simulate(step, prof, "nondet", 0, tm=tm).order
     for policy in POLICIES:
         for seed in (0, 1):
-            r = simulate(step, prof, policy, seed, tm=tm, order=order if policy == "det-replay" else None)
-            assert r.lower_bound_ns == bound < r.makespan_ns, (policy, seed)
+            o = order if policy == "det-replay" else None
+            r = simulate(step, prof, policy, seed, tm=tm, order=o)
+            assert 0 < r.lower_bound_ns < r.makespan_ns, (policy, seed)  # the run's own (its host factor's)
             assert (r.end_ns >= r.start_ns).all() and np.isfinite(r.makespan_ns)
+        r = simulate(step, prof, policy, 0, mean_only=True, tm=tm, order=o)  # host factor 1: the plan's bound
+        assert r.lower_bound_ns == bound < r.makespan_ns, policy
     kern = tm.eng == 0
     assert (tm.kernel_ns[kern] >= prof.kernel_min_ns).all()
 
