@@ -207,9 +207,10 @@ def analyze(a) -> int:
     e1, e2 = per_run.error_at_host.abs(), per_run.error_at_host_and_link.abs()
     lines += ["", f"Each of {len(per_run)} runs at its own host time: {(e1 <= 0.05).sum()} within ±5% (mean |error| "
               f"{e1.mean():.1%}, worst {e1.max():.1%}); at its own host time and host link rate: {(e2 <= 0.05).sum()} "
-              f"(mean {e2.mean():.1%}, worst {e2.max():.1%}). Steal time over the runs: "
-              f"{per_run.steal_ticks.sum()} ticks; the host thread's run-queue wait: at most "
-              f"{per_run.runqueue_us.max():.0f} us in a run."]  # fmt: skip
+              f"(mean {e2.mean():.1%}, worst {e2.max():.1%})."]  # fmt: skip
+    if per_run.steal_ticks.notna().any():  # recordings made before these were taken have none
+        lines[-1] += (f" Steal time over the runs: {per_run.steal_ticks.sum():.0f} ticks; the host thread's run-queue "
+                      f"wait: at most {per_run.runqueue_us.max():.0f} us in a run.")  # fmt: skip
     text = "\n".join(lines) + "\n"
     with atomic_write(f"{out}.md") as fh:
         fh.write(text)

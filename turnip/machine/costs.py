@@ -162,16 +162,18 @@ def host_costs(costs: VertexCosts, host: float = 1.0) -> HostCosts:
 
 
 def handed_over(costs: VertexCosts) -> int:
-    """Commands a run issues in answer to a completion, at least: every vertex issued that has a dependency
-    (one without may go at the run's start)."""
-    deps = np.diff(costs.mg.dep_ptr) > 0
-    return int((deps & ~costs.preloaded).sum())
+    """Commands a run issues in answer to a completion, at least: every command with a dependency, and every
+    command but those issued at the run's start, which hold a stream slot each (``streams_per_gpu`` per GPU)
+    until they are done."""
+    sent = ~costs.preloaded
+    with_deps = int((sent & (np.diff(costs.mg.dep_ptr) > 0)).sum())
+    return max(with_deps, int(sent.sum()) - costs.prof.streams_per_gpu * max(costs.mg.n_gpus, 1))
 
 
 def host_busy_ns(costs: VertexCosts, host: float = 1.0) -> int:
     """The host thread's busy time in one run at host speed factor ``host``: every vertex's issue cost plus the
     handling of its completion (resident inputs: neither), as the simulator charges them (per-command handling
-    counted for ``handed_over`` commands: exact when every vertex without a dependency goes at the start); on
+    counted for ``handed_over`` commands: at most a stream slot per GPU short of a run's); on
     hardware ``turnip.runtime.RunResult.host_cost_ns`` sums the same two (polling is in neither)."""
     h = host_costs(costs, host)
     return int(h.launch.sum()) + int((~costs.preloaded).sum()) * h.handle + handed_over(costs) * h.handle_per_cmd
