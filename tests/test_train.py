@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.benchscripts import load_script
 from tests.runtime.helpers import gpus
 from turnip.autodiff import backward
 from turnip.compile import build_with_resident
@@ -261,10 +262,7 @@ def test_training_arguments_are_checked():
 
 
 def _peft():
-    spec = importlib.util.spec_from_file_location("lora_peft", ROOT / "benchmarks" / "lora_peft.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("lora_peft")
 
 
 @needs_peft

@@ -3,7 +3,6 @@ the stand-in for a real trace is a simulated run of the same plan on another pro
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,14 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchscripts import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("sim_vs_real", ROOT / "benchmarks" / "sim_vs_real.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("sim_vs_real")
 
 
 def test_compare_reports_each_cell_and_overlays_recorded_traces(tmp_path):

@@ -3,23 +3,17 @@ plan with a slower host and host link than the profile's, written as ``measure``
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchscripts import load_script
 
 
 def _bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("streamed_runs", ROOT / "benchmarks" / "streamed_runs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("streamed_runs")
 
 
 def test_analyze_finds_the_runs_conditions_and_the_handling_line(tmp_path):
