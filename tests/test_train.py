@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +23,6 @@ from turnip.runtime import execute, open_backend
 from turnip.runtime.weights import random_inputs_for, tile_inputs
 from turnip.train import AdapterState, LoraConfig, lora_step, next_token_targets, parse_targets, save_adapters
 
-ROOT = Path(__file__).resolve().parents[1]
 HAVE_PEFT = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "peft"))
 needs_peft = pytest.mark.skipif(not HAVE_PEFT, reason="needs torch, transformers and peft")
 
