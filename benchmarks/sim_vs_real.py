@@ -24,7 +24,10 @@ and predicted, and the nondet/det and nondet/det-kernels ratios measured and pre
 from 2026-11-25 on, the host's speed too (each run's median kernel issue time, ``issue_us``, against the
 simulated runs'), and with ``compare --at-host-time`` each run predicted at its own host time (``host_ms``:
 the simulated run's host costs scaled until its host thread is as busy as the measured run's), which takes the
-host CPU's speed, the one thing a profile cannot know in advance, out of the error.
+host CPU's speed, the one thing a profile cannot know in advance, out of the error; grids measured from the
+v16 round on also hold each run's host link rate (``link_gbps``: ``turnip.calibrate.run_link_gbps``), and
+``compare --at-link-rate`` predicts each run at it too (on the lent H100s the link slows down with the host in
+its slow phases: ``benchmarks/streamed_runs.py``).
 
 Where a cell misses, ``measure --traces DIR`` also records one run per cell and policy with start events
 (the plan loaded again with them, after the timed runs: they cost the host a driver call per vertex) as a
