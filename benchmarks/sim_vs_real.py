@@ -291,12 +291,15 @@ def compare(a) -> int:
                                 "issuing and handling completions as the measured run's did", a.at_host_time),
                                ("its host link's copies as slow as the measured run's, bytes over time on the link",
                                 a.at_link_rate)) if on]  # fmt: skip
-        lines += ["", f"At each run's own {what} ({'; '.join(how)}):", "",
-                  "| seq | budget | policy | host ms measured | link GB/s measured | predicted ms at them | error |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
-        lines += [f"| {r.seq} | {r.budget} | {r.policy} | {_num(r.measured_host_ms, '.2f')} | "
-                  f"{_num(r.measured_link_gbps, '.2f')} | {_num(r.predicted_at_run_ms, '.1f')} | "
-                  f"{_num(r.error_at_run, '+.1%')} |" for _, r in d.iterrows()]  # fmt: skip
+        cols = [c for c, on in (("measured_host_ms", a.at_host_time), ("measured_link_gbps", a.at_link_rate)) if on]
+        heads = {"measured_host_ms": "host ms measured", "measured_link_gbps": "link GB/s measured"}
+        offload = " (runs that also offload, whose link rate one way is not defined: at the profile's link)"
+        lines += ["", f"At each run's own {what} ({'; '.join(how)}){offload if a.at_link_rate else ''}:", "",
+                  "| seq | budget | policy | " + " | ".join(heads[c] for c in cols) + " | predicted ms at it | error |",
+                  "|---|---|---|" + "---|" * len(cols) + "---|---|"]  # fmt: skip
+        lines += [f"| {r.seq} | {r.budget} | {r.policy} | " + " | ".join(_num(r[c], ".2f") for c in cols)
+                  + f" | {_num(r.predicted_at_run_ms, '.1f')} | {_num(r.error_at_run, '+.1%')} |"
+                  for _, r in d.iterrows()]  # fmt: skip
         eh = d.error_at_run.abs().dropna()
         blank = f" ({len(d) - len(eh)} cells without these figures)" if len(eh) < len(d) else ""
         lines += ["", f"At the runs' own {what}: cells within ±5%: {(eh <= 0.05).sum()} of {len(eh)}; mean |error| "
@@ -321,17 +324,39 @@ def _per_run(r, col: str) -> np.ndarray | None:
     return np.array([np.nan if x is None else x for x in json.loads(v)], dtype=np.float64)
 
 
-def _at_run(mg, prof, tm, policy: str, order, meas: np.ndarray, host_ms: np.ndarray | None,
-            link_gbps: np.ndarray | None, use_host: bool, use_link: bool) -> dict:  # fmt: skip
-    """Each measured run predicted at its own conditions: one simulated run per measured one (seed = its index)
-    at the host speed factor that gives the simulated host thread as much issue and completion-handling time as
-    the measured run's (``turnip.machine.costs.host_busy_ns``: linear in the factor; ``use_host``) and at the
-    host link factor that makes its host-to-device copies move their bytes as slowly as the measured run's did
-    (``turnip.calibrate.run_link_gbps`` of a simulated run at factor 1 over the measured one's; a run without
-    copies from the host keeps 1; ``use_link``). NaN where a wanted figure is missing."""
+def run_factors(mg, prof, tm, policy: str, order, seed: int, host_ms: float | None, link_gbps: float | None):
+    """(host factor, link factor) at which a simulated run (``seed``) matches a measured run's host time and
+    host link rate. Host: the factor that gives the simulated host thread as much issue and completion-handling
+    time (``turnip.machine.costs.host_busy_ns``: linear in it); None when ``host_ms`` is None (the drawn one).
+    Link: the factor at which the simulated run's ``turnip.calibrate.run_link_gbps`` is the measured one, from
+    its rate at factor 1 and one secant step (a copy's latency does not scale with it); 1 when either rate is
+    not a number (a run without copies from the host, or that offloads)."""
     from sim.engine import simulate
     from turnip.calibrate import run_link_gbps
     from turnip.machine.costs import host_busy_ns
+
+    host = None if host_ms is None else max(host_ms * 1e6 / host_busy_ns(tm, 1.0), 1e-3)
+    if link_gbps is None or not link_gbps > 0:
+        return host, 1.0
+
+    def busy_ns(f: float) -> float:  # the simulated run's bytes over time on the link, as time per byte
+        return 1.0 / run_link_gbps(mg, simulate(mg, prof, policy, seed=seed, tm=tm, order=order, host=host, link=f))
+
+    want, t1 = 1.0 / link_gbps, busy_ns(1.0)
+    if not t1 > 0:
+        return host, 1.0
+    f0 = want / t1
+    t0 = busy_ns(f0) if f0 != 1.0 else t1
+    f = 1.0 + (f0 - 1.0) * (want - t1) / (t0 - t1) if abs(t0 - t1) > 1e-12 * t1 else f0
+    return host, float(f) if f > 0 else f0
+
+
+def _at_run(mg, prof, tm, policy: str, order, meas: np.ndarray, host_ms: np.ndarray | None,
+            link_gbps: np.ndarray | None, use_host: bool, use_link: bool) -> dict:  # fmt: skip
+    """Each measured run predicted at its own conditions: one simulated run per measured one (seed = its index)
+    at the host factor and host link factor of ``run_factors`` (``use_host``: its host time, else the drawn
+    host factor; ``use_link``: its link rate, else factor 1). NaN where a wanted figure is missing."""
+    from sim.engine import simulate
 
     blank = {"measured_host_ms": np.nan, "measured_link_gbps": np.nan, "predicted_at_run_ms": np.nan,
              "error_at_run": np.nan}  # fmt: skip
@@ -339,16 +364,12 @@ def _at_run(mg, prof, tm, policy: str, order, meas: np.ndarray, host_ms: np.ndar
     missing = [x is None or len(x) != n for x, on in ((host_ms, use_host), (link_gbps, use_link)) if on]
     if any(missing):
         return blank
-    one = host_busy_ns(tm, 1.0)
-    host = [max(h * 1e6 / one, 1e-3) for h in host_ms] if use_host else [1.0] * n
-    link = [1.0] * n
-    if use_link:
-        for i, g in enumerate(link_gbps):
-            if g > 0:  # NaN (no copies) keeps 1
-                base = run_link_gbps(mg, simulate(mg, prof, policy, seed=i, tm=tm, order=order, host=host[i]))
-                link[i] = base / g if base > 0 else 1.0
-    pred = np.array([simulate(mg, prof, policy, seed=i, tm=tm, order=order, host=host[i], link=link[i]).makespan_ns
-                     for i in range(n)]) / 1e6  # fmt: skip
+    pred = []
+    for i in range(n):
+        host, link = run_factors(mg, prof, tm, policy, order, i, host_ms[i] if use_host else None,
+                                 link_gbps[i] if use_link else None)  # fmt: skip
+        pred.append(simulate(mg, prof, policy, seed=i, tm=tm, order=order, host=host, link=link).makespan_ns / 1e6)
+    pred = np.array(pred)
     has_link = use_link and np.isfinite(link_gbps).any()
     return {"measured_host_ms": float(np.mean(host_ms)) if use_host else np.nan,
             "measured_link_gbps": float(np.nanmean(link_gbps)) if has_link else np.nan,

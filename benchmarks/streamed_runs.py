@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_vs_real import plan  # noqa: E402 - the same plans as the grid
+from sim_vs_real import _write_rows, plan, run_factors  # noqa: E402 - the grid's plans, its conditions per run
 
 CELLS = ("1024:6GiB", "4096:1GiB", "8192:1GiB")
 POLICIES = ("nondet", "det-kernels")
@@ -75,7 +75,6 @@ def _runqueue_ns() -> int:
 
 
 def measure(a) -> int:
-    import pandas as pd
 
     from turnip.calibrate import run_link_gbps
     from turnip.fileio import atomic_write
@@ -110,8 +109,7 @@ def measure(a) -> int:
         print(f"{c}: {a.rounds} rounds of {', '.join(a.policies)} in {time.perf_counter() - t0:.1f} s", flush=True)
         with atomic_write(out / "runs.npz", "wb") as f:  # after every cell: a run cut short keeps what it has
             np.savez_compressed(f, **arrays)
-        with atomic_write(out / "runs.csv", newline="") as f:
-            pd.DataFrame(rows).to_csv(f, index=False)
+        _write_rows(rows, str(out / "runs.csv"))
     return 0
 
 
@@ -141,7 +139,6 @@ def analyze(a) -> int:
     from sim.timing import TimingModel
     from turnip.calibrate import handed_back, run_link_gbps
     from turnip.fileio import atomic_write
-    from turnip.machine.costs import host_busy_ns
     from turnip.machine.profile import load_profile
     from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL
 
@@ -153,7 +150,6 @@ def analyze(a) -> int:
     for (seq, budget), cell in runs.groupby(["seq", "budget"], sort=False):
         _tg, mg = plan(int(seq), str(budget))
         tm = TimingModel(mg, prof)
-        one = host_busy_ns(tm, 1.0)
         real = {r.key: SimpleNamespace(**dict(zip(COLUMNS, z[r.key], strict=True))) for r in cell.itertuples()}
         for pol, rs in cell.groupby("policy", sort=False):
             med = rs.iloc[(rs.makespan_ms.rank(method="first") - 1 == len(rs) // 2).to_numpy().nonzero()[0][0]]
@@ -172,10 +168,9 @@ def analyze(a) -> int:
                     handling.append({"seq": seq, "budget": budget, "policy": r.policy, "key": r.key, "kind": k,
                                      "commands": int(c), "handle_us": float(np.median(x.handle_ns[m])) / 1e3,
                                      "n": int(m.sum())})  # fmt: skip
-            f = max(r.host_ms * 1e6 / one, 1e-3)
-            at_host = simulate(mg, prof, r.policy, seed=r.round, tm=tm, host=f)
             g = run_link_gbps(mg, x)
-            link = run_link_gbps(mg, at_host) / g if g > 0 else 1.0
+            f, link = run_factors(mg, prof, tm, r.policy, None, r.round, r.host_ms, g)
+            at_host = simulate(mg, prof, r.policy, seed=r.round, tm=tm, host=f)
             at_run = simulate(mg, prof, r.policy, seed=r.round, tm=tm, host=f, link=link)
             per_run.append({"key": r.key, "seq": seq, "budget": budget, "policy": r.policy,
                             "makespan_ms": r.makespan_ms, "host_ms": r.host_ms, "link_gbps": g,

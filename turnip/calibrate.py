@@ -195,7 +195,8 @@ def handed_back(r) -> np.ndarray:
     handles one completion, issues what the scheduler handed back, then handles the next: those are the
     vertices whose issue began after this completion's handling and before the next completion was seen."""
     sent = np.flatnonzero(r.issue_ns > 0)  # resident inputs complete nothing in a run
-    o = sent[np.argsort(r.done_ns[sent], kind="stable")]
+    # in the order the host handled them: two seen at once were handled the one with no handling time first
+    o = sent[np.lexsort((r.handle_ns[sent], r.done_ns[sent]))]
     seen = r.done_ns[o]
     began = np.sort(r.host_start_ns[sent])
     nxt = np.append(seen[1:], np.iinfo(np.int64).max)
@@ -206,10 +207,11 @@ def handed_back(r) -> np.ndarray:
 
 
 def run_link_gbps(mg, r) -> float:
-    """The host-to-device link's rate in run ``r`` (GB/s = bytes per ns): the bytes its input and reload
-    copies moved over the time any of them was on the link (from its start, its issue in a run without start
-    events, to its end); NaN when the run copied nothing from the host, or copied to it too (offloads share
-    the link: its rate one way then depends on the traffic the other way)."""
+    """The rate of a host-to-GPU link in run ``r`` (GB/s = bytes per ns): the bytes its input and reload
+    copies moved over the time one of them was on its GPU's link (from its start, its issue in a run without
+    start events, to its end), the busy times of every GPU's link summed; NaN when the run copied nothing from
+    the host, or copied to it too (offloads share the link: its rate one way then depends on the traffic the
+    other way)."""
     from analysis.metrics import _union_ns
     from turnip.machine.costs import ENG_D2H, ENG_H2D, engine_class
 
@@ -217,8 +219,11 @@ def run_link_gbps(mg, r) -> float:
     h2d = (e == ENG_H2D) & (r.issue_ns > 0)
     if not h2d.any() or ((e == ENG_D2H) & (r.issue_ns > 0)).any():
         return float("nan")
-    a, b = _union_ns(r.start_ns[h2d], r.end_ns[h2d])
-    busy = int((b - a).sum())
+    busy = 0
+    for g in np.unique(mg.gpu[h2d]):
+        sel = h2d & (mg.gpu == g)
+        a, b = _union_ns(r.start_ns[sel], r.end_ns[sel])
+        busy += int((b - a).sum())
     return float(mg.out_nbytes[h2d].sum()) / busy if busy > 0 else float("nan")
 
 

@@ -83,7 +83,7 @@ def test_timed_runs_interleave_policies_after_every_warm_up(monkeypatch):
         monkeypatch.setattr(turnip.runtime, "execute", _fake_execute(calls))
         a = SimpleNamespace(policies=pols, repeat=3, warmup=1, heat=0.0, sequential=sequential)
         mg = SimpleNamespace(kind=np.array([KIND_KERNEL, KIND_KERNEL, KIND_KERNEL, KIND_INPUT]), n=4,
-                             out_nbytes=np.array([64, 64, 64, 2000]))  # fmt: skip
+                             out_nbytes=np.array([64, 64, 64, 2000]), gpu=np.zeros(4, dtype=np.int32))  # fmt: skip
         out = bench._timed_runs(a, mg, None)
         assert list(out) == pols and all(len(v) == 3 for v in out.values())
         timed = [(p, s) for p, s, _ in calls if s in (0, 1, 2)]
@@ -182,6 +182,13 @@ def test_compare_at_the_runs_own_host_link_rate_takes_a_slow_link_out_of_the_err
     d = pd.read_csv(f"{out}.csv")
     assert abs(d.error_at_run[0]) < 0.01 and d.measured_link_gbps[0] == pytest.approx(np.mean(gbps))
     assert "At the runs' own host time and host link rate: cells within ±5%: 1 of 1" in Path(f"{out}.md").read_text()
+    # at the link rate alone, runs without one (they offload) keep the profile's link and their drawn host
+    g = pd.read_csv(grid)
+    g["link_gbps"] = json.dumps([None, None])
+    g.to_csv(grid, index=False)
+    assert svr.main([*args[:-1], "--at-link-rate"]) == 0
+    d = pd.read_csv(f"{out}.csv")
+    assert d.predicted_at_run_ms[0] == d.predicted_ms[0] and np.isnan(d.measured_link_gbps[0])
     # a grid without link rates cannot be compared so
     pd.read_csv(grid).drop(columns=["link_gbps"]).to_csv(grid, index=False)
     with pytest.raises(SystemExit, match="no link_gbps column"):

@@ -110,6 +110,40 @@ def test_the_handling_line_is_read_back_from_runs_that_charged_it():
     assert f["copy_launch_ns"] == prof.copy_launch_ns and f["gemm_launch_ns"] == prof.gemm_launch_ns
 
 
+def test_handed_back_when_completions_are_seen_at_once():
+    """With no handling time of its own, a completion that hands back nothing is seen at the same instant as
+    the next one: the commands go to the completion handled last (the simulator's charges are the check)."""
+    from sim.engine import simulate
+    from turnip.machine.profile import h100
+    from turnip.sched.testing import random_memgraph
+
+    prof = h100().replace(handle_ns=0, handle_per_cmd_ns=3000, host_excess_sd=0.0)
+    ties = 0
+    for seed in range(12):
+        mg = random_memgraph(np.random.default_rng(seed), 80, 1 + seed % 3, p_edge=0.05)
+        for pol in ("nondet", "det"):
+            r = simulate(mg, prof, pol, seed)
+            sent = r.issue_ns > 0
+            assert (r.handle_ns[sent] == 3000 * handed_back(r)[sent]).all(), (seed, pol)
+            d = np.sort(r.done_ns[sent])
+            ties += int((d[1:] == d[:-1]).sum())
+    assert ties > 0  # the case arose
+
+
+def test_a_runs_link_rate_is_per_link():
+    """Two GPUs loading at once over their own links: the rate of one link, not their sum."""
+    from sim.engine import simulate
+    from turnip.calibrate import run_link_gbps
+    from turnip.machine.profile import h100
+    from turnip.sched.testing import make_memgraph
+
+    mg = make_memgraph(["input", "input"], [[], []], n_gpus=2, gpus=[0, 1], src_gpus=[-1, -1],
+                       nbytes=[1 << 24, 1 << 24])  # fmt: skip
+    prof = h100().replace(copy_latency_ns=0, h2d_excess_mean=0.0, stall_prob=0.0)
+    r = simulate(mg, prof, mean_only=True)
+    assert run_link_gbps(mg, r) == pytest.approx(prof.h2d_bytes_per_s / 1e9, rel=1e-3)
+
+
 def test_copy_fields_and_a_written_profile_loads(tmp_path, plan):
     copies = [{"kind": k, "contended": c, "nbytes": n, "ns_mean": n / (40 if c else 50) + 5000.0, "ns_sd": 10.0,
                "n": 5} for k in ("h2d", "d2h") for c in (False, True) for n in (1 << 16, 1 << 24)]  # fmt: skip

@@ -53,11 +53,33 @@ def test_a_completion_costs_its_handling_and_more_per_command_it_hands_back():
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_lower_bound_below_every_makespan_with_per_command_handling(policy):
-    prof = h100().replace(handle_ns=2000, handle_per_cmd_ns=3000)
-    for seed in range(4):
+    """Large per-command handling, with and without resident inputs (they complete nothing in a run, so a
+    kernel that reads only them is issued at the start, not handed back by a completion)."""
+    prof = h100().replace(handle_ns=1000, handle_per_cmd_ns=100_000)
+    for seed in range(6):
         mg = random_memgraph(np.random.default_rng(seed), 120, 1 + seed % 3, p_edge=0.03)
+        if seed % 2:
+            for v in np.flatnonzero(mg.kind == 0)[::2]:
+                mg.params[v]["resident"] = True
         r = run_policy(mg, policy, seed, prof=prof)
-        assert 0 < r.lower_bound_ns <= r.makespan_ns
+        assert 0 < r.lower_bound_ns <= r.makespan_ns, r.bound
+
+
+def test_kernels_reading_only_resident_inputs_go_at_the_start():
+    """Eight resident inputs, each read by its own kernel: no kernel waits for a command, so only the three
+    that find the GPU's five stream slots taken are handed back by a completion (the host's bound counts their
+    per-command handling, no more); the chain bound counts no completion of a resident input."""
+    mg = make_memgraph(["input"] * 8 + ["kernel"] * 8, [[]] * 8 + [[i] for i in range(8)], flops=[0] * 8 + [1000] * 8)
+    for v in range(8):
+        mg.params[v]["resident"] = True
+    prof = EXACT.replace(handle_ns=1000, handle_per_cmd_ns=100_000)
+    r = simulate(mg, prof, mean_only=True)
+    b = lower_bound(TimingModel(mg, prof))
+    assert (r.handle_ns[8:] - 1000).sum() == 3 * 100_000  # three commands handed back in the run
+    # issue and handling of the 8 kernels (the last only seen) and the three commands handed back
+    assert b["host_ns"] == 8 * 1000 + 8 * 1000 - 1000 + 3 * 100_000
+    assert b["critical_path_ns"] == 1000 + 1000 + 500  # one kernel's launch, run and completion
+    assert b["lower_bound_ns"] <= r.makespan_ns
 
 
 def test_a_host_link_factor_slows_host_copies_only():

@@ -45,6 +45,7 @@ def lower_bound(costs: VertexCosts, host: float = 1.0, link: float = 1.0) -> dic
     # a chain waits for each hand-over: the completion that issues the next vertex hands back at least it
     handle = h.handle + h.handle_per_cmd
     per_vertex = floor + h.launch + h.completion + handle + start
+    per_vertex[costs.preloaded] = 0  # a resident input is there before the run: nothing to wait for
     parts = {
         "critical_path_ns": int(max(0, critical_path_ns(mg, per_vertex).max(initial=0) - handle)),  # last: seen
         "kernel_ns": int(kern.max(initial=0)),

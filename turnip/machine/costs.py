@@ -162,18 +162,19 @@ def host_costs(costs: VertexCosts, host: float = 1.0) -> HostCosts:
 
 
 def handed_over(costs: VertexCosts) -> int:
-    """Commands a run issues in answer to a completion, at least: every command with a dependency, and every
-    command but those issued at the run's start, which hold a stream slot each (``streams_per_gpu`` per GPU)
-    until they are done."""
-    sent = ~costs.preloaded
-    with_deps = int((sent & (np.diff(costs.mg.dep_ptr) > 0)).sum())
-    return max(with_deps, int(sent.sum()) - costs.prof.streams_per_gpu * max(costs.mg.n_gpus, 1))
+    """Commands a run issues in answer to a completion, at least: every command that waits for another command
+    (a resident input is no command: it completes nothing in a run), and every command but those issued at the
+    run's start, which hold a stream slot each (``streams_per_gpu`` per GPU) until they are done."""
+    mg, sent = costs.mg, ~costs.preloaded
+    owner = np.repeat(np.arange(mg.n), np.diff(mg.dep_ptr))
+    waits = np.bincount(owner[sent[mg.dep_src]], minlength=mg.n) > 0
+    return max(int((sent & waits).sum()), int(sent.sum()) - costs.prof.streams_per_gpu * max(mg.n_gpus, 1))
 
 
 def host_busy_ns(costs: VertexCosts, host: float = 1.0) -> int:
     """The host thread's busy time in one run at host speed factor ``host``: every vertex's issue cost plus the
     handling of its completion (resident inputs: neither), as the simulator charges them (per-command handling
-    counted for ``handed_over`` commands: at most a stream slot per GPU short of a run's); on
+    counted for ``handed_over`` commands: at most ``streams_per_gpu`` per GPU short of a run's); on
     hardware ``turnip.runtime.RunResult.host_cost_ns`` sums the same two (polling is in neither)."""
     h = host_costs(costs, host)
     return int(h.launch.sum()) + int((~costs.preloaded).sum()) * h.handle + handed_over(costs) * h.handle_per_cmd
