@@ -77,30 +77,23 @@ def test_simulate_a_lora_training_step(tmp_path, capsys):
     assert "compiled plan" in capsys.readouterr().err
 
 
-def test_simulate_with_a_slower_host(tmp_path, capsys):
-    argv = ["simulate", "llama-tiny:64:1:1MiB", "--runs", "2", "--mean-only", "--profile", "h100-calibrated"]
+@pytest.mark.parametrize(
+    "plan, flag, f, said, lo, hi",
+    [  # a tiny plan is host-bound: three times the host costs, much longer runs
+        ("llama-tiny:64:1:1MiB", "--host-factor", "3", "host costs x 3", 1.5, None),
+        # a streamed 7B plan at 1K is link-bound: copies 1.5 times slower, runs about 1.5 times longer
+        ("llama-7b:1024:1:1GiB", "--link-factor", "1.5", "host link copies x 1.5", 1.35, 1.5),
+    ],
+)
+def test_simulate_with_a_slower_host_or_link(tmp_path, capsys, plan, flag, f, said, lo, hi):
+    argv = ["simulate", plan, "--runs", "1", "--mean-only", "--profile", "h100-calibrated"]
+    col = flag[2:].replace("-", "_")
     ms = {}
-    for f in (None, "3"):
-        csv = tmp_path / f"runs{f}.csv"
-        assert main([*argv, "--csv", str(csv)] + (["--host-factor", f] if f else [])) == 0
-        out = capsys.readouterr().out
-        assert ("host costs x 3" in out) == (f is not None)
+    for x in (None, f):
+        csv = tmp_path / f"runs{x}.csv"
+        assert main([*argv, "--csv", str(csv)] + ([flag, x] if x else [])) == 0
+        assert (said in capsys.readouterr().out) == (x is not None)
         head, first = csv.read_text().splitlines()[:2]
-        ms[f] = int(first.split(",")[1])
-        assert ("host_factor" in head) == (f is not None)
-    assert ms["3"] > 1.5 * ms[None]  # a tiny plan is host-bound: three times the host costs, much longer runs
-
-
-def test_simulate_with_a_slower_host_link(tmp_path, capsys):
-    """A streamed 7B plan at 1K is link-bound: copies 1.5 times slower, runs about 1.5 times longer."""
-    argv = ["simulate", "llama-7b:1024:1:1GiB", "--runs", "1", "--mean-only", "--profile", "h100-calibrated"]
-    ms = {}
-    for f in (None, "1.5"):
-        csv = tmp_path / f"runs{f}.csv"
-        assert main([*argv, "--csv", str(csv)] + (["--link-factor", f] if f else [])) == 0
-        out = capsys.readouterr().out
-        assert ("host link copies x 1.5" in out) == (f is not None)
-        head, first = csv.read_text().splitlines()[:2]
-        ms[f] = int(first.split(",")[1])
-        assert ("link_factor" in head) == (f is not None)
-    assert 1.35 * ms[None] < ms["1.5"] < 1.5 * ms[None]
+        ms[x] = int(first.split(",")[1])
+        assert (col in head) == (x is not None)
+    assert lo * ms[None] < ms[f] and (hi is None or ms[f] < hi * ms[None])
