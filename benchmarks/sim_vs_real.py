@@ -116,10 +116,10 @@ def _timed_runs(a, mg, be) -> dict[str, list[tuple[float, float, float, float]]]
     runs}: the issue time is the run's host speed (``turnip.calibrate.run_issue_ns``), the host time its host
     thread's issue and completion-handling time (``RunResult.host_cost_ns``), the link rate its host-to-device
     copies' bytes over the time they were on the link (``turnip.calibrate.run_link_gbps``; NaN: no copies).
-    Interleaved (the default): det-replay's
-    order recorded, warm-up rounds of every policy (``_warm_up``), then timed rounds of one run per policy, so
-    that a drift of the host's or the GPU's speed during the cell weighs on every policy alike;
-    ``--sequential``: each policy's warm-up and runs in turn (the grids measured before 2026-11-25)."""
+    Interleaved (the default): det-replay's order recorded, warm-up rounds of every policy (``_warm_up``), then
+    timed rounds of one run per policy, so that a drift of the host's or the GPU's speed during the cell weighs
+    on every policy alike; ``--sequential``: each policy's warm-up and runs in turn (the grids measured before
+    2026-11-25)."""
     from turnip.calibrate import run_issue_ns, run_link_gbps
     from turnip.runtime import execute
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_vs_real import _write_rows, plan, run_factors  # noqa: E402 - the grid's plans, its conditions per run
+from sim_vs_real import _warm_up, _write_rows, plan, run_factors  # noqa: E402 - the grid's plans and runs
 
 CELLS = ("1024:6GiB", "4096:1GiB", "8192:1GiB")
 POLICIES = ("nondet", "det-kernels")
@@ -75,6 +75,7 @@ def _runqueue_ns() -> int:
 
 
 def measure(a) -> int:
+    from types import SimpleNamespace
 
     from turnip.calibrate import run_link_gbps
     from turnip.fileio import atomic_write
@@ -90,11 +91,7 @@ def measure(a) -> int:
         _tg, mg = plan(seq, budget)
         with open_backend("cuda", mg, 5, device_start=True) as be:
             write_streaming(be, _tg, iter_random_inputs(_tg, seed=0))
-            w, t_heat = 0, time.perf_counter()
-            while w < 2 or time.perf_counter() - t_heat < 1.0:  # warm-up rounds
-                for pol in a.policies:
-                    execute(mg, be, pol, 5, seed=100 + w)
-                w += 1
+            _warm_up(SimpleNamespace(warmup=2, heat=1.0), mg, be, a.policies, {})  # 2 rounds and 1 s at least
             for r in range(a.rounds):
                 for pol in a.policies:
                     probe, steal, rq = _probe(), _steal_ticks(), _runqueue_ns()
@@ -151,8 +148,9 @@ def analyze(a) -> int:
         _tg, mg = plan(int(seq), str(budget))
         tm = TimingModel(mg, prof)
         real = {r.key: SimpleNamespace(**dict(zip(COLUMNS, z[r.key], strict=True))) for r in cell.itertuples()}
+        kind = np.where(mg.kind == KIND_KERNEL, "kernel", np.where(mg.kind == KIND_INPUT, "input", "other"))
         for pol, rs in cell.groupby("policy", sort=False):
-            med = rs.iloc[(rs.makespan_ms.rank(method="first") - 1 == len(rs) // 2).to_numpy().nonzero()[0][0]]
+            med = rs.sort_values("makespan_ms", kind="stable").iloc[len(rs) // 2]
             sim = simulate(mg, prof, pol, seed=0, tm=tm)
             for src, run, ms in (("real", real[med.key], med.makespan_ms), ("sim", sim, sim.makespan_ns / 1e6)):
                 hand.append({"seq": seq, "budget": budget, "policy": pol, "run": src, "makespan_ms": ms}
@@ -161,7 +159,6 @@ def analyze(a) -> int:
             x = real[r.key]
             nb = handed_back(x)
             sent = (x.issue_ns > 0) & (x.handle_ns > 0)
-            kind = np.where(mg.kind == KIND_KERNEL, "kernel", np.where(mg.kind == KIND_INPUT, "input", "other"))
             for k in np.unique(kind[sent]):
                 for c in np.unique(nb[sent & (kind == k)]):
                     m = sent & (kind == k) & (nb == c)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.timing import TimingModel
-from turnip.machine.costs import ENG_H2D, ENG_KERNEL, ENG_P2P, host_costs
+from turnip.machine.costs import ENG_H2D, ENG_KERNEL, ENG_P2P, host_costs, link_rates
 from turnip.machine.profile import MachineProfile
 from turnip.memgraph.plan import MemGraph
 from turnip.sched import Scheduler
@@ -142,10 +142,9 @@ class Simulation:
         self.copies_active = [0] * g
         self.pcie: list[list] = [[None, None] for _ in range(g)]
         self._token = 0
-        both = prof.pcie_both_bytes_per_s / (prof.h2d_bytes_per_s + prof.d2h_bytes_per_s)
         self.link_factor = float(link)
-        self.rate_solo = (prof.h2d_bytes_per_s / 1e9 / link, prof.d2h_bytes_per_s / 1e9 / link)  # bytes per ns
-        self.rate_shared = (min(1.0, both) * self.rate_solo[0], min(1.0, both) * self.rate_solo[1])
+        solo, shared = link_rates(prof)  # bytes per ns, this run's link ``link`` times slower
+        self.rate_solo, self.rate_shared = tuple(x / link for x in solo), tuple(x / link for x in shared)
 
     # ------------------------------------------------------------------ driver loop
     def run(self) -> SimResult:
@@ -276,7 +275,7 @@ class Simulation:
             self.copies_active[self.gpu[v]] -= 1
         cmds = self.core.complete(v, seen)
         # it handles the completion (the more commands it hands back, the longer) before issuing anything else
-        h = self.handle_ns + self.handle_cmd_ns * len(cmds) if cmds else self.handle_ns
+        h = self.handle_ns + self.handle_cmd_ns * len(cmds)
         self.handle[v] = h
         self.host_free = seen + h
         if cmds:
