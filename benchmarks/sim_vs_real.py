@@ -329,22 +329,23 @@ def run_factors(mg, prof, tm, policy: str, order, seed: int, host_ms: float | No
     host link rate. Host: the factor that gives the simulated host thread as much issue and completion-handling
     time (``turnip.machine.costs.host_busy_ns``: linear in it); None when ``host_ms`` is None (the drawn one).
     Link: the factor at which the simulated run's ``turnip.calibrate.run_link_gbps`` is the measured one, from
-    its rate at factor 1 and one secant step (a copy's latency does not scale with it); 1 when either rate is
-    not a number (a run without copies from the host, or that offloads)."""
+    its rate at factor 1 and one secant step (a copy's latency does not scale with it); None (the drawn one,
+    as for a plain prediction) when ``link_gbps`` is None or either rate is not a number (a run without copies
+    from the host, or that offloads)."""
     from sim.engine import simulate
     from turnip.calibrate import run_link_gbps
     from turnip.machine.costs import host_busy_ns
 
     host = None if host_ms is None else max(host_ms * 1e6 / host_busy_ns(tm, 1.0), 1e-3)
     if link_gbps is None or not link_gbps > 0:
-        return host, 1.0
+        return host, None
 
     def busy_ns(f: float) -> float:  # the simulated run's bytes over time on the link, as time per byte
         return 1.0 / run_link_gbps(mg, simulate(mg, prof, policy, seed=seed, tm=tm, order=order, host=host, link=f))
 
     want, t1 = 1.0 / link_gbps, busy_ns(1.0)
     if not t1 > 0:
-        return host, 1.0
+        return host, None
     f0 = want / t1
     t0 = busy_ns(f0) if f0 != 1.0 else t1
     f = 1.0 + (f0 - 1.0) * (want - t1) / (t0 - t1) if abs(t0 - t1) > 1e-12 * t1 else f0
@@ -355,7 +356,8 @@ def _at_run(mg, prof, tm, policy: str, order, meas: np.ndarray, host_ms: np.ndar
             link_gbps: np.ndarray | None, use_host: bool, use_link: bool) -> dict:  # fmt: skip
     """Each measured run predicted at its own conditions: one simulated run per measured one (seed = its index)
     at the host factor and host link factor of ``run_factors`` (``use_host``: its host time, else the drawn
-    host factor; ``use_link``: its link rate, else factor 1). NaN where a wanted figure is missing."""
+    host factor; ``use_link``: its link rate where it has one, else the drawn link factor). NaN where a
+    wanted figure is missing."""
     from sim.engine import simulate
 
     blank = {"measured_host_ms": np.nan, "measured_link_gbps": np.nan, "predicted_at_run_ms": np.nan,

@@ -17,10 +17,10 @@ loop just before). ``analyze`` writes ``OUT_handover.csv`` (per cell and policy,
 two copies from the host on the link, split into: notice, the device end of the one before to the host seeing
 it; handle, the host handling that completion; other, the host's other work until it begins the next copy;
 issue, the copy's issue call; start, the issue to the copy starting on the device; the median run against a
-simulated run), ``OUT_handling.csv`` (median handling time by the commands a completion handed back,
-``turnip.calibrate.handed_back``) and ``OUT_runs.csv`` (each run predicted at its own host time, and at its
-own host time and host link rate: ``sim_vs_real.py compare --at-host-time --at-link-rate`` run by run), with
-a summary in ``OUT.md``.
+simulated run at the profile's median host and host link), ``OUT_handling.csv`` (median handling time by the
+commands a completion handed back, ``turnip.calibrate.handed_back``) and ``OUT_runs.csv`` (each run
+predicted at its own host time, and at its own host time and host link rate: ``sim_vs_real.py compare
+--at-host-time --at-link-rate`` run by run), with a summary in ``OUT.md``.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def analyze(a) -> int:
         kind = np.where(mg.kind == KIND_KERNEL, "kernel", np.where(mg.kind == KIND_INPUT, "input", "other"))
         for pol, rs in cell.groupby("policy", sort=False):
             med = rs.sort_values("makespan_ms", kind="stable").iloc[len(rs) // 2]
-            sim = simulate(mg, prof, pol, seed=0, tm=tm)
+            sim = simulate(mg, prof, pol, seed=0, tm=tm, host=1.0, link=1.0)  # at the profile's median host, link
             for src, run, ms in (("real", real[med.key], med.makespan_ms), ("sim", sim, sim.makespan_ns / 1e6)):
                 hand.append({"seq": seq, "budget": budget, "policy": pol, "run": src, "makespan_ms": ms}
                             | {k: v / 1e3 if k != "n" else v for k, v in handover(mg, run).items()})  # fmt: skip
@@ -186,7 +186,7 @@ def analyze(a) -> int:
     lines = [f"# Streamed runs traced per vertex: {d.name} on profile {Path(a.profile).name}", "",
              f"Command: `python {' '.join(sys.argv)}`", "",
              "Hand-overs between two copies from the host (mean us; the median run of each cell and policy against "
-             "a simulated run):", "",
+             "a simulated run at the profile's median host and host link):", "",
              "| seq | budget | policy | run | makespan ms | hand-overs | gap | " + " | ".join(PARTS) + " |",
              "|---|---|---|---|---|---|---|" + "---|" * len(PARTS)]  # fmt: skip
     for r in hand.itertuples():

@@ -87,16 +87,17 @@ class Simulation:
         order=None,
         power_level: list[float] | None = None,
         host: float | None = None,
-        link: float = 1.0,
+        link: float | None = None,
     ):
         """``order``: the recorded issue order ``det-replay`` replays (``turnip.sched.replay``);
         ``power_level``: each GPU's power bucket at the start (ns; None: empty; ``simulate`` starts a run in
         the steady state of runs back to back); ``host``: the run's host speed factor (every host cost times
         it) in place of the one drawn from ``host_excess_sd``; ``link``: the host links' time factor for this
-        run (every copy between host and GPU pushes its bytes ``link`` times slower; its latency stays)."""
+        run (every copy between host and GPU pushes its bytes ``link`` times slower; its latency stays) in
+        place of the one drawn from ``link_excess_sd``."""
         if host is not None and not host > 0:
             raise ValueError(f"host speed factor must be > 0, got {host}")
-        if not link > 0 or math.isinf(link):
+        if link is not None and (not link > 0 or math.isinf(link)):
             raise ValueError(f"host link factor must be > 0 and finite, got {link}")
         if mg.n_gpus > prof.n_gpus:
             raise ValueError(f"plan uses {mg.n_gpus} GPUs; profile {prof.name!r} has {prof.n_gpus}")
@@ -142,7 +143,7 @@ class Simulation:
         self.copies_active = [0] * g
         self.pcie: list[list] = [[None, None] for _ in range(g)]
         self._token = 0
-        self.link_factor = float(link)
+        self.link_factor = link = d.link if link is None else float(link)
         solo, shared = link_rates(prof)  # bytes per ns, this run's link ``link`` times slower
         self.rate_solo, self.rate_shared = tuple(x / link for x in solo), tuple(x / link for x in shared)
 
@@ -405,12 +406,13 @@ def simulate(
     order=None,
     power_full: bool = False,
     host: float | None = None,
-    link: float = 1.0,
+    link: float | None = None,
 ) -> SimResult:
     """Simulate one run. Same arguments → same result. ``det-replay`` needs ``order`` (``fastest_run``).
     ``host``: the run's host speed factor (every host cost times it; a host twice as slow: 2), in place of
     the one drawn from the profile's ``host_excess_sd``; ``link``: the run's host link time factor (copies
-    between host and GPU push their bytes that many times slower: 1.25 for a link at 80% of the profile's).
+    between host and GPU push their bytes that many times slower: 1.25 for a link at 80% of the profile's), in
+    place of the one drawn from ``link_excess_sd``.
     Under a power limit the run starts where runs back to back (``prof.run_gap_ns`` apart) leave the power
     bucket: from a first guess (``_steady_guess``) the run is repeated from where the last left it until the
     start level settles (``STEADY_TOL``; ``STEADY_PASSES`` at most; a run no kernel of which was slowed and
@@ -444,7 +446,7 @@ def fastest_run(
     policy: str = "nondet",
     progress=None,
     host: float | None = None,
-    link: float = 1.0,
+    link: float | None = None,
 ) -> SimResult:
     """The fastest of ``policy`` runs over ``seeds`` (the first on ties). Its ``order`` is the ``det-replay``
     baseline: the best order nondet found, replayed fixed (``simulate(..., order=r.order)``). ``progress``:

@@ -8,7 +8,9 @@ measured at that shape, and a host link copy that starts while the other directi
 contended table's time (never less than the engine's shared-link rate gives). Copies also draw rare Pareto
 stalls. All draws for a run are taken up front, per vertex, from one ``np.random.Generator``: runs of
 different policies with the same seed see the same draws (common random numbers), which makes their
-comparison paired. ``mean_only`` replaces each draw by its expectation: no variance at all.
+comparison paired. Two run-wide factors are drawn last: the host's speed (every host cost) and the host
+link's (every host<->GPU copy's byte time), lognormal with median 1 and correlated as the profile says.
+``mean_only`` replaces each draw by its expectation: no variance at all.
 
 The engine (``sim.engine``) runs a copy's bytes x factor through its link at the solo or shared rate and
 adds the latency; ``draws`` turns each duration factor into that byte factor, so the engine needs nothing
@@ -35,6 +37,7 @@ class Draws:
     factor_contended: np.ndarray
     stall_ns: np.ndarray
     host: float = 1.0  # the run's host speed factor: every host cost is this times the profile's
+    link: float = 1.0  # the run's host link time factor: host<->GPU copies push their bytes this many times slower
 
 
 class TimingModel(VertexCosts):
@@ -63,9 +66,23 @@ class TimingModel(VertexCosts):
         """Per-vertex factors for one run; ``rng=None`` gives the means (the ``--mean-only`` mode)."""
         x, xc, stall = self._excess(rng)
         f, fc = self._engine_factors(x, xc)
-        sd = self.prof.host_excess_sd
-        host = float(np.exp(sd * rng.standard_normal())) if rng is not None and sd > 0 else 1.0  # drawn last
-        return Draws(f, fc, stall, host)
+        return Draws(f, fc, stall, *self._run_factors(rng))
+
+    def _run_factors(self, rng: np.random.Generator | None) -> tuple[float, float]:
+        """(host, link): the run's host speed factor exp(host_excess_sd x z) and host link time factor
+        exp(link_excess_sd x z'), z' = corr z + sqrt(1 - corr^2) z2 (``host_link_corr``); both 1 without
+        ``rng`` or spread. Drawn after every per-vertex draw, each only where its spread is > 0, so a profile
+        without link spread draws what it drew before."""
+        p = self.prof
+        if rng is None:
+            return 1.0, 1.0
+        z = rng.standard_normal() if p.host_excess_sd > 0 else 0.0
+        host = float(np.exp(p.host_excess_sd * z))
+        if p.link_excess_sd <= 0:
+            return host, 1.0
+        c = p.host_link_corr if p.host_excess_sd > 0 else 0.0
+        zl = c * z + np.sqrt(1.0 - c * c) * rng.standard_normal()
+        return host, float(np.exp(p.link_excess_sd * zl))
 
     def _excess(self, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Duration / floor alone and contended (1 + e), and stall ns, per vertex."""

@@ -14,8 +14,8 @@ Measurements, all through the code a real run uses:
   back to issue: ``handle_ns`` + ``handle_per_cmd_ns`` x commands), the delay from a kernel's
   end to the host loop seeing it while idle, a line in the number of vertices in flight (the loop queries
   each one's end event in turn: ``completion_ns`` + ``completion_per_inflight_ns`` x in flight); the start
-  latency of a kernel launched on an idle GPU from the one-stream runs; copies' issue cost from a streamed
-  plan.
+  latency of a kernel launched on an idle GPU from the one-stream runs; copies' issue cost from the probe's
+  streamed plan.
 - **copies**: host-to-device and device-to-host copies of pinned memory from 64 KiB to 512 MiB, alone and
   while the other direction streams, timed with events on their own streams.
 - **power** (``measure_power``): the largest GEMM, attention and memory-bound kernels back to back on one
@@ -23,6 +23,10 @@ Measurements, all through the code a real run uses:
   POWER_REPEATS rounds (each kernel's time, the power and the clock: their median over the rounds), with NVML
   power readings: how the clock the power limit sets slows each class, and what each draws (the shared-clock
   fields of ``MachineProfile``).
+- **the host's wander** (``HostProbe``): a streamed plan loaded for the whole calibration and run once after
+  each plan and stage: how much the host's issue time and its link's rate change between runs over minutes
+  (``host_excess_sd``, ``link_excess_sd``, ``host_link_corr``: ``probe_fields``); its last runs give the
+  copies' issue cost.
 - **GPU-wide effects**: each plan's makespans back to back on every stream slot after SUSTAIN_S seconds of
   it, and the host's idle time between two of them (``calibration.plans``, ``run_gap_ns``);
   ``sim.fit.fit_gpu_effects`` fits the concurrency factor and the flop rates GEMMs and attention sustain at
@@ -314,13 +318,14 @@ def plan_graph(p: KernelPlan, dtype: str = "fp16"):
 
 def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 3, progress=None,
                     host: dict | None = None, latency: list | None = None, run_cvs: list | None = None,
-                    plan_runs: list | None = None) -> list[dict]:  # fmt: skip
+                    plan_runs: list | None = None, probe=None) -> list[dict]:  # fmt: skip
     """Kernel table rows from every plan run on one stream (``det``) with start events, each run after a rest:
     each vertex's device interval is its kernel alone at full clock. Then, without start events, the same plan
     on the default stream slots (``nondet``) back to back and on one stream: host costs (``host``), makespans
     and the idle time between runs (``plan_runs``: what the simulator's concurrency factor and power limit
     are fitted to, ``fit_gpu_effects``; the one-stream ones for reference), the run-to-run spread
-    (``run_cvs``); ``latency`` gets the start latencies of the one-stream runs."""
+    (``run_cvs``); ``latency`` gets the start latencies of the one-stream runs; ``probe`` is called after
+    each plan (``HostProbe.sample``)."""
     from turnip.runtime import execute, open_backend
     from turnip.runtime.weights import iter_random_inputs, write_streaming
 
@@ -359,6 +364,8 @@ def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 
                               "host": host_fields(host_samples(mg, nondet, {})),
                               "host_run_ns": [run_issue_ns(mg, r) for r in nondet]})  # fmt: skip
         _kernel_samples(mg, runs, samples)
+        if probe is not None:
+            probe()
         if progress:
             progress(i + 1)
     return _rows(samples)
@@ -755,20 +762,77 @@ def p2p_fields(rows: list[dict]) -> dict:
     return {"p2p_bytes_per_s": big["nbytes"] / big["ns_mean"] * 1e9, "p2p_latency_ns": int(small["ns_mean"])}
 
 
-def measure_host(dtype: str = "fp16", repeat: int = 3) -> dict:
-    """Host samples (``host_samples``) of a streamed plan (weights copied in as the run goes) run with the
-    default stream slots and ``nondet``: the copies' issue cost, and the kernels' under streaming."""
+def streamed_plan(dtype: str = "fp16"):
+    """Two decoder layers of LLaMA-7B at 3K tokens in 1 GiB, every weight copied in as the run goes (36
+    copies, 0.8 GB, nothing offloaded) and 179 kernels: about 17 ms on an H100. Its taskgraph and memgraph."""
     from turnip.compile import build_with_resident, make_taskgraph
-    from turnip.runtime import execute, open_backend
-    from turnip.runtime.weights import iter_random_inputs, write_streaming
 
     tg = make_taskgraph("llama-7b", 3072, 1, dtype, {"t": 1024}, n_layers=2, budget_nbytes=1 << 30)
-    mg = build_with_resident(tg, 1 << 30, None, "0")
-    with open_backend("cuda", mg, 5) as be:
-        write_streaming(be, tg, iter_random_inputs(tg, seed=0))
-        execute(mg, be, "nondet", 5, seed=0)
-        runs = [execute(mg, be, "nondet", 5, seed=r) for r in range(repeat)]
-    return host_samples(mg, runs, {})
+    return tg, build_with_resident(tg, 1 << 30, None, "0")
+
+
+class HostProbe:
+    """The host's and its host link's speed through a calibration: the streamed plan (``streamed_plan``),
+    loaded once, run with ``nondet`` on the default stream slots at every ``sample()`` (one run: its kernels'
+    median issue time, ``run_issue_ns``, and its link rate, ``run_link_gbps``). Sampled between the
+    calibration's stages, so the samples span its minutes: how the host and its link wander between runs
+    (``probe_fields``), where runs of one plan back to back see seconds of it. A context manager; ``backend``
+    and ``plan`` (a (taskgraph, memgraph) pair) for tests."""
+
+    def __init__(self, dtype: str = "fp16", backend: str = "cuda", plan=None):
+        self.tg, self.mg = plan if plan is not None else streamed_plan(dtype)
+        self.backend = backend
+        self.samples: list[dict] = []  # {"t_s", "issue_ns", "link_gbps"}
+        self._be, self._t0 = None, 0.0
+
+    def __enter__(self) -> HostProbe:
+        from turnip.runtime import execute, open_backend
+        from turnip.runtime.weights import iter_random_inputs, write_streaming
+
+        self._be = open_backend(self.backend, self.mg, 5)
+        try:
+            write_streaming(self._be, self.tg, iter_random_inputs(self.tg, seed=0))
+            execute(self.mg, self._be, "nondet", 5, seed=0)  # warm-up: modules, handles, graphs
+        except BaseException:
+            self._be.close()
+            raise
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._be is not None:
+            self._be.close()
+            self._be = None
+
+    def run(self, seed: int = 0):
+        """One run of the plan (a ``RunResult``), recorded as a sample."""
+        from turnip.runtime import execute
+
+        r = execute(self.mg, self._be, "nondet", 5, seed=seed)
+        self.samples.append({"t_s": round(time.perf_counter() - self._t0, 3), "issue_ns": run_issue_ns(self.mg, r),
+                             "link_gbps": round(run_link_gbps(self.mg, r), 4)})  # fmt: skip
+        return r
+
+    def sample(self, *_args) -> None:
+        self.run(len(self.samples))
+
+
+def probe_fields(samples: list[dict]) -> dict:
+    """``host_excess_sd``, ``link_excess_sd`` and ``host_link_corr`` from ``HostProbe`` samples: the standard
+    deviations of log(median issue time) and of log(1 / link rate) over the samples, and the correlation of
+    the two (a host that issues slowly and a link that moves bytes slowly: > 0); {} with fewer than
+    PROBE_MIN_SAMPLES usable samples (the fields then stay as they are)."""
+    x = np.array([(s["issue_ns"], s["link_gbps"]) for s in samples if s["issue_ns"] > 0 and s["link_gbps"] > 0],
+                 dtype=np.float64).reshape(-1, 2)  # fmt: skip
+    if len(x) < PROBE_MIN_SAMPLES:
+        return {}
+    host, link = np.log(x[:, 0]), -np.log(x[:, 1])
+    sd_h, sd_l = (float(a.std(ddof=1)) if np.ptp(a) > 0 else 0.0 for a in (host, link))
+    corr = float(np.corrcoef(host, link)[0, 1]) if sd_h > 0 and sd_l > 0 else 0.0
+    return {"host_excess_sd": sd_h, "link_excess_sd": sd_l, "host_link_corr": float(np.clip(corr, -1.0, 1.0))}
+
+
+PROBE_MIN_SAMPLES = 5
 
 
 def copy_fields(copies: list[dict]) -> dict:
@@ -796,36 +860,43 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     latency: list = []
     run_cvs: list = []
     plan_runs: list = []
-    for dt in dtypes:
-        bar = progress_factory(len(plans), f"calibrate: kernels ({dt})") if progress_factory else nullcontext()
-        runs_dt: list = []
-        with bar:
-            kernels += measure_kernels(plans, dt, repeat=2 if quick else 3, progress=getattr(bar, "update", None),
-                                       host=resident, latency=latency, run_cvs=run_cvs, plan_runs=runs_dt)  # fmt: skip
-        plan_runs += [p.__dict__ | {"model": p.model.rsplit("/", 1)[-1], "dtype": dt} | r
-                      for p, r in zip(plans, runs_dt, strict=True)]  # fmt: skip
-    log(f"kernels: {len(kernels)} (op, shape) points from {len(plans)} plans x {len(dtypes)} dtypes, "
-        f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
-    sizes = [1 << k for k in range(16, 30, 1 if not quick else 2)]
-    copies = measure_copies(sizes, repeat=5 if quick else 10)
-    log(f"copies: {len(copies)} points, {time.perf_counter() - t0:.0f} s")
-    peer: list = []
-    if p2p:
-        try:
-            peer = measure_p2p([1 << k for k in range(12, 30, 1 if not quick else 2)], repeat=5 if quick else 10)
-            log(f"peer copies (GPU 0 -> 1): {p2p_fields(peer) or 'none (fewer than two GPUs)'}, "
-                f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - the rest of the profile stands without it
-            log(f"peer copies: the measurement failed ({type(e).__name__}: {e}); p2p fields left as they are")
-        copies += peer
-    power = None
-    if power_loops:
-        try:
-            power = measure_power(log=log)
-        except Exception as e:  # noqa: BLE001 - the rest of the profile stands without it
-            log(f"power: the shared-clock measurement failed ({type(e).__name__}: {e}); fitting the bucket's rates")
-    log(f"power: {time.perf_counter() - t0:.0f} s")
-    streamed = measure_host(dtypes[0], repeat=2 if quick else 3)
+    probe = HostProbe(dtypes[0])  # loaded for the whole calibration, sampled between its stages
+    with probe:
+        for dt in dtypes:
+            bar = progress_factory(len(plans), f"calibrate: kernels ({dt})") if progress_factory else nullcontext()
+            runs_dt: list = []
+            with bar:
+                kernels += measure_kernels(plans, dt, repeat=2 if quick else 3, progress=getattr(bar, "update", None),
+                                           host=resident, latency=latency, run_cvs=run_cvs, plan_runs=runs_dt,
+                                           probe=probe.sample)  # fmt: skip
+            plan_runs += [p.__dict__ | {"model": p.model.rsplit("/", 1)[-1], "dtype": dt} | r
+                          for p, r in zip(plans, runs_dt, strict=True)]  # fmt: skip
+        log(f"kernels: {len(kernels)} (op, shape) points from {len(plans)} plans x {len(dtypes)} dtypes, "
+            f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
+        sizes = [1 << k for k in range(16, 30, 1 if not quick else 2)]
+        copies = measure_copies(sizes, repeat=5 if quick else 10)
+        probe.sample()
+        log(f"copies: {len(copies)} points, {time.perf_counter() - t0:.0f} s")
+        peer: list = []
+        if p2p:
+            try:
+                peer = measure_p2p([1 << k for k in range(12, 30, 1 if not quick else 2)], repeat=5 if quick else 10)
+                log(f"peer copies (GPU 0 -> 1): {p2p_fields(peer) or 'none (fewer than two GPUs)'}, "
+                    f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - the rest of the profile stands without it
+                log(f"peer copies: the measurement failed ({type(e).__name__}: {e}); p2p fields left as they are")
+            copies += peer
+            probe.sample()
+        power = None
+        if power_loops:
+            try:
+                power = measure_power(log=log)
+            except Exception as e:  # noqa: BLE001 - the rest of the profile stands without it
+                log(f"power: the shared-clock measurement failed ({type(e).__name__}: {e}); fitting the bucket's rates")
+        probe.sample()
+        log(f"power: {time.perf_counter() - t0:.0f} s")
+        # the probe's last runs: the copies' issue cost and the kernels' under streaming
+        streamed = host_samples(probe.mg, [probe.run(r) for r in range(2 if quick else 3)], {})
     # kernels' issue and completion costs from the resident plans (most of a plan's kernels run so; a streamed
     # plan's kernels are hidden behind its copies anyway), copies' issue cost from the streamed plan
     host_res, host_str = host_fields(resident), host_fields(streamed)
@@ -840,15 +911,17 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     cv = float(np.median(run_cvs)) if run_cvs else 0.0  # a run-wide factor with this mean and spread
     gap = int(np.median([g for r in plan_runs for g in r["gap_ms"]]) * 1e6)
     log(f"runs back to back: {gap / 1e3:.0f} us idle between two")
-    spread = host_spread(plan_runs)
-    log(f"host speed between runs: sd of log(median issue time) {spread:.3f}")
+    wander = probe_fields(probe.samples) or {"host_excess_sd": host_spread(plan_runs)}
+    span = probe.samples[-1]["t_s"] if probe.samples else 0
+    log(f"host and host link between runs ({len(probe.samples)} probe runs over {span:.0f} s): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in wander.items()))  # fmt: skip
     machine = {"name": f"calibrated {name}", "kernel_start_latency_ns": start_latency, "run_excess_mean": cv,
-               "run_excess_sd": cv, "run_gap_ns": gap, "host_excess_sd": spread} | host | copy_fields(copies) | \
+               "run_excess_sd": cv, "run_gap_ns": gap} | wander | host | copy_fields(copies) | \
         p2p_fields(copies)  # fmt: skip
     doc = {"format": "turnip-profile", "version": 1, "machine": machine, "kernels": kernels, "copies": copies,
            "launch": launch_rows(resident),
            "calibration": {"device": name, "host": platform.node(), "plans": plan_runs, "dtypes": list(dtypes),
-                           "host_resident": host_res, "host_streamed": host_str}}  # fmt: skip
+                           "host_resident": host_res, "host_streamed": host_str, "probe": probe.samples}}  # fmt: skip
     if power is not None:
         doc["calibration"]["power"] = power
         doc["machine"] |= {k: power[k] for k in POWER_FIELDS if k in power} | {"power_window_s": 0.01}

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from turnip.calibrate import (
+    HostProbe,
     _kernel_rows,
     copy_fields,
     handed_back,
@@ -14,6 +15,7 @@ from turnip.calibrate import (
     host_samples,
     kernel_plans,
     p2p_fields,
+    probe_fields,
     start_latencies,
 )
 from turnip.compile import build_with_resident, make_taskgraph
@@ -226,3 +228,36 @@ def test_copy_rows_time_each_copy_between_its_events_and_keep_the_median_pass():
                    "ns_sd": pytest.approx(1414.2136), "n": 2}  # fmt: skip
     passes = {"a": [{"ns_mean": 5.0}, {"ns_mean": 1.0}, {"ns_mean": 3.0}], "b": [{"ns_mean": 2.0}, {"ns_mean": 4.0}]}
     assert _median_passes(passes) == [{"ns_mean": 3.0}, {"ns_mean": 2.0}]
+
+
+def test_probe_fields_recover_the_spread_and_correlation_of_host_and_link():
+    """Samples from a known host and link wander (log issue time and log of 1/link rate: sd 0.15 and 0.05,
+    correlation 0.6) give those figures back; a host that is slow while the link is slow: > 0."""
+    rng = np.random.default_rng(0)
+    z = rng.multivariate_normal([0, 0], [[1, 0.6], [0.6, 1]], size=4000)
+    samples = [{"t_s": i, "issue_ns": int(8000 * np.exp(0.15 * a)), "link_gbps": 54 * np.exp(-0.05 * b)}
+               for i, (a, b) in enumerate(z)]  # fmt: skip
+    f = probe_fields(samples)
+    assert f["host_excess_sd"] == pytest.approx(0.15, rel=0.05)
+    assert f["link_excess_sd"] == pytest.approx(0.05, rel=0.05)
+    assert f["host_link_corr"] == pytest.approx(0.6, abs=0.05)
+    # unusable samples (no kernel issued, no link rate) are left out; too few: no fields at all
+    bad = [{"t_s": 0, "issue_ns": 0, "link_gbps": 50.0}, {"t_s": 0, "issue_ns": 9000, "link_gbps": float("nan")}]
+    assert probe_fields(samples[:4] + bad) == {}
+    steady = [{"t_s": i, "issue_ns": 8000 + 100 * i, "link_gbps": 54.0} for i in range(6)]
+    assert probe_fields(steady)["host_link_corr"] == 0.0 and probe_fields(steady)["link_excess_sd"] == 0.0
+
+
+def test_the_host_probe_samples_its_plan_between_stages():
+    """``HostProbe`` on the CPU backend with a tiny streamed plan: each ``sample`` is one run, timed from the
+    probe's start, with its kernels' median issue time and its host link rate; closed on leaving."""
+    tg = make_taskgraph("llama-tiny", 64, 1, "fp32", n_layers=2, budget_nbytes=1 << 20)
+    mg = build_with_resident(tg, 1 << 20, None, "0")  # every weight streamed in, nothing offloaded
+    with HostProbe(backend="cpu", plan=(tg, mg)) as probe:
+        for _ in range(3):
+            probe.sample()
+        r = probe.run(7)
+        assert r.makespan_ns > 0
+    assert probe._be is None and len(probe.samples) == 4
+    t = [s["t_s"] for s in probe.samples]
+    assert t == sorted(t) and all(s["issue_ns"] > 0 and s["link_gbps"] > 0 for s in probe.samples)

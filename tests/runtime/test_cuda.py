@@ -234,8 +234,10 @@ def test_close_gives_device_memory_back():
     import ctypes
     import gc
 
+    from cuda_kernels._numba import cuda
     from turnip.compile import build_with_resident, make_taskgraph
 
+    cuda().current_context()  # cuMemGetInfo needs a current context (this test may be the process's first)
     lib = ctypes.CDLL("libcuda.so.1")
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
     tg = make_taskgraph("llama-7b", 1024, 1, "fp16", n_layers=1, budget_nbytes=4 << 30)
@@ -255,3 +257,26 @@ def test_close_gives_device_memory_back():
         after = free_now()
         assert before - held >= 4 << 30  # the arena was there
         assert after >= before - (256 << 20), (before, held, after)
+
+
+@needs_gpu
+def test_the_host_probe_runs_while_other_plans_come_and_go():
+    """``turnip.calibrate.HostProbe`` stays loaded while calibration opens, runs and closes other plans: its
+    runs before and after give the same outputs, and every sample has an issue time and a link rate."""
+    from turnip.calibrate import HostProbe
+
+    tg, mg = tiny_llama(1 << 20, "fp16", resident="0")  # streams its weights, offloads nothing
+    with HostProbe(plan=(tg, mg)) as probe:
+        probe.sample()
+        first = probe._be.read_outputs()
+        for budget in (1 << 24, 48 * 1024):
+            tg2, mg2 = tiny_llama(budget, "fp16")
+            inputs, ref = reference(tg2)
+            with open_backend("cuda", mg2) as be:
+                be.write_inputs(inputs)
+                _assert_runs_correct(mg2, be, ref)
+            probe.sample()
+        again = probe._be.read_outputs()
+    assert all(rel_err(again[t], first[t]) <= 1e-2 for t in first)
+    assert len(probe.samples) == 3
+    assert all(s["issue_ns"] > 0 and s["link_gbps"] > 0 for s in probe.samples), probe.samples

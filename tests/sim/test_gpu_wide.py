@@ -304,7 +304,8 @@ def test_a_measured_clock_draw_is_kept_by_the_fit():
 
 @pytest.mark.parametrize("field,value", [("power_clock_draw", 0.0), ("power_clock_draw", 1.5),
                                          ("power_idle_weight", 1.0), ("power_slow_gemm", 0.5),
-                                         ("host_excess_sd", -0.1)])  # fmt: skip
+                                         ("host_excess_sd", -0.1), ("link_excess_sd", -0.1),
+                                         ("host_link_corr", 1.5), ("host_link_corr", float("nan"))])  # fmt: skip
 def test_bad_shared_clock_fields_are_one_line_errors(tmp_path, field, value):
     p = tmp_path / "bad.json"
     p.write_text(json.dumps({field: value}))

@@ -40,9 +40,10 @@ def register(sub) -> None:
     s.add_argument("--host-factor", type=ck.float_in(0.0, lo_open=True), metavar="F",
                    help="every host cost (issue, completion handling, polling) times F in every run: a host F times "
                         "slower than the profile's (default: each run's drawn from the profile's host_excess_sd)")
-    s.add_argument("--link-factor", type=ck.float_in(0.0, lo_open=True), metavar="F", default=1.0,
-                   help="every copy between host and GPU moves its bytes F times slower (its latency stays): a host "
-                        "link at 1/F of the profile's rate, as when the host's memory is busy (default 1)")
+    s.add_argument("--link-factor", type=ck.float_in(0.0, lo_open=True), metavar="F",
+                   help="every copy between host and GPU moves its bytes F times slower (its latency stays) in every "
+                        "run: a host link at 1/F of the profile's rate, as when the host's memory is busy (default: "
+                        "each run's drawn from the profile's link_excess_sd; 1 where it is 0)")
     s.add_argument("--trace", metavar="OUT.json", help="write the first run as a Chrome/Perfetto trace")
     s.add_argument("--csv", metavar="OUT.csv", help="write one row per run")
     ck.add_train_flags(s)  # for MODEL:SEQ:GPUS:BUDGET: a LoRA training step, SEQ tokens per sequence
@@ -182,7 +183,7 @@ def cmd_simulate(a) -> int:
     rate = f"{mg.n * len(rows) / wall:,.0f}" if wall > 0 else "-"
     step = f", one LoRA training step of {meta['batch']} x {meta['seq']} tokens" if "batch" in meta else ""
     host = f", host costs x {a.host_factor:g}" if a.host_factor is not None else ""
-    host += f", host link copies x {a.link_factor:g}" if a.link_factor != 1.0 else ""
+    host += f", host link copies x {a.link_factor:g}" if a.link_factor is not None else ""
     print(f"{mg.n} vertices{step}, {mg.n_gpus} GPU(s), policy {a.policy}, profile {prof.name}{host}, {a.runs} run(s)")
     if replayed:
         print(replayed)
@@ -200,7 +201,7 @@ def cmd_simulate(a) -> int:
             df = pd.DataFrame(rows).assign(policy=a.policy, mean_only=a.mean_only, **meta)
             if a.host_factor is not None:
                 df["host_factor"] = a.host_factor
-            if a.link_factor != 1.0:
+            if a.link_factor is not None:
                 df["link_factor"] = a.link_factor
             df.to_csv(f, index=False)
     return 0

@@ -115,9 +115,15 @@ class MachineProfile:
     # host speed: one draw per run scales every host cost of it (issue, handling, completion) by
     # exp(host_excess_sd x z), median 1: the host CPU's speed changes between runs (on a lent H100 the
     # median GEMM issue time of a 1K prefill was 6.2-8.8 us in three nondet runs back to back, 7.0-10.5 us in
-    # three det runs). `turnip calibrate` measures it as the spread of its plans' per-run median issue times;
-    # 0 in the presets
+    # three det runs). `turnip calibrate` measures it as the spread of a probe plan's per-run median issue
+    # times over the calibration's minutes (`calibrate.HostProbe`); 0 in the presets
     host_excess_sd: float = 0.0
+    # host link speed: one draw per run scales the time every copy between host and GPU takes to push its bytes
+    # by exp(link_excess_sd x z'), median 1, with z' correlated host_link_corr with the host's z (on noisy
+    # machines the host and its link slow down together). `turnip calibrate` measures both from a streamed
+    # probe plan run between its stages; 0 in the presets
+    link_excess_sd: float = 0.0
+    host_link_corr: float = 0.0
     kernel_contended_excess_mean: float = 0.02
     kernel_contended_excess_sd: float = 0.073  # GEMM with a copy stream: cv 7.3%
     h2d_excess_mean: float = 0.005
@@ -182,6 +188,10 @@ def _check_values(p: Path, data: dict) -> None:
             raise ValueError(f"{p}: field {f.name} must be a number, got {v!r}")
         if isinstance(default, int) and not isinstance(v, int):
             raise ValueError(f"{p}: field {f.name} must be a whole number, got {v!r}")
+        if f.name == "host_link_corr":
+            if not -1 <= v <= 1:
+                raise ValueError(f"{p}: field host_link_corr = {v!r} is out of range (a correlation: -1 to 1)")
+            continue
         least = 1 if f.name in ("n_gpus", "streams_per_gpu") or f.name.endswith("_per_s") else 0
         if not math.isfinite(v) or v < least or (f.name.endswith("_per_s") and v <= 0):
             raise ValueError(f"{p}: field {f.name} = {v!r} is out of range (must be {'> 0' if least else '>= 0'})")
