@@ -293,9 +293,10 @@ def compare(a) -> int:
                                 a.at_link_rate)) if on]  # fmt: skip
         cols = [c for c, on in (("measured_host_ms", a.at_host_time), ("measured_link_gbps", a.at_link_rate)) if on]
         heads = {"measured_host_ms": "host ms measured", "measured_link_gbps": "link GB/s measured"}
-        offload = (" (runs that also offload, whose link rate one way is not defined: at a drawn link factor, as "
-                   "plain predictions)")  # fmt: skip
-        lines += ["", f"At each run's own {what} ({'; '.join(how)}){offload if a.at_link_rate else ''}:", "",
+        drawn = (" (runs that also offload, whose link rate one way is not defined: the host link factor drawn, "
+                 "given the run's host factor)" if a.at_link_rate else " (the host link factor drawn, given the "
+                 "run's host factor)")  # fmt: skip
+        lines += ["", f"At each run's own {what} ({'; '.join(how)}){drawn}:", "",
                   "| seq | budget | policy | " + " | ".join(heads[c] for c in cols) + " | predicted ms at it | error |",
                   "|---|---|---|" + "---|" * len(cols) + "---|---|"]  # fmt: skip
         lines += [f"| {r.seq} | {r.budget} | {r.policy} | " + " | ".join(_num(r[c], ".2f") for c in cols)

@@ -19,8 +19,9 @@ it; handle, the host handling that completion; other, the host's other work unti
 issue, the copy's issue call; start, the issue to the copy starting on the device; the median run against a
 simulated run at the profile's median host and host link), ``OUT_handling.csv`` (median handling time by the
 commands a completion handed back, ``turnip.calibrate.handed_back``) and ``OUT_runs.csv`` (each run
-predicted at its own host time, and at its own host time and host link rate: ``sim_vs_real.py compare
---at-host-time --at-link-rate`` run by run), with a summary in ``OUT.md``.
+predicted at its own host time, its host link factor drawn given that host, and at its own host time and
+host link rate: ``sim_vs_real.py compare --at-host-time --at-link-rate`` run by run; the factors of the
+latter), with a summary in ``OUT.md``.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ def analyze(a) -> int:
             per_run.append({"key": r.key, "seq": seq, "budget": budget, "policy": r.policy,
                             "makespan_ms": r.makespan_ms, "host_ms": r.host_ms, "link_gbps": g,
                             "probe_ns": r.probe_ns, "steal_ticks": r.steal_ticks, "runqueue_us": r.runqueue_us,
-                            "host_factor": f, "link_factor": link,
+                            "host_factor": at_run.host_factor, "link_factor": at_run.link_factor,
                             "error_at_host": at_host.makespan_ns / 1e6 / r.makespan_ms - 1,
                             "error_at_host_and_link": at_run.makespan_ns / 1e6 / r.makespan_ms - 1})  # fmt: skip
     hand, per_run = pd.DataFrame(hand), pd.DataFrame(per_run)

@@ -51,6 +51,8 @@ class SimResult:
     host_start_ns: np.ndarray = field(repr=False)
     handle_ns: np.ndarray = field(repr=False)  # host time spent handling each vertex's completion
     order: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))  # issue order
+    host_factor: float = 1.0  # the run's host speed factor (drawn or given)
+    link_factor: float = 1.0  # the run's host link time factor (drawn or given)
 
     @property
     def lower_bound_ns(self) -> int:
@@ -94,7 +96,8 @@ class Simulation:
         the steady state of runs back to back); ``host``: the run's host speed factor (every host cost times
         it) in place of the one drawn from ``host_excess_sd``; ``link``: the host links' time factor for this
         run (every copy between host and GPU pushes its bytes ``link`` times slower; its latency stays) in
-        place of the one drawn from ``link_excess_sd``."""
+        place of the one drawn from ``link_excess_sd`` (``TimingModel.link_factor``: correlated with the host
+        factor, drawn or given)."""
         if host is not None and not host > 0:
             raise ValueError(f"host speed factor must be > 0, got {host}")
         if link is not None and (not link > 0 or math.isinf(link)):
@@ -143,7 +146,7 @@ class Simulation:
         self.copies_active = [0] * g
         self.pcie: list[list] = [[None, None] for _ in range(g)]
         self._token = 0
-        self.link_factor = link = d.link if link is None else float(link)
+        self.link_factor = link = tm.link_factor(self.host_factor, d.link_z) if link is None else float(link)
         solo, shared = link_rates(prof)  # bytes per ns, this run's link ``link`` times slower
         self.rate_solo, self.rate_shared = tuple(x / link for x in solo), tuple(x / link for x in shared)
 
@@ -162,6 +165,8 @@ class Simulation:
             mean_only=self.mean_only,
             makespan_ns=max(self.done, default=0),
             bound=plan_bound(self.tm, self.host_factor, self.link_factor),
+            host_factor=self.host_factor,
+            link_factor=self.link_factor,
             n_vertices=self.mg.n,
             wall_s=time.perf_counter() - t0,
             issue_ns=issue,

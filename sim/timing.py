@@ -37,7 +37,7 @@ class Draws:
     factor_contended: np.ndarray
     stall_ns: np.ndarray
     host: float = 1.0  # the run's host speed factor: every host cost is this times the profile's
-    link: float = 1.0  # the run's host link time factor: host<->GPU copies push their bytes this many times slower
+    link_z: float = 0.0  # the link's own standard-normal draw (``TimingModel.link_factor``)
 
 
 class TimingModel(VertexCosts):
@@ -66,23 +66,21 @@ class TimingModel(VertexCosts):
         """Per-vertex factors for one run; ``rng=None`` gives the means (the ``--mean-only`` mode)."""
         x, xc, stall = self._excess(rng)
         f, fc = self._engine_factors(x, xc)
-        return Draws(f, fc, stall, *self._run_factors(rng))
+        p = self.prof  # the run-wide factors last, each only where its spread is > 0: a profile without link
+        # spread draws what it drew before
+        z = rng.standard_normal() if rng is not None and p.host_excess_sd > 0 else 0.0
+        z2 = rng.standard_normal() if rng is not None and p.link_excess_sd > 0 else 0.0
+        return Draws(f, fc, stall, float(np.exp(p.host_excess_sd * z)), float(z2))
 
-    def _run_factors(self, rng: np.random.Generator | None) -> tuple[float, float]:
-        """(host, link): the run's host speed factor exp(host_excess_sd x z) and host link time factor
-        exp(link_excess_sd x z'), z' = corr z + sqrt(1 - corr^2) z2 (``host_link_corr``); both 1 without
-        ``rng`` or spread. Drawn after every per-vertex draw, each only where its spread is > 0, so a profile
-        without link spread draws what it drew before."""
+    def link_factor(self, host: float, link_z: float) -> float:
+        """The run's host link time factor exp(link_excess_sd x z') at host speed factor ``host``: z' = corr z +
+        sqrt(1 - corr^2) ``link_z``, z the host's standard-normal value (log(host) / host_excess_sd; 0 without
+        host spread) and corr ``host_link_corr``; so a given host factor moves the link as a drawn one would."""
         p = self.prof
-        if rng is None:
-            return 1.0, 1.0
-        z = rng.standard_normal() if p.host_excess_sd > 0 else 0.0
-        host = float(np.exp(p.host_excess_sd * z))
         if p.link_excess_sd <= 0:
-            return host, 1.0
-        c = p.host_link_corr if p.host_excess_sd > 0 else 0.0
-        zl = c * z + np.sqrt(1.0 - c * c) * rng.standard_normal()
-        return host, float(np.exp(p.link_excess_sd * zl))
+            return 1.0
+        c, z = (p.host_link_corr, np.log(host) / p.host_excess_sd) if p.host_excess_sd > 0 else (0.0, 0.0)
+        return float(np.exp(p.link_excess_sd * (c * z + np.sqrt(1.0 - c * c) * link_z)))
 
     def _excess(self, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Duration / floor alone and contended (1 + e), and stall ns, per vertex."""

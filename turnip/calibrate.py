@@ -240,8 +240,9 @@ def run_issue_ns(mg, r) -> int:
 
 
 def host_spread(plan_runs: list[dict]) -> float:
-    """``host_excess_sd``: the pooled within-plan standard deviation of log(per-run median issue time) over
-    the plans' recorded runs (``host_run_ns``); 0 without two runs of a plan."""
+    """The pooled within-plan standard deviation of log(per-run median issue time) over the plans' recorded
+    runs (``host_run_ns``); 0 without two runs of a plan. ``host_excess_sd`` where the probe has too few
+    samples (``probe_fields``): runs of one plan back to back see only seconds of the host's wander."""
     ss, dof = 0.0, 0
     for row in plan_runs:
         x = np.log([v for v in row.get("host_run_ns", []) if v > 0])
@@ -804,13 +805,16 @@ class HostProbe:
             self._be.close()
             self._be = None
 
-    def run(self, seed: int = 0):
-        """One run of the plan (a ``RunResult``), recorded as a sample."""
+    def run(self, seed: int = 0, record: bool = True):
+        """One run of the plan (a ``RunResult``), recorded as a sample unless ``record`` is False (runs back to
+        back, which would weigh one moment of the host several times)."""
         from turnip.runtime import execute
 
         r = execute(self.mg, self._be, "nondet", 5, seed=seed)
-        self.samples.append({"t_s": round(time.perf_counter() - self._t0, 3), "issue_ns": run_issue_ns(self.mg, r),
-                             "link_gbps": round(run_link_gbps(self.mg, r), 4)})  # fmt: skip
+        if record:
+            t_s = round(time.perf_counter() - self._t0, 3)
+            self.samples.append({"t_s": t_s, "issue_ns": run_issue_ns(self.mg, r),
+                                 "link_gbps": round(run_link_gbps(self.mg, r), 4)})  # fmt: skip
         return r
 
     def sample(self, *_args) -> None:
@@ -895,8 +899,9 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
                 log(f"power: the shared-clock measurement failed ({type(e).__name__}: {e}); fitting the bucket's rates")
         probe.sample()
         log(f"power: {time.perf_counter() - t0:.0f} s")
-        # the probe's last runs: the copies' issue cost and the kernels' under streaming
-        streamed = host_samples(probe.mg, [probe.run(r) for r in range(2 if quick else 3)], {})
+        # the probe's last runs, back to back (not samples of the wander): the copies' issue cost and the kernels'
+        # under streaming
+        streamed = host_samples(probe.mg, [probe.run(r, record=False) for r in range(2 if quick else 3)], {})
     # kernels' issue and completion costs from the resident plans (most of a plan's kernels run so; a streamed
     # plan's kernels are hidden behind its copies anyway), copies' issue cost from the streamed plan
     host_res, host_str = host_fields(resident), host_fields(streamed)

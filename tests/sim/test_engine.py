@@ -99,27 +99,37 @@ def test_a_host_link_factor_slows_host_copies_only():
 
 def test_the_link_factor_is_drawn_per_run_from_the_profile_and_a_given_one_replaces_it():
     """``link_excess_sd`` > 0: each run draws its own link factor (median 1) after every other draw; with
-    ``host_link_corr`` 1 it moves with the host factor, exp(sd_link / sd_host x log host); a given ``link``
-    overrides it; mean-only runs take 1; with no link spread nothing else changes, draw for draw."""
+    ``host_link_corr`` 1 it moves with the host factor, exp(sd_link / sd_host x log host), and so it does when
+    the host factor is given; a given ``link`` overrides it; mean-only runs take 1; with no link spread nothing
+    else changes, draw for draw."""
     mg = make_memgraph(["input", "kernel", "transfer"], [[], [0], [1]], n_gpus=2, gpus=[0, 0, 1],
                        src_gpus=[-1, 0, 0], flops=[0, 1000, 0], nbytes=[4000, 1000, 500])  # fmt: skip
     both = EXACT.replace(host_excess_sd=0.2, link_excess_sd=0.1, host_link_corr=1.0)
+    tm = TimingModel(mg, both)
     for s in range(5):
         d0 = TimingModel(mg, EXACT.replace(host_excess_sd=0.2)).draws(np.random.default_rng(s))
-        d = TimingModel(mg, both).draws(np.random.default_rng(s))
-        assert d0.link == 1.0 and d.host == d0.host and (d.factor == d0.factor).all()
-        assert np.log(d.link) == pytest.approx(0.5 * np.log(d.host))
+        d = tm.draws(np.random.default_rng(s))
+        assert d0.link_z == 0.0 and d.host == d0.host and (d.factor == d0.factor).all()
         r = simulate(mg, both, seed=s)
-        assert r.makespan_ns == simulate(mg, both, seed=s, link=d.link).makespan_ns
-        assert abs((r.end_ns - r.start_ns)[0] - 4000 * d.link) <= 1  # the load pushes its bytes d.link x slower
+        assert r.host_factor == d.host and np.log(r.link_factor) == pytest.approx(0.5 * np.log(d.host))
+        assert r.makespan_ns == simulate(mg, both, seed=s, link=r.link_factor).makespan_ns
+        assert abs((r.end_ns - r.start_ns)[0] - 4000 * r.link_factor) <= 1  # the load pushes its bytes slower
         assert r.lower_bound_ns <= r.makespan_ns
+        slow = simulate(mg, both, seed=s, host=2.0)  # a given host factor: the link follows it
+        assert slow.host_factor == 2.0 and slow.link_factor == pytest.approx(np.sqrt(2.0))
     assert simulate(mg, both, seed=3, link=1.0).makespan_ns == simulate(mg, both.replace(link_excess_sd=0.0),
                                                                         seed=3).makespan_ns  # fmt: skip
-    assert simulate(mg, both, mean_only=True).makespan_ns == simulate(mg, EXACT, mean_only=True).makespan_ns
-    apart = EXACT.replace(host_excess_sd=0.2, link_excess_sd=0.1, host_link_corr=0.0)
-    d = [TimingModel(mg, apart).draws(np.random.default_rng(s)) for s in range(400)]
-    h, k = np.log([x.host for x in d]), np.log([x.link for x in d])
+    m = simulate(mg, both, mean_only=True)
+    assert (m.host_factor, m.link_factor) == (1.0, 1.0)
+    assert m.makespan_ns == simulate(mg, EXACT, mean_only=True).makespan_ns
+    apart = TimingModel(mg, EXACT.replace(host_excess_sd=0.2, link_excess_sd=0.1, host_link_corr=0.0))
+    d = [apart.draws(np.random.default_rng(s)) for s in range(400)]
+    h, k = np.log([x.host for x in d]), np.log([apart.link_factor(x.host, x.link_z) for x in d])
     assert abs(np.corrcoef(h, k)[0, 1]) < 0.2 and k.std() == pytest.approx(0.1, rel=0.15)
+    only = TimingModel(mg, EXACT.replace(link_excess_sd=0.1, host_link_corr=1.0))  # no host spread: the link alone
+    x, y = (t.draws(np.random.default_rng(1)) for t in (only, TimingModel(mg, EXACT)))
+    assert x.host == 1.0 and x.link_z != 0.0 and only.link_factor(1.0, x.link_z) == np.exp(0.1 * x.link_z)
+    assert (x.factor == y.factor).all() and y.link_z == 0.0
 
 
 @pytest.mark.parametrize("link", [0.5, 2.0])
