@@ -193,3 +193,25 @@ def test_compare_at_the_runs_own_host_link_rate_takes_a_slow_link_out_of_the_err
     pd.read_csv(grid).drop(columns=["link_gbps"]).to_csv(grid, index=False)
     with pytest.raises(SystemExit, match="no link_gbps column"):
         svr.main([*args, "--at-link-rate"])
+
+
+def test_run_factors_give_a_runs_host_and_link_or_leave_them_drawn():
+    """``run_factors``: the host factor that reproduces a run's host time, the link factor that reproduces its
+    link rate (a secant step: close on a simulated stand-in), None for each figure the run does not have
+    (the simulator then draws it: the link given the run's host)."""
+    from sim.engine import simulate
+    from sim.timing import TimingModel
+    from turnip.calibrate import run_link_gbps
+    from turnip.machine.costs import host_busy_ns
+    from turnip.machine.profile import load_profile
+
+    svr = _bench()
+    _tg, mg = svr.plan(1024, "1GiB")
+    prof = load_profile("h100-calibrated")
+    tm = TimingModel(mg, prof)
+    x = simulate(mg, prof, "nondet", seed=3, host=1.4, link=1.3)
+    host_ms = host_busy_ns(tm, 1.4) / 1e6
+    host, link = svr.run_factors(mg, prof, tm, "nondet", None, 3, host_ms, run_link_gbps(mg, x))
+    assert host == pytest.approx(1.4, rel=1e-3) and link == pytest.approx(1.3, rel=0.02)
+    assert svr.run_factors(mg, prof, tm, "nondet", None, 3, None, None) == (None, None)
+    assert svr.run_factors(mg, prof, tm, "nondet", None, 3, host_ms, float("nan"))[1] is None
