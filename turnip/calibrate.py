@@ -817,7 +817,8 @@ class HostProbe:
                                  "link_gbps": round(run_link_gbps(self.mg, r), 4)})  # fmt: skip
         return r
 
-    def sample(self, *_args) -> None:
+    def sample(self) -> None:
+        """One recorded run (its seed: the number of samples so far)."""
         self.run(len(self.samples))
 
 
