@@ -775,10 +775,12 @@ def streamed_plan(dtype: str = "fp16"):
 class HostProbe:
     """The host's and its host link's speed through a calibration: the streamed plan (``streamed_plan``),
     loaded once, run with ``nondet`` on the default stream slots at every ``sample()`` (one run: its kernels'
-    median issue time, ``run_issue_ns``, and its link rate, ``run_link_gbps``). Sampled between the
-    calibration's stages, so the samples span its minutes: how the host and its link wander between runs
-    (``probe_fields``), where runs of one plan back to back see seconds of it. A context manager; ``backend``
-    and ``plan`` (a (taskgraph, memgraph) pair) for tests."""
+    median issue time, ``run_issue_ns``, and its link rate, ``run_link_gbps``, from the copies' device start
+    events on CUDA: the link's own speed, what the simulator's link factor scales, not the host's delay in
+    issuing). Sampled between the calibration's stages, so the samples span its minutes: how the host and its
+    link wander between runs (``probe_fields``), where runs of one plan back to back see seconds of it.
+    ``host_runs`` gives runs without start events (host costs as a plain run has them). A context manager;
+    ``backend`` and ``plan`` (a (taskgraph, memgraph) pair) for tests."""
 
     def __init__(self, dtype: str = "fp16", backend: str = "cuda", plan=None):
         self.tg, self.mg = plan if plan is not None else streamed_plan(dtype)
@@ -790,7 +792,7 @@ class HostProbe:
         from turnip.runtime import execute, open_backend
         from turnip.runtime.weights import iter_random_inputs, write_streaming
 
-        self._be = open_backend(self.backend, self.mg, 5)
+        self._be = open_backend(self.backend, self.mg, 5, **({"device_start": True} if self.backend == "cuda" else {}))
         try:
             write_streaming(self._be, self.tg, iter_random_inputs(self.tg, seed=0))
             execute(self.mg, self._be, "nondet", 5, seed=0)  # warm-up: modules, handles, graphs
@@ -820,6 +822,13 @@ class HostProbe:
     def sample(self) -> None:
         """One recorded run (its seed: the number of samples so far)."""
         self.run(len(self.samples))
+
+    def host_runs(self, n: int) -> list:
+        """``n`` runs back to back without start events, not samples: the issue and handling costs of a
+        plain run."""
+        if self.backend == "cuda":
+            self._be.set_device_start(False)
+        return [self.run(r, record=False) for r in range(n)]
 
 
 def probe_fields(samples: list[dict]) -> dict:
@@ -902,7 +911,7 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
         log(f"power: {time.perf_counter() - t0:.0f} s")
         # the probe's last runs, back to back (not samples of the wander): the copies' issue cost and the kernels'
         # under streaming
-        streamed = host_samples(probe.mg, [probe.run(r, record=False) for r in range(2 if quick else 3)], {})
+        streamed = host_samples(probe.mg, probe.host_runs(2 if quick else 3), {})
     # kernels' issue and completion costs from the resident plans (most of a plan's kernels run so; a streamed
     # plan's kernels are hidden behind its copies anyway), copies' issue cost from the streamed plan
     host_res, host_str = host_fields(resident), host_fields(streamed)

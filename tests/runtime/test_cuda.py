@@ -267,7 +267,7 @@ def test_the_host_probe_runs_while_other_plans_come_and_go():
 
     tg, mg = tiny_llama(1 << 20, "fp16", resident="0")  # streams its weights, offloads nothing
     with HostProbe(plan=(tg, mg)) as probe:
-        probe.sample()
+        timed = probe.run(0)  # a sample: with start events, its copies' device times
         first = probe._be.read_outputs()
         for budget in (1 << 24, 48 * 1024):
             tg2, mg2 = tiny_llama(budget, "fp16")
@@ -277,6 +277,10 @@ def test_the_host_probe_runs_while_other_plans_come_and_go():
                 _assert_runs_correct(mg2, be, ref)
             probe.sample()
         again = probe._be.read_outputs()
+        plain = probe.host_runs(2)  # without start events: a plain run's host costs
     assert all(rel_err(again[t], first[t]) <= 1e-2 for t in first)
-    assert len(probe.samples) == 3
+    assert len(probe.samples) == 3 and len(plain) == 2
+    sent = timed.issue_ns > 0
+    assert (timed.start_ns[sent] > timed.issue_ns[sent]).any()  # device starts
+    assert all(np.array_equal(r.start_ns[sent], r.issue_ns[sent]) for r in plain)  # none: the issue times
     assert all(s["issue_ns"] > 0 and s["link_gbps"] > 0 for s in probe.samples), probe.samples
