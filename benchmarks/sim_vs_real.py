@@ -69,8 +69,7 @@ def plan(seq: int, budget: str, model: str = "llama-7b", gpus: int = 1):
 
 
 def measure(a) -> int:
-    from turnip.runtime import open_backend
-    from turnip.runtime.weights import iter_random_inputs, write_streaming
+    from turnip.runtime import open_loaded
 
     rows = []
     cells = [(s, b) for s in a.seqs for b in a.budgets]
@@ -81,8 +80,7 @@ def measure(a) -> int:
         except Exception as e:  # noqa: BLE001 - a cell that cannot compile is reported, not fatal
             rows.append({"seq": seq, "budget": budget, "policy": "-", "error": f"{type(e).__name__}: {e}"})
             continue
-        with open_backend("cuda", mg, 5) as be:
-            write_streaming(be, tg, iter_random_inputs(tg, seed=0))
+        with open_loaded("cuda", tg, mg) as be:
             for pol, runs in _timed_runs(a, mg, be).items():
                 ms, issue, host, link = zip(*runs, strict=True)
                 rows.append({"seq": seq, "budget": budget, "policy": pol, "gpus": a.gpus, "model": a.model,
@@ -174,13 +172,11 @@ def _trace_name(seq, budget, gpus, policy) -> str:
 
 def _record_traces(a, tg, mg, seq: int, budget: str) -> None:
     """One run per policy with start events, after the policy's warm-up, written as a trace to ``a.traces``."""
-    from turnip.runtime import execute, open_backend
-    from turnip.runtime.weights import iter_random_inputs, write_streaming
+    from turnip.runtime import execute, open_loaded
 
     out = Path(a.traces)
     out.mkdir(parents=True, exist_ok=True)
-    with open_backend("cuda", mg, 5, device_start=True) as be:
-        write_streaming(be, tg, iter_random_inputs(tg, seed=0))
+    with open_loaded("cuda", tg, mg, device_start=True) as be:
         orders = _replay_orders(mg, be, a.policies)
         for pol in a.policies:
             _warm_up(a, mg, be, [pol], orders)

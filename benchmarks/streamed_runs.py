@@ -80,8 +80,7 @@ def measure(a) -> int:
 
     from turnip.calibrate import run_link_gbps
     from turnip.fileio import atomic_write
-    from turnip.runtime import execute, open_backend
-    from turnip.runtime.weights import iter_random_inputs, write_streaming
+    from turnip.runtime import execute, open_loaded
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,9 +88,8 @@ def measure(a) -> int:
     for c in a.cells:
         seq, budget = _cell(c)
         t0 = time.perf_counter()
-        _tg, mg = plan(seq, budget)
-        with open_backend("cuda", mg, 5, device_start=True) as be:
-            write_streaming(be, _tg, iter_random_inputs(_tg, seed=0))
+        tg, mg = plan(seq, budget)
+        with open_loaded("cuda", tg, mg, device_start=True) as be:
             _warm_up(SimpleNamespace(warmup=2, heat=1.0), mg, be, a.policies, {})  # 2 rounds and 1 s at least
             for r in range(a.rounds):
                 for pol in a.policies:

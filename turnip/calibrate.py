@@ -327,14 +327,12 @@ def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 
     are fitted to, ``fit_gpu_effects``; the one-stream ones for reference), the run-to-run spread
     (``run_cvs``); ``latency`` gets the start latencies of the one-stream runs; ``probe`` is called after
     each plan (``HostProbe.sample``)."""
-    from turnip.runtime import execute, open_backend
-    from turnip.runtime.weights import iter_random_inputs, write_streaming
+    from turnip.runtime import execute, open_loaded
 
     samples: dict = {}
     for i, p in enumerate(plans):
         tg, mg = plan_graph(p, dtype)
-        with open_backend("cuda", mg, 5, device_start=True) as be:
-            write_streaming(be, tg, iter_random_inputs(tg, seed=i))
+        with open_loaded("cuda", tg, mg, seed=i, device_start=True) as be:
             execute(mg, be, "det", 1, seed=0)  # warm-up: modules, handles, graphs
             runs = []
             for r in range(repeat):
@@ -445,8 +443,7 @@ def measure_power(progress=None, log=print) -> dict:
 
     from turnip.machine.costs import cost_class, vertex_work
     from turnip.memgraph.plan import KIND_KERNEL
-    from turnip.runtime import execute, open_backend
-    from turnip.runtime.weights import iter_random_inputs, write_streaming
+    from turnip.runtime import execute, open_loaded
     from turnip.sched.events import Launch
 
     tg, mg = plan_graph(POWER_PLAN)
@@ -462,8 +459,7 @@ def measure_power(progress=None, log=print) -> dict:
     mem = largest(lambda op: op == "silu_mul") or largest(lambda op: cost_class(op) == "memory")
     nv = None
     out: dict = {"plan": POWER_PLAN.__dict__ | {"model": "llama-7b"}}
-    with open_backend("cuda", mg, 5) as be:
-        write_streaming(be, tg, iter_random_inputs(tg, seed=0))
+    with open_loaded("cuda", tg, mg) as be:
         execute(mg, be, "nondet", 5, seed=0)  # warm-up
         from cuda_kernels._numba import cuda
 
@@ -789,12 +785,11 @@ class HostProbe:
         self._be, self._t0 = None, 0.0
 
     def __enter__(self) -> HostProbe:
-        from turnip.runtime import execute, open_backend
-        from turnip.runtime.weights import iter_random_inputs, write_streaming
+        from turnip.runtime import execute, open_loaded
 
-        self._be = open_backend(self.backend, self.mg, 5, **({"device_start": True} if self.backend == "cuda" else {}))
+        options = {"device_start": True} if self.backend == "cuda" else {}
+        self._be = open_loaded(self.backend, self.tg, self.mg, **options)
         try:
-            write_streaming(self._be, self.tg, iter_random_inputs(self.tg, seed=0))
             execute(self.mg, self._be, "nondet", 5, seed=0)  # warm-up: modules, handles, graphs
         except BaseException:
             self._be.close()

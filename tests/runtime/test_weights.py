@@ -120,6 +120,28 @@ def test_streamed_weights_equal_the_dict_of_weights(tmp_path):
         np.testing.assert_array_equal(a.host[0], b.host[0])
 
 
+def test_open_loaded_writes_the_random_inputs_and_closes_on_failure(monkeypatch):
+    """open_loaded is open_backend plus write_streaming of the seed's random inputs; a write that fails closes
+    the backend it opened before the error goes on."""
+    import turnip.runtime.cpu as cpu_mod
+    from turnip.compile import build_with_resident
+    from turnip.runtime import open_backend, open_loaded
+    from turnip.runtime.weights import iter_random_inputs, write_streaming
+
+    tg = llama_prefill("tiny", 64)
+    mg = build_with_resident(tg, 1 << 20)
+    with open_backend("cpu", mg) as a, open_loaded("cpu", tg, mg, seed=3) as b:
+        write_streaming(a, tg, iter_random_inputs(tg, 3))
+        np.testing.assert_array_equal(a.host[0], b.host[0])
+        assert np.any(b.host[0])
+    closed = []
+    monkeypatch.setattr(cpu_mod.CpuBackend, "write_inputs", lambda self, tiles: 1 / 0)
+    monkeypatch.setattr(cpu_mod.CpuBackend, "close", lambda self: closed.append(self))
+    with pytest.raises(ZeroDivisionError):
+        open_loaded("cpu", tg, mg)
+    assert len(closed) == 1
+
+
 def test_bf16_taskgraph_runs_on_the_cpu_backend():
     """A bf16 plan (grouped-query attention, LM head) under a tight budget, with chaos and poisoned memory,
     gives the taskgraph's numpy values (computed in float32 per op, stored as bf16)."""

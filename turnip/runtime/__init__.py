@@ -32,4 +32,20 @@ def open_backend(name: str, mg, streams_per_gpu: int = 5, **options):
     raise ValueError(f"unknown backend {name!r}; choose from {BACKENDS}")
 
 
-__all__ = ["BACKENDS", "BackendError", "RunResult", "RuntimeStall", "VertexFailed", "execute", "open_backend"]
+def open_loaded(name: str, tg, mg, streams_per_gpu: int = 5, seed: int = 0, **options):
+    """``open_backend`` with the plan's inputs written: random weights and activations from ``seed``
+    (``weights.iter_random_inputs``), one tensor at a time. The backend is closed again if writing fails.
+    For measurements, where what matters is the plan's timing, not its numbers."""
+    from turnip.runtime.weights import iter_random_inputs, write_streaming
+
+    be = open_backend(name, mg, streams_per_gpu, **options)
+    try:
+        write_streaming(be, tg, iter_random_inputs(tg, seed=seed))
+    except BaseException:
+        be.close()
+        raise
+    return be
+
+
+__all__ = ["BACKENDS", "BackendError", "RunResult", "RuntimeStall", "VertexFailed", "execute", "open_backend",
+           "open_loaded"]  # fmt: skip
