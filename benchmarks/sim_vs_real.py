@@ -209,6 +209,7 @@ def compare(a) -> int:
     from sim.engine import fastest_run, simulate
     from sim.timing import TimingModel
     from turnip.calibrate import run_issue_ns
+    from turnip.fileio import atomic_write
     from turnip.machine.profile import load_profile
 
     prof = load_profile(a.profile)
@@ -255,8 +256,10 @@ def compare(a) -> int:
             alt = d[d.policy == other].set_index(["seq", "budget"])[col]
             d = d.merge((base / alt).rename(f"nondet_over_{other}_{col[:-3]}").reset_index(), on=["seq", "budget"],
                         how="left")  # fmt: skip
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    d.to_csv(f"{a.out}.csv", index=False)
+    stem = a.out.removesuffix(".csv").removesuffix(".md")  # OUT.csv and OUT.md, whichever of the three given
+    Path(stem).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(f"{stem}.csv", newline="") as fh:
+        d.to_csv(fh, index=False)
     lines = [f"# Simulated against measured: {Path(a.measured).name} on profile {Path(a.profile).name}", "",
              f"Command: `python {' '.join(sys.argv)}`", "",
              f"{a.runs} simulated runs per cell; measured: the runs in the CSV (after warm-up).", "",
@@ -305,7 +308,8 @@ def compare(a) -> int:
     if overlays:
         lines += ["", "Overlays of a simulated run on the recorded traces (real against simulated, per resource):", ""]
         lines += [f"- {x}" for x in overlays]
-    Path(f"{a.out}.md").write_text("\n".join(lines) + "\n")
+    with atomic_write(f"{stem}.md") as fh:
+        fh.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
@@ -381,11 +385,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("measure", help="run the grid on the GPU")
-    m.add_argument("--seqs", nargs="+", type=int, default=list(SEQS))
-    m.add_argument("--budgets", nargs="+", default=list(BUDGETS))
-    m.add_argument("--policies", nargs="+", default=list(POLICIES))
-    m.add_argument("--model", default="llama-7b")
-    m.add_argument("--gpus", type=int, default=1)
+    m.add_argument("--seqs", nargs="+", type=int, default=list(SEQS), help="prompt lengths (tokens)")
+    m.add_argument("--budgets", nargs="+", default=list(BUDGETS),
+                   help="GPU memory budgets ('none': the whole model resident; else bytes, e.g. 6GiB)")
+    m.add_argument("--policies", nargs="+", default=list(POLICIES), help="dispatch policies timed in every cell")
+    m.add_argument("--model", default="llama-7b", help="model preset")
+    m.add_argument("--gpus", type=int, default=1, help="GPUs the plans use")
     m.add_argument("--warmup", type=int, default=1, help="warm-up rounds (at least; one run of every policy each)")
     m.add_argument("--heat", type=float, default=1.0,
                    help="seconds of warm-up rounds (at least; per policy with --sequential): the timed runs find the "
@@ -394,14 +399,14 @@ def main(argv=None) -> int:
     m.add_argument("--sequential", action="store_true",
                    help="time each policy's runs in one block after its warm-up, not interleaved with the other "
                         "policies' (how grids before 2026-11-25 were measured)")
-    m.add_argument("--out", required=True)
+    m.add_argument("--out", required=True, help="CSV of the measured runs (rewritten after every cell)")
     m.add_argument("--traces", metavar="DIR", help="also record one run per cell and policy with start events as a "
                    "trace in DIR (the plan loaded again with them)")
     c = sub.add_parser("compare", help="simulate the measured cells' plans and compare")
-    c.add_argument("measured")
-    c.add_argument("--profile", required=True)
-    c.add_argument("--runs", type=int, default=10)
-    c.add_argument("--out", required=True)
+    c.add_argument("measured", help="CSV written by `measure`")
+    c.add_argument("--profile", required=True, help="machine profile: a shipped name (h100-calibrated) or a file")
+    c.add_argument("--runs", type=int, default=10, help="simulated runs per cell and policy")
+    c.add_argument("--out", required=True, help="writes OUT.csv (per cell) and OUT.md (tables and summary)")
     c.add_argument("--traces", metavar="DIR", help="overlay a simulated run on each trace `measure --traces` recorded "
                    "in DIR (DIR/overlay-<cell>/)")
     c.add_argument("--at-host-time", action="store_true",
@@ -414,6 +419,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "measure" and a.repeat < 1:
         ap.error("--repeat must be at least 1")
+    if a.cmd == "compare" and a.runs < 1:
+        ap.error("--runs must be at least 1")
     return measure(a) if a.cmd == "measure" else compare(a)
 
 

@@ -34,8 +34,9 @@ def test_compare_reports_each_cell_and_overlays_recorded_traces(tmp_path):
     traces.mkdir()
     real.trace(mg, {"seq": 1024}).write_chrome(traces / "1024-none-g1-nondet.json")  # det: no trace recorded
     out = tmp_path / "cmp"
-    assert svr.main(["compare", str(grid), "--profile", "h200-calibrated", "--runs", "2", "--out", str(out),
+    assert svr.main(["compare", str(grid), "--profile", "h200-calibrated", "--runs", "2", "--out", f"{out}.csv",
                      "--traces", str(traces)]) == 0  # fmt: skip
+    assert sorted(p.name for p in tmp_path.glob("cmp*")) == ["cmp.csv", "cmp.md"]  # --out x.csv: x.csv, not x.csv.csv
     d = pd.read_csv(f"{out}.csv")
     assert list(d.policy) == ["nondet", "det"] and d.predicted_ms.gt(0).all()
     assert (d.error - (d.predicted_ms / d.measured_ms - 1)).abs().max() < 1e-9
