@@ -52,11 +52,16 @@ BUDGETS = ("none", "6GiB", "1GiB")
 POLICIES = ("nondet", "det", "det-kernels", "det-replay")
 RECORD_RUNS = 3  # det-replay: nondet runs recorded; the fastest one's issue order is replayed
 NONE_ARENA = "40GiB"
+QUARTER = "quarter"  # ``plan``: the resident set of grids measured before the ``resident`` column
 
 
-def plan(seq: int, budget: str, model: str = "llama-7b", gpus: int = 1):
-    """The cell's taskgraph and memgraph, built the same way on the GPU and in ``compare``."""
+def plan(seq: int, budget: str, model: str = "llama-7b", gpus: int = 1, resident: str = "auto"):
+    """The cell's taskgraph and memgraph, built the same way on the GPU and in ``compare``. ``resident``:
+    ``--resident`` of a sized budget (``auto`` or bytes; the ``resident`` column of a measured grid holds the
+    bytes its plan kept), or ``QUARTER``: what ``auto`` built before 2026-11-25, for grids without that column
+    (a quarter of the budget, none where that did not compile)."""
     from turnip.compile import build_with_resident, make_taskgraph, parse_nbytes
+    from turnip.memgraph.build import BudgetError
 
     if budget == "none":
         b = parse_nbytes(NONE_ARENA)
@@ -65,7 +70,12 @@ def plan(seq: int, budget: str, model: str = "llama-7b", gpus: int = 1):
         return tg, build_with_resident(tg, b, None, str(w + (1 << 20)))
     b = parse_nbytes(budget)
     tg = make_taskgraph(model, seq, gpus, "fp16", budget_nbytes=b)
-    return tg, build_with_resident(tg, b, None, "auto")
+    if resident != QUARTER:
+        return tg, build_with_resident(tg, b, None, resident)
+    try:
+        return tg, build_with_resident(tg, b, None, str(b // 4))
+    except BudgetError:
+        return tg, build_with_resident(tg, b, None, "0")
 
 
 def measure(a) -> int:
@@ -76,7 +86,7 @@ def measure(a) -> int:
     for i, (seq, budget) in enumerate(cells):
         t0 = time.perf_counter()
         try:
-            tg, mg = plan(seq, budget, a.model, a.gpus)
+            tg, mg = plan(seq, budget, a.model, a.gpus, a.resident)
         except Exception as e:  # noqa: BLE001 - a cell that cannot compile is reported, not fatal
             rows.append({"seq": seq, "budget": budget, "policy": "-", "error": f"{type(e).__name__}: {e}"})
             continue
@@ -84,7 +94,8 @@ def measure(a) -> int:
             for pol, runs in _timed_runs(a, mg, be).items():
                 ms, issue, host, link = zip(*runs, strict=True)
                 rows.append({"seq": seq, "budget": budget, "policy": pol, "gpus": a.gpus, "model": a.model,
-                             "vertices": mg.n, "times_ms": json.dumps([round(x, 3) for x in ms]),
+                             "vertices": mg.n, "resident": int(mg.stats["resident_input_nbytes"]),
+                             "times_ms": json.dumps([round(x, 3) for x in ms]),
                              "mean_ms": float(np.mean(ms)),
                              "issue_us": json.dumps([round(x, 2) for x in issue]),
                              "host_ms": json.dumps([round(x, 3) for x in host]),
@@ -223,7 +234,12 @@ def compare(a) -> int:
     at_run = a.at_host_time or a.at_link_rate
     out, overlays = [], []
     for (seq, budget), cell in real.groupby(["seq", "budget"], sort=False):
-        _tg, mg = plan(int(seq), str(budget), cell.model.iloc[0], int(cell.gpus.iloc[0]))
+        kept = str(int(cell.resident.iloc[0])) if "resident" in cell.columns else QUARTER  # as measured
+        _tg, mg = plan(int(seq), str(budget), cell.model.iloc[0], int(cell.gpus.iloc[0]), kept)
+        if "vertices" in cell.columns and int(cell.vertices.iloc[0]) != mg.n:
+            raise SystemExit(f"{a.measured}: cell {seq}:{budget} was measured on a plan of "
+                             f"{int(cell.vertices.iloc[0])} vertices; rebuilt here it has {mg.n} (the compiler "
+                             "changed since): rebuild it as it was, or measure it again")  # fmt: skip
         tm = TimingModel(mg, prof)
         order = None
         if (cell.policy == "det-replay").any():  # as measured: the fastest of RECORD_RUNS nondet runs
@@ -391,6 +407,8 @@ def main(argv=None) -> int:
     m.add_argument("--policies", nargs="+", default=list(POLICIES), help="dispatch policies timed in every cell")
     m.add_argument("--model", default="llama-7b", help="model preset")
     m.add_argument("--gpus", type=int, default=1, help="GPUs the plans use")
+    m.add_argument("--resident", default="auto",
+                   help="inputs kept on the GPU under a sized budget: auto or bytes (as `turnip compile`)")
     m.add_argument("--warmup", type=int, default=1, help="warm-up rounds (at least; one run of every policy each)")
     m.add_argument("--heat", type=float, default=1.0,
                    help="seconds of warm-up rounds (at least; per policy with --sequential): the timed runs find the "

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from turnip.memgraph.build import BudgetError, BuildConfig, build_memgraph
-from turnip.memgraph.plan import MemGraph
+from turnip.memgraph.plan import KIND_INPUT, KIND_OFFLOAD, KIND_RELOAD, MemGraph
 from turnip.models import LLAMA, llama_config, llama_prefill, matmul_example, random_dag
 from turnip.taskgraph import TaskGraph
 
@@ -248,9 +248,12 @@ def auto_workspace(budget: int, tg: TaskGraph | None = None) -> int:
 def build_with_resident(
     tg: TaskGraph, budget: int, config: BuildConfig | None = None, resident="0", progress=None, workspace="auto"
 ) -> MemGraph:
-    """Build with a resident input set: a byte size, or ``"auto"`` = a quarter of the budget, falling back to
-    none when that leaves too little room for some vertex. ``workspace``: bytes per stream slot kept for
-    kernels' scratch (``"auto"``: ``auto_workspace``)."""
+    """Build with a resident input set: a byte size, or ``"auto"``: a quarter of the budget, unless keeping
+    it costs more than it saves: where that plan spills activations to the host, the plan with no resident
+    inputs is built too and the one moving fewer bytes over the host links per run is kept (``run_link_nbytes``:
+    a long prompt under a tight budget spills far more than the weights it keeps); none where a quarter
+    leaves too little room for some vertex. ``workspace``: bytes per stream slot kept for kernels' scratch
+    (``"auto"``: ``auto_workspace``)."""
     cfg = config or BuildConfig()
     if tg.meta.get("train") and not cfg.keep_inputs:  # a training step's state stays on the GPU across steps
         from turnip.train import state_inputs
@@ -260,14 +263,27 @@ def build_with_resident(
             cfg = dataclasses.replace(cfg, keep_inputs=keep)
     ws = auto_workspace(budget, tg) if str(workspace) == "auto" else parse_nbytes(str(workspace))
     cfg = dataclasses.replace(cfg, workspace_nbytes=ws)
+
+    def build(nbytes: int) -> MemGraph:
+        return build_memgraph(tg, budget, dataclasses.replace(cfg, resident_nbytes=nbytes), progress=progress)
+
     if str(resident) != "auto":
-        return build_memgraph(
-            tg, budget, dataclasses.replace(cfg, resident_nbytes=parse_nbytes(str(resident))), progress=progress
-        )
+        return build(parse_nbytes(str(resident)))
     try:
-        return build_memgraph(tg, budget, dataclasses.replace(cfg, resident_nbytes=budget // 4), progress=progress)
+        mg = build(budget // 4)
     except BudgetError:
-        return build_memgraph(tg, budget, dataclasses.replace(cfg, resident_nbytes=0), progress=progress)
+        return build(0)
+    if not (mg.kind == KIND_OFFLOAD).any() or not mg.preloaded().any():
+        return mg
+    alt = build(0)
+    return alt if run_link_nbytes(alt) < run_link_nbytes(mg) else mg
+
+
+def run_link_nbytes(mg: MemGraph) -> int:
+    """Bytes one run of ``mg`` moves between host and GPUs: its inputs not resident, reloads and offloads."""
+    k = mg.kind
+    moved = ((k == KIND_INPUT) & ~mg.preloaded()) | (k == KIND_RELOAD) | (k == KIND_OFFLOAD)
+    return int(mg.out_nbytes[moved].sum())
 
 
 def compile_model(

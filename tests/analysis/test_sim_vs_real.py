@@ -216,3 +216,34 @@ def test_run_factors_give_a_runs_host_and_link_or_leave_them_drawn():
     assert host == pytest.approx(1.4, rel=1e-3) and link == pytest.approx(1.3, rel=0.02)
     assert svr.run_factors(mg, prof, tm, "nondet", None, 3, None, None) == (None, None)
     assert svr.run_factors(mg, prof, tm, "nondet", None, 3, host_ms, float("nan"))[1] is None
+
+
+def test_compare_rebuilds_the_plan_each_cell_was_measured_on(tmp_path):
+    """A grid's ``resident`` column (bytes its plan kept on the GPU) rebuilds that plan; grids without it get
+    what ``--resident auto`` built when they were measured (a quarter of the budget); a cell whose rebuilt
+    plan has another vertex count than was measured stops ``compare`` with a message naming the cell."""
+    from turnip.compile import parse_nbytes
+
+    svr = _bench()
+    b = parse_nbytes("256KiB")
+    _tg, quarter = svr.plan(256, "256KiB", "llama-tiny", 1, svr.QUARTER)
+    _tg, auto = svr.plan(256, "256KiB", "llama-tiny", 1)
+    assert quarter.stats["resident_input_nbytes"] > 0 and auto.stats["resident_input_nbytes"] == 0
+    assert quarter.n != auto.n  # this cell's plan changed with --resident auto
+    _tg, again = svr.plan(256, "256KiB", "llama-tiny", 1, str(b // 4))
+    assert again.n == quarter.n
+
+    def grid(path, mg, **extra):
+        pd.DataFrame([{"seq": 256, "budget": "256KiB", "policy": "nondet", "gpus": 1, "model": "llama-tiny",
+                       "vertices": mg.n, "times_ms": json.dumps([1.0, 1.1]), "mean_ms": 1.05} | extra]
+                     ).to_csv(path, index=False)  # fmt: skip
+
+    cases = (("old", quarter, {}), ("new", auto, {"resident": 0}), ("kept", quarter, {"resident": b // 4}))
+    for name, mg, extra in cases:
+        grid(tmp_path / f"{name}.csv", mg, **extra)
+        assert svr.main(["compare", str(tmp_path / f"{name}.csv"), "--profile", "h100", "--runs", "1",
+                         "--out", str(tmp_path / f"cmp_{name}")]) == 0  # fmt: skip
+    grid(tmp_path / "stale.csv", auto)  # measured on today's plan, but no resident column: rebuilt as a quarter
+    with pytest.raises(SystemExit, match="256:256KiB was measured on a plan of"):
+        svr.main(["compare", str(tmp_path / "stale.csv"), "--profile", "h100", "--runs", "1",
+                  "--out", str(tmp_path / "cmp_stale")])  # fmt: skip

@@ -112,14 +112,33 @@ def test_resident_inputs_stay_loaded(rng):
     check(mg, tg, rng, orders=2)
 
 
-def test_resident_auto_with_reload_pressure(rng):
+def test_resident_inputs_with_reload_pressure(rng):
     """Giving back reservations during a reload skips resident inputs (they hold no reservation)."""
     from turnip.compile import build_with_resident
 
     tg = llama_prefill("tiny", seq=64, dtype="fp16")
-    mg = build_with_resident(tg, 48 * 1024, resident="auto")
+    mg = build_with_resident(tg, 48 * 1024, resident=str(12 * 1024))
     assert mg.stats["resident_input_nbytes"] > 0 and mg.stats["n_reload"] > 0
     check(mg, tg, rng, orders=2, rtol=2e-2)
+
+
+def test_resident_auto_keeps_weights_only_where_that_moves_fewer_bytes(rng):
+    """``--resident auto``: a quarter of the budget where the plan then spills nothing (fewer bytes per run
+    than streaming every input); none where keeping that quarter spills more activations than it saves."""
+    from turnip.compile import build_with_resident, run_link_nbytes
+
+    tg = llama_prefill("tiny", seq=64, dtype="fp16")
+    kept = build_with_resident(tg, 512 * 1024, resident="auto")
+    stream = build_with_resident(tg, 512 * 1024, resident="0")
+    assert kept.preloaded().any() and not (kept.kind == KIND_OFFLOAD).any()
+    assert run_link_nbytes(kept) < run_link_nbytes(stream)
+    check(kept, tg, rng, orders=1, rtol=2e-2)
+    tg = llama_prefill("tiny", seq=256, dtype="fp16")
+    quarter = build_with_resident(tg, 256 * 1024, resident=str(64 * 1024))
+    auto = build_with_resident(tg, 256 * 1024, resident="auto")
+    assert (quarter.kind == KIND_OFFLOAD).any() and quarter.preloaded().any()
+    assert not auto.preloaded().any() and run_link_nbytes(auto) < run_link_nbytes(quarter)
+    check(auto, tg, rng, orders=1, rtol=2e-2)
 
 
 def test_byte_lookahead_cap_with_resident_inputs(rng):

@@ -41,7 +41,9 @@ def register(sub) -> None:
     p.add_argument("--budget", default="6GiB", help="GPU memory budget per GPU")
     p.add_argument("--dtype", default="fp16", choices=ck.DTYPES,
                    help="compute dtype (weights on disk in another dtype are converted as they load)")
-    p.add_argument("--resident", default="0", help="bytes of inputs kept on the GPU across runs, or 'auto'")
+    p.add_argument("--resident", default="auto",
+                   help="bytes of inputs kept on the GPU across runs (loaded once with the plan), 0 to stream every "
+                        "input, or auto (as `turnip compile`; default)")
     p.add_argument("--tile", action="append", default=[], metavar="DIM=SIZE",
                    help="tile size override (llama-*): t, h, f or kv, as in `turnip compile`")
     p.add_argument("--backend", default="cpu", choices=BACKENDS)

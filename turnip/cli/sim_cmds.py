@@ -24,10 +24,11 @@ def register(sub) -> None:
         help="replay a plan in the discrete-event simulator",
         description="Simulate a compiled plan on a virtual GPU server (SimPy), driving the same scheduler "
         "core as real runs. PLAN is a plan file from `turnip compile -o`, or MODEL:SEQ:GPUS:BUDGET "
-        "(e.g. llama-7b:4096:1:6GiB; MODEL may be a Hugging Face model directory) to compile on the fly.",
+        "(e.g. llama-7b:4096:1:6GiB; MODEL may be a Hugging Face model directory) to compile on the fly "
+        "as `turnip compile` does by default (budget-aware tiles, --resident auto).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    s.add_argument("plan", metavar="PLAN")
+    s.add_argument("plan", metavar="PLAN", help="a plan file (`turnip compile -o`) or MODEL:SEQ:GPUS:BUDGET")
     s.add_argument("--policy", default="nondet", choices=POLICIES, help=POLICY_HELP)
     s.add_argument("--runs", type=ck.COUNT, default=20, help="replications (seeds seed..seed+runs-1)")
     s.add_argument("--record-runs", type=ck.COUNT, metavar="N",
@@ -80,7 +81,8 @@ def register(sub) -> None:
     a.add_argument("--seeds", type=ck.COUNT, help="seeds per configuration and policy (default 5)")
     a.add_argument("--resident", metavar="auto|BYTES",
                    help="inputs kept on the GPU across runs: auto (a quarter of the budget when the plan still "
-                   "compiles, as `turnip run --resident auto`) or a size per GPU; 0 streams every input (default auto)")
+                   "compiles and spills no more than it saves, as `turnip run --resident auto`) or a size per GPU; "
+                   "0 streams every input (default auto)")
     a.add_argument("--no-mean-only", action="store_true", help="skip the noise-free runs")
     a.add_argument("--profile", help="machine profile (default h100)")
     a.add_argument("--jobs", type=ck.COUNT, default=None, help="processes (default: all cores)")
@@ -133,7 +135,7 @@ def _plan(spec: str, force: bool, seed: int = 0, train: argparse.Namespace | Non
     except argparse.ArgumentTypeError as e:
         which = "SEQ" if not seq.isdigit() or int(seq) < 1 else "GPUS"
         raise ck.CliError(f"{which} in {spec!r}: {e}; e.g. llama-7b:4096:1:6GiB", ck.USAGE) from None
-    a = argparse.Namespace(model=model, seq=seq_n, gpus=gpus_n, budget=budget, dtype="fp16", tile=[], resident="0",
+    a = argparse.Namespace(model=model, seq=seq_n, gpus=gpus_n, budget=budget, dtype="fp16", tile=[], resident="auto",
                            **flags)  # fmt: skip
     tiles, nbytes, est = compile_args(a, force, budget_flag=f"BUDGET in {spec!r}")
     mg = build_plan(a, tiles, nbytes, est, seed=seed)[1]
