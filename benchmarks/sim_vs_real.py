@@ -232,8 +232,10 @@ def compare(a) -> int:
             raise SystemExit(f"{a.measured}: no {col} column (each run's {what}); --{flag.replace('_', '-')} needs a "
                              f"grid measured with it")  # fmt: skip
     at_run = a.at_host_time or a.at_link_rate
+    keys = ["seq", "budget"] + (["resident"] if "resident" in real.columns else [])  # a cell: one plan
     out, overlays = [], []
-    for (seq, budget), cell in real.groupby(["seq", "budget"], sort=False):
+    for key, cell in real.groupby(keys, sort=False):
+        seq, budget = key[:2]
         kept = str(int(cell.resident.iloc[0])) if "resident" in cell.columns else QUARTER  # as measured
         _tg, mg = plan(int(seq), str(budget), cell.model.iloc[0], int(cell.gpus.iloc[0]), kept)
         if "vertices" in cell.columns and int(cell.vertices.iloc[0]) != mg.n:
@@ -249,7 +251,8 @@ def compare(a) -> int:
             o = order if r.policy == "det-replay" else None
             runs = [simulate(mg, prof, r.policy, seed=s, tm=tm, order=o) for s in range(a.runs)]
             sims = np.array([x.makespan_ns / 1e6 for x in runs])
-            out.append({"seq": int(seq), "budget": budget, "policy": r.policy, "measured_ms": meas.mean(),
+            out.append({"seq": int(seq), "budget": budget} | ({"resident": int(key[2])} if len(key) > 2 else {})
+                       | {"policy": r.policy, "measured_ms": meas.mean(),
                         "predicted_ms": sims.mean(), "error": sims.mean() / meas.mean() - 1,
                         "measured_cv": meas.std(ddof=1) / meas.mean() if meas.size > 1 else float("nan"),
                         "predicted_cv": sims.std(ddof=1) / sims.mean() if sims.size > 1 else float("nan")})  # fmt: skip
@@ -268,10 +271,9 @@ def compare(a) -> int:
     others = [p for p in ("det", "det-kernels", "det-replay") if (d.policy == p).any()]
     for other in others:
         for col in ("measured_ms", "predicted_ms"):
-            base = d[d.policy == "nondet"].set_index(["seq", "budget"])[col]
-            alt = d[d.policy == other].set_index(["seq", "budget"])[col]
-            d = d.merge((base / alt).rename(f"nondet_over_{other}_{col[:-3]}").reset_index(), on=["seq", "budget"],
-                        how="left")  # fmt: skip
+            base = d[d.policy == "nondet"].set_index(keys)[col]
+            alt = d[d.policy == other].set_index(keys)[col]
+            d = d.merge((base / alt).rename(f"nondet_over_{other}_{col[:-3]}").reset_index(), on=keys, how="left")
     stem = a.out.removesuffix(".csv").removesuffix(".md")  # OUT.csv and OUT.md, whichever of the three given
     Path(stem).parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(f"{stem}.csv", newline="") as fh:
@@ -283,7 +285,7 @@ def compare(a) -> int:
              + (" host issue us measured | predicted |" if has_issue else ""),
              "|---|---|---|---|---|---|---|---|" + ("---|---|" if has_issue else "")]  # fmt: skip
     for _, r in d.iterrows():
-        lines.append(f"| {r.seq} | {r.budget} | {r.policy} | {r.measured_ms:.1f} | {r.predicted_ms:.1f} | "
+        lines.append(f"| {r.seq} | {_budget(r)} | {r.policy} | {r.measured_ms:.1f} | {r.predicted_ms:.1f} | "
                      f"{r.error:+.1%} | {r.measured_cv:.3f} | {r.predicted_cv:.3f} |"
                      + (f" {r.measured_issue_us:.2f} | {r.predicted_issue_us:.2f} |" if has_issue else ""))  # fmt: skip
     nd = d[d.policy == "nondet"]
@@ -291,14 +293,14 @@ def compare(a) -> int:
               "|---|---|" + "---|---|" * len(others)]  # fmt: skip
     for _, r in nd.iterrows():
         cells = [f"{r[f'nondet_over_{o}_{k}']:.3f}" for o in others for k in ("measured", "predicted")]
-        lines.append(f"| {r.seq} | {r.budget} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r.seq} | {_budget(r)} | " + " | ".join(cells) + " |")
     for o in others:
         gap = (nd[f"nondet_over_{o}_predicted"] - nd[f"nondet_over_{o}_measured"]).abs() * 100
         lines.append(f"\nnondet/{o}: predicted within 3 points of measured in {(gap <= 3).sum()} of {len(nd)} cells "
                      f"(largest gap {gap.max():.1f} points).")  # fmt: skip
     err = d.error.abs()
     lines += ["", f"Cells within ±5%: {(err <= 0.05).sum()} of {len(d)}; mean |error| {err.mean():.1%}, "
-              f"worst {d.error.iloc[err.argmax()]:+.1%} ({d.seq.iloc[err.argmax()]}:{d.budget.iloc[err.argmax()]} "
+              f"worst {d.error.iloc[err.argmax()]:+.1%} ({d.seq.iloc[err.argmax()]}:{_budget(d.iloc[err.argmax()])} "
               f"{d.policy.iloc[err.argmax()]})."]  # fmt: skip
     if at_run:
         what = " and ".join(w for w, on in (("host time", a.at_host_time), ("host link rate", a.at_link_rate)) if on)
@@ -314,7 +316,7 @@ def compare(a) -> int:
         lines += ["", f"At each run's own {what} ({'; '.join(how)}){drawn}:", "",
                   "| seq | budget | policy | " + " | ".join(heads[c] for c in cols) + " | predicted ms at it | error |",
                   "|---|---|---|" + "---|" * len(cols) + "---|---|"]  # fmt: skip
-        lines += [f"| {r.seq} | {r.budget} | {r.policy} | " + " | ".join(_num(r[c], ".2f") for c in cols)
+        lines += [f"| {r.seq} | {_budget(r)} | {r.policy} | " + " | ".join(_num(r[c], ".2f") for c in cols)
                   + f" | {_num(r.predicted_at_run_ms, '.1f')} | {_num(r.error_at_run, '+.1%')} |"
                   for _, r in d.iterrows()]  # fmt: skip
         eh = d.error_at_run.abs().dropna()
@@ -328,6 +330,14 @@ def compare(a) -> int:
         fh.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def _budget(r) -> str:
+    """A result row's budget, with the resident bytes its plan kept where the grid records them."""
+    from turnip.cli import format_nbytes
+
+    res = r.get("resident")
+    return str(r.budget) if res is None or res != res else f"{r.budget}, {format_nbytes(int(res))} resident"
 
 
 def _num(x, fmt: str) -> str:

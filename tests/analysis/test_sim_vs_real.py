@@ -243,6 +243,14 @@ def test_compare_rebuilds_the_plan_each_cell_was_measured_on(tmp_path):
         grid(tmp_path / f"{name}.csv", mg, **extra)
         assert svr.main(["compare", str(tmp_path / f"{name}.csv"), "--profile", "h100", "--runs", "1",
                          "--out", str(tmp_path / f"cmp_{name}")]) == 0  # fmt: skip
+    both = pd.concat([pd.read_csv(tmp_path / "new.csv"), pd.read_csv(tmp_path / "kept.csv")])
+    both.to_csv(tmp_path / "both.csv", index=False)  # one cell, two plans: two rows, each on its own plan
+    assert svr.main(["compare", str(tmp_path / "both.csv"), "--profile", "h100", "--runs", "1",
+                     "--out", str(tmp_path / "cmp_both")]) == 0  # fmt: skip
+    d = pd.read_csv(tmp_path / "cmp_both.csv")
+    assert list(d.resident) == [0, b // 4] and d.predicted_ms.iloc[0] != d.predicted_ms.iloc[1]
+    md = (tmp_path / "cmp_both.md").read_text()
+    assert "| 256KiB, 0 B resident |" in md and "| 256KiB, 64.00 KiB resident |" in md
     grid(tmp_path / "stale.csv", auto)  # measured on today's plan, but no resident column: rebuilt as a quarter
     with pytest.raises(SystemExit, match="256:256KiB was measured on a plan of"):
         svr.main(["compare", str(tmp_path / "stale.csv"), "--profile", "h100", "--runs", "1",
