@@ -113,3 +113,38 @@ def test_simulate_with_a_slower_host_or_link(tmp_path, capsys, plan, flag, f, sa
         ms[x] = int(run.makespan_ns)
         assert run[col] == (float(x) if x else 1.0)  # the run's factor: given, or the median (mean-only)
     assert lo * ms[None] < ms[f] and (hi is None or ms[f] < hi * ms[None])
+
+
+def test_check_of_a_training_step_allows_adam_sign_flips_and_nothing_more(capsys):
+    """``run --train lora --check``: an Adam step moves each parameter by about lr x sign(gradient), so a
+    near-zero gradient whose sign rounding flips lands 2 lr away; a few such elements pass (seed 3 has one, at
+    1.89 lr), more than 1% of them, or any one further off, fail, as does any other output beyond the
+    tolerance (named)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from turnip.cli.run_cmds import _check_outputs
+
+    assert main(["run", "--budget", "4MiB", "--repeat", "1", "--seq", "64", "--train", "lora", "--check",
+                 "--seed", "3"]) == 0  # fmt: skip
+    assert "Adam-updated parameters: 1 of " in capsys.readouterr().out
+    lr = 1e-4
+    tg = SimpleNamespace(op=["adam_p", "matmul"], name=["A.new", "loss"], params=[{"lr": lr}, {}])
+    ref = {0: np.full(1000, 1e-3), 1: np.ones(8)}
+
+    def check(adam, other):
+        ok = _check_outputs(tg, {0: adam, 1: other}, ref, 2e-2)
+        return ok, capsys.readouterr().out
+
+    flipped = ref[0].copy()
+    flipped[:5] -= 2 * lr  # five signs flipped: 0.5% of the elements
+    assert check(flipped, ref[1])[0]
+    many = ref[0].copy()
+    many[:20] -= 2 * lr  # 2%
+    assert not check(many, ref[1])[0]
+    far = ref[0].copy()
+    far[0] -= 3 * lr
+    assert not check(far, ref[1])[0]
+    ok, out = check(ref[0], ref[1] * 1.05)
+    assert not ok and "in loss (FAILED)" in out

@@ -305,9 +305,7 @@ def cmd_run(a) -> int:
 
         with Progress(tg.n, "check: numpy reference") as bar:
             ref = evaluate_taskgraph(tg, values, progress=bar.update)
-        err = max(_rel(outs[t], ref[t]) for t in outs)
-        ok = err <= (2e-2 if a.dtype == "fp16" else 1e-4)
-        print(f"check     max relative error vs numpy taskgraph evaluation: {err:.2e} ({'ok' if ok else 'FAILED'})")
+        ok = _check_outputs(tg, outs, ref, 2e-2 if a.dtype == "fp16" else 1e-4)
     if a.trace and res is not None:
         res.trace(mg, meta).write_chrome(a.trace)
         print(f"trace     {a.trace} (open in https://ui.perfetto.dev)")
@@ -353,6 +351,36 @@ def _report_host_memory(mg) -> None:
 
     inputs, offloads = plan_layout(mg).host_nbytes
     print(f"host memory peak     {_sz(peak)} (pinned inputs {_sz(inputs)}, offload region {_sz(offloads)})")
+
+
+def _check_outputs(tg, outs, ref, tol: float) -> bool:
+    """``--check``: every output within ``tol`` of the numpy evaluation (relative error of the whole tile),
+    except the parameters an Adam step wrote (``adam_p``), which move each element by about lr x the sign of
+    its gradient: where a gradient is near 0, the order of partial sums can flip that sign, so at most 1% of
+    their elements may land up to 2 lr from the reference (as in the training tests). Prints the figures."""
+    import numpy as np
+
+    errs = {t: _rel(outs[t], ref[t]) for t in outs if tg.op[t] != "adam_p"}
+    worst_t = max(errs, key=errs.get, default=None)
+    err = errs[worst_t] if errs else 0.0
+    ok = err <= tol
+    where = f", in {tg.name[worst_t]}" if errs and not ok else ""
+    print(f"check     max relative error vs numpy taskgraph evaluation: {err:.2e}{where} ({'ok' if ok else 'FAILED'})")
+    adam = [t for t in outs if tg.op[t] == "adam_p"]
+    if adam:
+        far = total = 0
+        worst = 0.0  # the largest difference, in units of the step's lr
+        for t in adam:
+            x, y, lr = np.asarray(outs[t], np.float64), np.asarray(ref[t], np.float64), float(tg.params[t]["lr"])
+            d = np.abs(x - y)
+            far += int((d > tol * (np.abs(y) + lr)).sum())
+            total += d.size
+            worst = max(worst, float(d.max(initial=0.0)) / lr)
+        good = far <= 0.01 * total and worst <= 2 * (1 + tol)
+        print(f"check     Adam-updated parameters: {far} of {total} elements off the numpy evaluation (at most 1%), "
+              f"by up to {worst:.2f} lr (at most 2: a near-zero gradient's sign) ({'ok' if good else 'FAILED'})")
+        ok = ok and good
+    return ok
 
 
 def _rel(x, y) -> float:
