@@ -259,5 +259,6 @@ def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = 
     sim_v = int(runs.n_vertices.sum())
     say(text)
     say(f"\n{len(runs)} runs, {sim_v:,} simulated vertices, {wall:.1f} s wall on {jobs} processes; "
-        f"wrote {out}/runs.csv, summary.csv, figures/*.png, traces/")  # fmt: skip
+        f"wrote {out}/runs.csv, summary.csv, figures/*.png" + (", traces/" if traces else
+                                                               f" (no traces: {cfg.trace} is not in the grid)"))
     return text

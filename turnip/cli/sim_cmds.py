@@ -196,7 +196,7 @@ def cmd_simulate(a) -> int:
     drawn = a.runs > 1 and not a.mean_only and (
         (a.host_factor is None and prof.host_excess_sd > 0) or (a.link_factor is None and prof.link_excess_sd > 0))
     which = " (run 1's: each run's host and host link factors are drawn)" if drawn else ""
-    parts = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in first.bound.items())
+    parts = ", ".join(f"{k.removesuffix('_ns')} {v / 1e6:.1f}" for k, v in first.bound.items() if k != "lower_bound_ns")
     print(f"lower bound {first.lower_bound_ns / 1e6:.3f} ms{which} ({parts})")
     print(f"efficiency {eff:.3f}; simulated {rate} vertices/s")
     if a.trace:
@@ -304,6 +304,9 @@ def cmd_ablate(a) -> int:
             name, eq, size = b.partition("=")
             if not eq or not name or not size:
                 raise ck.CliError(f"--budgets got {b!r}; it takes NAME=SIZE items, e.g. tight=1GiB", ck.USAGE)
+            if name in budgets:
+                raise ck.CliError(f"--budgets names {name!r} twice ({name}={budgets[name]}, {b}); give each budget "
+                                  "its own name", ck.USAGE)  # fmt: skip
             budgets[name] = size
     over = {"models": a.models, "seqs": a.seqs, "gpus": a.gpus, "budgets": budgets, "policies": a.policies,
             "seeds": a.seeds, "profile": a.profile, "mean_only": False if a.no_mean_only else None,
@@ -316,8 +319,7 @@ def cmd_ablate(a) -> int:
         cfg = SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in over.items() if v is not None})
     _check_sweep(cfg, f"--config {a.config}" if a.config else "ablate", a.force)
     ck.load_profile(cfg.profile)
-    if cfg.trace.get("budget") not in cfg.budgets:
-        cfg = SweepConfig(**{**cfg.__dict__, "trace": {**cfg.trace, "budget": next(iter(cfg.budgets))}})
+    cfg = _trace_in_grid(cfg, _config_trace(a.config) if a.config else {})
     from sim.sweep import SweepError
 
     try:
@@ -325,6 +327,35 @@ def cmd_ablate(a) -> int:
     except SweepError as e:
         raise ck.CliError(f"{e}; raise the budgets (--budgets NAME=SIZE) or shorten the sequences", ck.FAILED) from None
     return 0
+
+
+def _config_trace(path: str) -> dict:
+    """The ``trace`` table a sweep config file gives ({} when it gives none)."""
+    import tomllib
+
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    t = data.get("ablate", data).get("trace", {})
+    return t if isinstance(t, dict) else {}
+
+
+def _trace_in_grid(cfg, given: dict):
+    """The sweep with a traced configuration in its grid: what ``given`` (the config file's ``trace``) names
+    must be there (else ``CliError``); keys it does not name take the grid's first value where the default
+    (LLaMA-7B, 4K, 1 GPU, budget "tight") is not in the grid."""
+    from sim.sweep import SweepConfig
+
+    grid = {"model": cfg.models, "seq": cfg.seqs, "gpus": cfg.gpus, "budget": tuple(cfg.budgets),
+            "workload": cfg.workloads}  # fmt: skip
+    trace = dict(cfg.trace)
+    for key, values in grid.items():
+        if key in given and given[key] not in values:
+            have = ", ".join(map(str, values))
+            raise ck.CliError(f"--config: trace {key} = {given[key]!r} is not in the grid ({have}); name one of them",
+                              ck.USAGE)  # fmt: skip
+        if key in trace and trace[key] not in values:
+            trace[key] = values[0]
+    return SweepConfig(**{**cfg.__dict__, "trace": trace})
 
 
 def cmd_report(a) -> int:
