@@ -170,3 +170,19 @@ def test_ablate_traces_a_configuration_of_its_grid(tmp_path, capsys):
     assert main(["ablate", "--models", "llama-tiny", "--seqs", "128", "--budgets", "a=1MiB", "a=2MiB",
                  "--out", str(tmp_path / "r3")]) == 2  # fmt: skip
     assert "--budgets names 'a' twice" in capsys.readouterr().err
+
+
+def test_missing_and_foreign_files_say_so(tmp_path, capsys):
+    """A plan path that does not exist, a report folder that does not exist, and an .npz holding Python
+    objects: each a one-line error that says which."""
+    import numpy as np
+
+    assert main(["simulate", str(tmp_path / "nope.tplan")]) == 2
+    assert "nope.tplan: no such plan file" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "nodir")]) == 2
+    assert "nodir: no such directory" in capsys.readouterr().err
+    np.savez(tmp_path / "pk.npz", a=np.array([{"x": 1}], dtype=object))
+    (tmp_path / "pk.npz").rename(tmp_path / "pk.tplan")
+    assert main(["simulate", str(tmp_path / "pk.tplan")]) == 2
+    err = capsys.readouterr().err
+    assert "not a turnip plan or corrupted (it holds Python objects)" in err and "allow_pickle" not in err

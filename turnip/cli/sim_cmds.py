@@ -121,6 +121,9 @@ def _plan(spec: str, force: bool, seed: int = 0, train: argparse.Namespace | Non
                               "with `turnip compile --train lora` instead)", ck.USAGE)  # fmt: skip
         return load_plan_arg(spec)[0], {"plan": spec}
     parts = spec.rsplit(":", 3)  # MODEL may be a path
+    if len(parts) != 4 and (spec.endswith(".tplan") or "/" in spec):
+        raise ck.CliError(f"{spec}: no such plan file; write one with `turnip compile -o {spec}`, or pass "
+                          "MODEL:SEQ:GPUS:BUDGET (e.g. llama-7b:4096:1:6GiB)", ck.USAGE)  # fmt: skip
     if len(parts) != 4:
         raise ck.CliError(f"{spec!r} is neither a plan file nor MODEL:SEQ:GPUS:BUDGET; pass a file written by "
                           "`turnip compile -o` or e.g. llama-7b:4096:1:6GiB", ck.USAGE)  # fmt: skip
@@ -365,6 +368,8 @@ def cmd_report(a) -> int:
 
     if a.overlay or a.out is not None or a.dir is None:
         return _report_overlay(a)
+    if not Path(a.dir).is_dir():
+        raise ck.CliError(f"{a.dir}: no such directory; run `turnip ablate --out {a.dir}` first", ck.USAGE)
     if not (Path(a.dir) / "runs.csv").exists():
         raise ck.CliError(f"no runs.csv in {a.dir}; run `turnip ablate --out {a.dir}` first", ck.USAGE)
     ck.input_file(str(Path(a.dir) / "runs.csv"), "runs table", f"run `turnip ablate --out {a.dir}` again")

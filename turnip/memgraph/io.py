@@ -116,7 +116,8 @@ def load_plan(path: str | os.PathLike) -> tuple[MemGraph, TaskGraph | None]:
             raise ValueError("checksum mismatch")
         header = json.loads(arrays.pop("header").tobytes())
     except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError) as e:
-        raise PlanFormatError(f"{path}: not a turnip plan or corrupted ({type(e).__name__}: {e})") from e
+        why = "it holds Python objects" if "allow_pickle" in str(e) else f"{type(e).__name__}: {e}"
+        raise PlanFormatError(f"{path}: not a turnip plan or corrupted ({why})") from e
     if header.get("format") != FORMAT:
         raise PlanFormatError(f"{path}: format {header.get('format')!r}, expected {FORMAT!r}")
     if header.get("version") != VERSION:
