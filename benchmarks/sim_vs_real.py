@@ -224,7 +224,16 @@ def compare(a) -> int:
     from turnip.machine.profile import load_profile
 
     prof = load_profile(a.profile)
-    real = pd.read_csv(a.measured)
+    try:
+        real = pd.read_csv(a.measured)
+    except (OSError, ValueError) as e:  # missing, unreadable, not a CSV
+        why = " ".join(str(e).split())
+        raise SystemExit(f"{a.measured}: cannot read a measured grid ({type(e).__name__}: {why}); pass a CSV written "
+                         "by `sim_vs_real.py measure`") from None  # fmt: skip
+    lacking = {"seq", "budget", "policy", "gpus", "model", "times_ms"} - set(real.columns)
+    if lacking:
+        raise SystemExit(f"{a.measured}: no {', '.join(sorted(lacking))} column(s); pass a CSV written by "
+                         "`sim_vs_real.py measure`")  # fmt: skip
     real = real[real.policy != "-"]
     has_issue = "issue_us" in real.columns  # grids measured from 2026-11-25 on
     for flag, col, what in (("at_host_time", "host_ms", "host time"), ("at_link_rate", "link_gbps", "host link rate")):

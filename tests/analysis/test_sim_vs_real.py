@@ -255,3 +255,14 @@ def test_compare_rebuilds_the_plan_each_cell_was_measured_on(tmp_path):
     with pytest.raises(SystemExit, match="256:256KiB was measured on a plan of"):
         svr.main(["compare", str(tmp_path / "stale.csv"), "--profile", "h100", "--runs", "1",
                   "--out", str(tmp_path / "cmp_stale")])  # fmt: skip
+
+
+def test_compare_says_what_is_wrong_with_its_input(tmp_path):
+    import re
+
+    svr = _bench()
+    (tmp_path / "notes.csv").write_text("a,b\n1,2\n")
+    for path, said in ((tmp_path / "nope.csv", "cannot read a measured grid (FileNotFoundError"),
+                       (tmp_path / "notes.csv", "no budget, gpus, model, policy, seq, times_ms column(s)")):
+        with pytest.raises(SystemExit, match=re.escape(said)):
+            svr.main(["compare", str(path), "--profile", "h100", "--out", str(tmp_path / "x")])
