@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
+from turnip.cli import USAGE, CliError
 from turnip.cli import args as ck
+
+REFIT_NEEDS = "--refit needs a profile written by `turnip calibrate` (JSON with its measurements)"
 
 
 def register(sub) -> None:
@@ -38,10 +43,12 @@ def cmd_calibrate(a) -> int:
     from turnip.cli.run_cmds import _cuda_preflight
     from turnip.progress import Progress
 
+    _json_output(a.output)
     ck.output_file(a.output, "--output")
     if a.refit:
         from turnip.calibrate import refit
 
+        _refit_input(a.refit)
         write_profile(refit(a.refit), a.output)
         print(f"profile   {a.output}: refitted from {a.refit}")
         return 0
@@ -58,3 +65,37 @@ def cmd_calibrate(a) -> int:
           f"completion {m['completion_ns'] / 1e3:.1f} us + {m.get('completion_per_inflight_ns', 0) / 1e3:.2f} us per "
           "vertex in flight")  # fmt: skip
     return 0
+
+
+def _json_output(path: str) -> None:
+    """``CliError`` (usage) unless ``path`` ends in ``.json``: the profile is a JSON document (its tables and
+    measurements have no TOML form), and ``load_profile`` reads any other name as TOML."""
+    if Path(path).suffix != ".json":
+        raise CliError(f"--output {path}: `turnip calibrate` writes a JSON profile (its tables have no TOML form); "
+                       "name it *.json", USAGE)  # fmt: skip
+
+
+def _refit_input(path: str) -> None:
+    """``CliError`` (usage), before the fit, unless ``path`` is a JSON profile with the plan makespans that
+    ``turnip.calibrate.refit`` fits to (``calibration.plans``, which only ``turnip calibrate`` writes: TOML
+    profiles and the shipped presets hold fitted fields, not measurements)."""
+    from turnip.machine.profile import load_profile
+
+    p = Path(path)
+    if not p.is_file():
+        why = "is a directory" if p.is_dir() else "no such file"
+        raise CliError(f"--refit {path}: {why}; pass the path of a profile `turnip calibrate -o` wrote "
+                       "(e.g. turnip/machine/profiles/h100-calibrated.json)", USAGE)  # fmt: skip
+    if p.suffix != ".json":
+        raise CliError(f"{path}: {REFIT_NEEDS}; a {p.suffix or 'suffix-less'} profile carries no measurements",
+                       USAGE)  # fmt: skip
+    try:
+        load_profile(p)
+        doc = json.loads(p.read_text())
+    except (ValueError, TypeError, OSError) as e:  # invalid JSON, unknown fields, bad values, unreadable
+        raise CliError(f"{e}; {REFIT_NEEDS}", USAGE) from None
+    cal = doc.get("calibration") if isinstance(doc, dict) else None
+    plans = cal.get("plans") if isinstance(cal, dict) else None
+    if not isinstance(plans, list) or not any(isinstance(q, dict) and q.get("nondet_ms") for q in plans):
+        raise CliError(f"{path}: {REFIT_NEEDS}; it records no plan makespans to fit to (a profile by hand, a "
+                       "conversion, or an older `turnip calibrate`?)", USAGE)  # fmt: skip
