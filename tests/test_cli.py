@@ -186,3 +186,15 @@ def test_missing_and_foreign_files_say_so(tmp_path, capsys):
     assert main(["simulate", str(tmp_path / "pk.tplan")]) == 2
     err = capsys.readouterr().err
     assert "not a turnip plan or corrupted (it holds Python objects)" in err and "allow_pickle" not in err
+
+
+def test_a_budget_error_names_a_tile_to_shrink(tmp_path, capsys):
+    """A vertex that cannot fit: the error ends with --tile values that halve its largest tensor's tiled
+    dimensions (not the vocabulary tile where a head dimension happens to equal it)."""
+    out = str(tmp_path / "t.tplan")
+    assert main(["compile", "--model", "llama-tiny", "--seq", "256", "--budget", "16KiB", "-o", out]) == 1
+    assert capsys.readouterr().err.rstrip().endswith("or raise the budget (for example --tile t=32).")
+    assert main(["compile", "--model", "llama-tiny", "--seq", "256", "--budget", "16KiB", "--tile", "t=32",
+                 "-o", out]) == 1  # fmt: skip
+    err = capsys.readouterr().err
+    assert "shape (256, 2, 16)" in err and err.rstrip().endswith("(for example --tile h=1).")

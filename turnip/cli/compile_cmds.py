@@ -149,16 +149,33 @@ def compile_args(a, force: bool = False, extra_nbytes=None, budget_flag: str = "
 def build_plan(a, tiles, budget, est, config=None, seed: int = 0, label: str = "compile"):
     """Lower (a heartbeat against the estimate) and build (a progress bar) the plan of checked arguments."""
     from turnip.compile import build_with_resident, make_taskgraph
+    from turnip.memgraph.build import BudgetError
     from turnip.progress import Heartbeat, Progress
 
     with Heartbeat(f"{label}: lowering ~{est.vertices:,} vertices", est.lower_s):
         tg = make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles, seed=seed, n_layers=getattr(a, "layers", None),
                             budget_nbytes=budget, head=getattr(a, "logits", None), train=ck.train_spec(a),
                             batch=getattr(a, "batch", 1))  # fmt: skip
-    with Progress(tg.n, f"{label}: build") as bar:
-        mg = build_with_resident(tg, budget, config, a.resident, progress=bar.update,
-                                 workspace=getattr(a, "workspace", "auto"))  # fmt: skip
+    try:
+        with Progress(tg.n, f"{label}: build") as bar:
+            mg = build_with_resident(tg, budget, config, a.resident, progress=bar.update,
+                                     workspace=getattr(a, "workspace", "auto"))  # fmt: skip
+    except BudgetError as e:
+        hint = _tile_hint(e, est.tiles)
+        if hint:
+            raise BudgetError(f"{str(e).removesuffix('.')} ({hint}).") from e
+        raise
     return tg, mg
+
+
+def _tile_hint(e, tiles: dict) -> str:
+    """``--tile`` values that shrink the tensor a ``BudgetError`` names: each tile dimension whose size is one
+    of that tensor's dimensions (the vocabulary's only for logits and embedding tensors), halved."""
+    shape, name = getattr(e, "shape", None) or (), getattr(e, "tensor", "")
+    vocab = any(w in name for w in ("logit", "embed", "head"))  # else a size equal to v is another axis
+    flags = [f"--tile {k}={v // 2}" for k, v in (tiles or {}).items()
+             if isinstance(v, int) and v > 1 and v in shape and (k != "v" or vocab)]  # fmt: skip
+    return "for example " + " or ".join(flags) if flags else ""
 
 
 def verify_with_progress(mg, tg, label: str = "verify"):

@@ -28,7 +28,11 @@ from turnip.taskgraph import TaskGraph
 
 
 class BudgetError(RuntimeError):
-    """One vertex cannot run within the GPU memory budget."""
+    """One vertex cannot run within the GPU memory budget. ``shape`` and ``tensor``: its largest operand's shape
+    and name, where known (for advice on the tile to shrink)."""
+
+    shape: tuple | None = None
+    tensor: str = ""
 
 
 @dataclass(frozen=True)
@@ -293,12 +297,14 @@ class _Build:
         need = sum(aligned(tg.nbytes[a]) for a in args if tg.gpu[a] == g) + aligned(tg.nbytes[v])
         cap = self.arenas[g].capacity
         biggest = max([v, *args], key=lambda a: tg.nbytes[a])
-        return BudgetError(
+        err = BudgetError(
             f"vertex {v} ({tg.name[v]}, op {tg.op[v]}) on gpu {g} cannot get {nbytes} bytes: its inputs and "
             f"output need {need} bytes against a budget of {cap} bytes (free ranges fragmented or pinned by "
             f"operands). Reduce the tile size of its largest tensor ({tg.name[biggest]}, shape "
             f"{tg.shape[biggest]}, {tg.nbytes[biggest]} bytes) or raise the budget."
         )
+        err.shape, err.tensor = tuple(int(x) for x in tg.shape[biggest]), str(tg.name[biggest])
+        return err
 
     def finish(self) -> MemGraph:
         tg = self.tg
