@@ -198,3 +198,16 @@ def test_a_budget_error_names_a_tile_to_shrink(tmp_path, capsys):
                  "-o", out]) == 1  # fmt: skip
     err = capsys.readouterr().err
     assert "shape (256, 2, 16)" in err and err.rstrip().endswith("(for example --tile h=1).")
+
+
+def test_flags_that_would_be_ignored_are_errors(tmp_path, capsys):
+    """LoRA flags without --train lora, and compile-only flags given with a compiled plan: one-line usage
+    errors instead of a run that quietly ignores them."""
+    plan = str(tmp_path / "t.tplan")
+    assert main(["compile", "--model", "llama-tiny", "--seq", "64", "--budget", "1MiB", "--rank", "8", "-o",
+                 plan]) == 2  # fmt: skip
+    assert "--rank: only a LoRA training step has it; add --train lora" in capsys.readouterr().err
+    assert main(["compile", "--model", "llama-tiny", "--seq", "64", "--budget", "1MiB", "-o", plan]) == 0
+    assert main(["simulate", plan, "--batch", "4", "--lr", "0.1"]) == 2
+    assert f"--lr, --batch: {plan} is a compiled plan, which fixes them" in capsys.readouterr().err
+    assert main(["simulate", "llama-tiny:64:1:1MiB", "--runs", "1", "--train", "lora", "--rank", "8"]) == 0

@@ -214,6 +214,25 @@ def add_train_flags(p, always: bool = False) -> None:
                    "the budget")  # fmt: skip
 
 
+TRAIN_DEFAULTS = {"rank": 16, "alpha": 32.0, "targets": "q,k,v,ffn", "lr": 1e-4, "checkpoint": "auto"}
+
+
+def unused_flags(a, plan_file: str | None = None) -> None:
+    """``CliError`` (usage) for flags that would be ignored: LoRA flags without ``--train lora``, and, where
+    the command was given a compiled plan (``plan_file``), the flags that only shape a compile."""
+    given = [k for k, v in TRAIN_DEFAULTS.items() if hasattr(a, k) and getattr(a, k) != v]
+    if plan_file is not None:
+        shape = {"batch": 1} | {k: None for k in ("seq", "layers")}
+        given += [k for k, v in shape.items() if getattr(a, k, v) != v and getattr(a, k, v) is not None]
+        if given:
+            flags, them = ", ".join(f"--{k}" for k in given), "them" if len(given) > 1 else "it"
+            raise CliError(f"{flags}: {plan_file} is a compiled plan, which fixes {them}; compile it again with "
+                           f"{them} (`turnip compile ... -o`), or drop {them}", USAGE)  # fmt: skip
+    elif given and getattr(a, "train", "lora") == "none":
+        flags, them = ", ".join(f"--{k}" for k in given), "them" if len(given) > 1 else "it"
+        raise CliError(f"{flags}: only a LoRA training step has {them}; add --train lora, or drop {them}", USAGE)
+
+
 def train_spec(a):
     """The ``TrainSpec`` of the training flags, or None for a prefill; ``CliError`` for bad targets."""
     if getattr(a, "train", "lora" if hasattr(a, "rank") else "none") == "none":

@@ -127,6 +127,7 @@ def compile_args(a, force: bool = False, extra_nbytes=None, budget_flag: str = "
     """Check a compile's arguments (--model, --seq, --gpus, --dtype, --tile, --layers, --budget, --resident,
     --workspace) and its size, before any work. ``extra_nbytes(estimate)``: host memory the command needs
     besides the compile. Returns (tiles, budget, estimate)."""
+    ck.unused_flags(a)
     tiles = ck.parse_tiles(a.tile, a.model)
     layers = getattr(a, "layers", None)
     if layers is not None:

@@ -119,6 +119,8 @@ def _plan(spec: str, force: bool, seed: int = 0, train: argparse.Namespace | Non
         if flags.get("train", "none") != "none":
             raise ck.CliError(f"--train applies to MODEL:SEQ:GPUS:BUDGET; {spec} is a compiled plan (compile it "
                               "with `turnip compile --train lora` instead)", ck.USAGE)  # fmt: skip
+        if train is not None:
+            ck.unused_flags(train, plan_file=spec)
         return load_plan_arg(spec)[0], {"plan": spec}
     parts = spec.rsplit(":", 3)  # MODEL may be a path
     if len(parts) != 4 and (spec.endswith(".tplan") or "/" in spec):
