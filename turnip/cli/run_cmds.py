@@ -22,7 +22,8 @@ def register(sub) -> None:
         "run it for real with the same scheduler core the simulator drives. --model may be a Hugging Face "
         "LLaMA-family directory (config.json and safetensors, sharded or not): its weights are read tensor by "
         "tensor and, with --prompt (needs the tokenizers package and the directory's tokenizer.json) or "
-        "--prompt-ids, it prints the next token and the top-5 logits. Presets run random weights (--seed) or "
+        "--prompt-ids, it prints the next token and the top-5 logits (a directory without safetensors files is "
+        "refused unless --random-weights). Presets run random weights (--seed) or "
         "--weights (a .safetensors file with turnip or Hugging Face LLaMA names; see docs/runtime.md). Prints "
         "time to first token (the prefill makespan), load time, bytes moved, GPU busy fraction, host cost per "
         "vertex and the plan's lower bound next to the measured time.",
@@ -68,6 +69,7 @@ def register(sub) -> None:
                    help="untimed runs first (kernel modules, cuBLAS handles)")
     p.add_argument("--seed", type=ck.SEED, default=0, help="weights / inputs seed (and chaos seeds)")
     p.add_argument("--weights", metavar="FILE.safetensors", help="read weights from this file")
+    add_random_weights_flag(p)
     ck.add_runtime_flags(p, stall_s=60.0)
     p.add_argument("--check", action="store_true", help="compare outputs with the taskgraph evaluated in numpy")
     p.add_argument("--profile", default="h100", help="machine profile for the lower bound")
@@ -95,12 +97,22 @@ def _plan(a):
     return tg, mg, {"model": a.model, "seq": a.seq, "gpus": a.gpus, "budget": a.budget, "budget_nbytes": budget}
 
 
+def add_random_weights_flag(p) -> None:
+    p.add_argument("--random-weights", action="store_true",
+                   help="run on seeded random weights when the model directory has no safetensors files "
+                   "(timing only)")  # fmt: skip
+
+
 def _checkpoint(a):
     """The weights to read: ``--weights`` (a .safetensors file), else ``--model`` when it is a directory
-    holding weights; None for random weights. Headers are read and checked now, before compiling."""
+    holding weights; None for random weights (presets, plan files, or ``--random-weights`` for a directory
+    without weights: a Hugging Face model without weights is refused otherwise). Headers are read and checked
+    now, before compiling."""
+    import sys
     from pathlib import Path
 
     from turnip.checkpoint import Checkpoint, has_weights
+    from turnip.compile import MODELS
 
     if a.weights:
         ck.input_file(a.weights, "--weights", WEIGHTS_HINT)
@@ -109,10 +121,20 @@ def _checkpoint(a):
         except (ValueError, OSError) as e:  # CheckpointError: one line naming the file or tensor
             raise ck.CliError(f"--weights {a.weights} is not a .safetensors file turnip can read ({e}); "
                               f"{WEIGHTS_HINT}", ck.USAGE) from None  # fmt: skip
-    if a.plan or not Path(a.model).is_dir() or not has_weights(a.model):
+    if a.plan or a.model in MODELS:
+        return None
+    d = Path(a.model) if Path(a.model).is_dir() else Path(a.model).parent  # a directory or its config.json
+    if not has_weights(d):
+        if not getattr(a, "random_weights", False):
+            raise ck.CliError(f"--model {a.model}: no safetensors weights found in directory {d}; "
+                              "add model.safetensors (or its shards and model.safetensors.index.json), pass "
+                              "--weights FILE.safetensors, or --random-weights to run on seeded random weights "
+                              "(timing only)", ck.USAGE)  # fmt: skip
+        print(f"note: {d} has no safetensors weights; running on seeded random weights (--seed {a.seed}), so "
+              "outputs mean nothing", file=sys.stderr)  # fmt: skip
         return None
     try:
-        return Checkpoint(a.model)
+        return Checkpoint(d)
     except (ValueError, OSError) as e:
         raise ck.CliError(f"--model {a.model}: {e}", ck.USAGE) from None
 
@@ -134,6 +156,29 @@ def _prompt_ids(a):
             raise ck.CliError("--prompt gives no tokens; pass some text", ck.USAGE)
         return ids
     return None
+
+
+def _check_prompt_vocab(a, ids, tg=None) -> None:
+    """The prompt's ids must be rows of the model's vocabulary (``CliError`` naming the first that is not):
+    checked against ``--model``'s config before compiling, or against a plan file's taskgraph (``tg``)."""
+    from functools import partial
+
+    from turnip.models import llama_config
+    from turnip.runtime.weights import check_ids, vocab_size
+
+    if ids is None:
+        return
+    vocab = vocab_size(tg) if tg is not None else None
+    if vocab is None:  # a prefill without an LM head has no (V, d) input: the config says
+        try:
+            cfg = llama_config(a.model if tg is None else str(tg.meta.get("model", "")))
+        except (ValueError, OSError):
+            cfg = None
+        vocab = cfg.vocab if cfg is not None else None
+    if vocab is None:
+        return
+    what = f"--prompt-ids {a.prompt_ids}" if a.prompt_ids else "--prompt (tokenized)"
+    check_ids(ids, vocab, f"{what} (vocabulary of {vocab})", partial(ck.CliError, code=ck.USAGE))
 
 
 def _tokenizer(a, required: bool = False):
@@ -250,12 +295,16 @@ def cmd_run(a) -> int:
     ids = _prompt_ids(a)
     if ids is not None:
         a.seq = int(ids.size)
+    if a.plan is None:
+        _check_prompt_vocab(a, ids)
     ckpt = _checkpoint(a)
     t0 = time.perf_counter()
     tg, mg, meta = _plan(a)
     if ids is not None and tg.meta.get("seq", ids.size) != ids.size:
         raise ck.CliError(f"the prompt has {ids.size} tokens but {a.plan} was compiled for {tg.meta['seq']}; "
                           "compile it for this length or run --model directly", ck.USAGE)  # fmt: skip
+    if a.plan is not None:
+        _check_prompt_vocab(a, ids, tg)
     source = _inputs(a, tg, ids, ckpt)
     t_plan = time.perf_counter() - t0
     bound = _bound(mg, a.profile)

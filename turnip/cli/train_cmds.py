@@ -17,9 +17,9 @@ def register(sub) -> None:
         "over the vocabulary, backward to the adapters, an Adam step on them) into a plan under --budget, then "
         "run it --steps times on batches of --batch sequences of --seq tokens: token ids from --data (a .npy "
         "of token ids, or a text file tokenized with the model directory's tokenizer.json), random ids without "
-        "it. Frozen weights: a Hugging Face model directory (--model DIR), --weights FILE.safetensors, or "
-        "random (--seed). Prints the loss and the time of every step; --out DIR saves the adapters as a PEFT "
-        "adapter directory (PeftModel.from_pretrained loads it).",
+        "it. Frozen weights: a Hugging Face model directory (--model DIR; one without safetensors files needs "
+        "--random-weights), --weights FILE.safetensors, or random (--seed). Prints the loss and the time of "
+        "every step; --out DIR saves the adapters as a PEFT adapter directory (PeftModel.from_pretrained loads it).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     _add_args(p)
@@ -27,6 +27,7 @@ def register(sub) -> None:
 
 
 def _add_args(p) -> None:
+    from turnip.cli.run_cmds import add_random_weights_flag
     from turnip.compile import MODEL_HELP
     from turnip.runtime import BACKENDS
     from turnip.sched import POLICIES
@@ -47,6 +48,7 @@ def _add_args(p) -> None:
     p.add_argument("--policy", default="nondet", choices=POLICIES, help="dispatch policy")
     p.add_argument("--streams", type=ck.int_in(1, 64), default=5, help="stream slots per GPU (1..64)")
     p.add_argument("--weights", metavar="FILE.safetensors", help="frozen weights from this file")
+    add_random_weights_flag(p)
     p.add_argument("--seed", type=ck.SEED, default=0, help="weights, adapters and random data seed")
     ck.add_runtime_flags(p, stall_s=120.0)
     p.add_argument("--out", metavar="DIR", help="save the trained adapters here (PEFT format)")
@@ -131,6 +133,7 @@ def cmd_train(a) -> int:
     ck.output_file(a.csv, "--csv")
     if a.out:
         ck.output_file(a.out, "--out")  # its parent must exist and be writable; the directory is made at the end
+        ck.output_dir(a.out, "--out")  # and it must not be an existing file
     a.plan, a.train, a.logits = None, "lora", None
     ckpt = _checkpoint(a)
     t0 = time.perf_counter()
