@@ -57,9 +57,9 @@ QUARTER = "quarter"  # ``plan``: the resident set of grids measured before the `
 
 def plan(seq: int, budget: str, model: str = "llama-7b", gpus: int = 1, resident: str = "auto"):
     """The cell's taskgraph and memgraph, built the same way on the GPU and in ``compare``. ``resident``:
-    ``--resident`` of a sized budget (``auto`` or bytes; the ``resident`` column of a measured grid holds the
-    bytes its plan kept), or ``QUARTER``: what ``auto`` built before 2026-11-25, for grids without that column
-    (a quarter of the budget, none where that did not compile)."""
+    ``--resident`` of a sized budget (``auto`` or bytes per GPU; a measured grid's ``resident_limit`` column
+    holds the size its plan was built with), or ``QUARTER``: what ``auto`` built before 2026-11-25, for grids
+    without that column (a quarter of the budget, none where that did not compile)."""
     from turnip.compile import build_with_resident, make_taskgraph, parse_nbytes
     from turnip.memgraph.build import BudgetError
 
@@ -94,7 +94,8 @@ def measure(a) -> int:
             for pol, runs in _timed_runs(a, mg, be).items():
                 ms, issue, host, link = zip(*runs, strict=True)
                 rows.append({"seq": seq, "budget": budget, "policy": pol, "gpus": a.gpus, "model": a.model,
-                             "vertices": mg.n, "resident": int(mg.stats["resident_input_nbytes"]),
+                             "vertices": mg.n, "resident_limit": int(mg.stats["resident_limit_nbytes"]),
+                             "resident_nbytes": int(mg.stats["resident_input_nbytes"]),
                              "times_ms": json.dumps([round(x, 3) for x in ms]),
                              "mean_ms": float(np.mean(ms)),
                              "issue_us": json.dumps([round(x, 2) for x in issue]),
@@ -235,22 +236,30 @@ def compare(a) -> int:
         raise SystemExit(f"{a.measured}: no {', '.join(sorted(lacking))} column(s); pass a CSV written by "
                          "`sim_vs_real.py measure`")  # fmt: skip
     real = real[real.policy != "-"]
+    if real.empty:
+        raise SystemExit(f"{a.measured}: no measured cell (every row is a cell that failed to compile)")
+    if "resident_limit" in real.columns:  # rows of older grids joined in: built as they were then
+        real = real.assign(resident_limit=real.resident_limit.astype(object).where(real.resident_limit.notna(),
+                                                                                   QUARTER))  # fmt: skip
     has_issue = "issue_us" in real.columns  # grids measured from 2026-11-25 on
     for flag, col, what in (("at_host_time", "host_ms", "host time"), ("at_link_rate", "link_gbps", "host link rate")):
         if getattr(a, flag) and col not in real.columns:
             raise SystemExit(f"{a.measured}: no {col} column (each run's {what}); --{flag.replace('_', '-')} needs a "
                              f"grid measured with it")  # fmt: skip
     at_run = a.at_host_time or a.at_link_rate
-    keys = ["seq", "budget"] + (["resident"] if "resident" in real.columns else [])  # a cell: one plan
+    keys = ["seq", "budget"] + (["resident_limit"] if "resident_limit" in real.columns else [])  # one plan
     out, overlays = [], []
     for key, cell in real.groupby(keys, sort=False):
         seq, budget = key[:2]
-        kept = str(int(cell.resident.iloc[0])) if "resident" in cell.columns else QUARTER  # as measured
-        _tg, mg = plan(int(seq), str(budget), cell.model.iloc[0], int(cell.gpus.iloc[0]), kept)
-        if "vertices" in cell.columns and int(cell.vertices.iloc[0]) != mg.n:
-            raise SystemExit(f"{a.measured}: cell {seq}:{budget} was measured on a plan of "
-                             f"{int(cell.vertices.iloc[0])} vertices; rebuilt here it has {mg.n} (the compiler "
-                             "changed since): rebuild it as it was, or measure it again")  # fmt: skip
+        kept = key[2] if len(key) > 2 else QUARTER  # as measured
+        _tg, mg = plan(int(seq), str(budget), cell.model.iloc[0], int(cell.gpus.iloc[0]),
+                       kept if kept == QUARTER else str(int(kept)))  # fmt: skip
+        was = {"vertices": mg.n, "resident_nbytes": int(mg.stats["resident_input_nbytes"])}
+        for col, now in was.items():
+            if col in cell.columns and cell[col].notna().all() and int(cell[col].iloc[0]) != now:
+                raise SystemExit(f"{a.measured}: cell {seq}:{budget} was measured on a plan with {col} "
+                                 f"{int(cell[col].iloc[0])}; rebuilt here it has {now} (the compiler changed since): "
+                                 "rebuild it as it was, or measure it again")  # fmt: skip
         tm = TimingModel(mg, prof)
         order = None
         if (cell.policy == "det-replay").any():  # as measured: the fastest of RECORD_RUNS nondet runs
@@ -260,7 +269,8 @@ def compare(a) -> int:
             o = order if r.policy == "det-replay" else None
             runs = [simulate(mg, prof, r.policy, seed=s, tm=tm, order=o) for s in range(a.runs)]
             sims = np.array([x.makespan_ns / 1e6 for x in runs])
-            out.append({"seq": int(seq), "budget": budget} | ({"resident": int(key[2])} if len(key) > 2 else {})
+            out.append({"seq": int(seq), "budget": budget, "resident_nbytes": was["resident_nbytes"]}
+                       | ({"resident_limit": key[2]} if len(key) > 2 else {})
                        | {"policy": r.policy, "measured_ms": meas.mean(),
                         "predicted_ms": sims.mean(), "error": sims.mean() / meas.mean() - 1,
                         "measured_cv": meas.std(ddof=1) / meas.mean() if meas.size > 1 else float("nan"),
@@ -342,10 +352,10 @@ def compare(a) -> int:
 
 
 def _budget(r) -> str:
-    """A result row's budget, with the resident bytes its plan kept where the grid records them."""
+    """A result row's budget, with the bytes of inputs its plan kept resident (sized budgets)."""
     from turnip.cli import format_nbytes
 
-    res = r.get("resident")
+    res = r.get("resident_nbytes") if r.budget != "none" else None
     return str(r.budget) if res is None or res != res else f"{r.budget}, {format_nbytes(int(res))} resident"
 
 

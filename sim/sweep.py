@@ -258,7 +258,7 @@ def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = 
     wall = time.perf_counter() - t_start
     sim_v = int(runs.n_vertices.sum())
     say(text)
+    wrote = ", traces/" if traces else f" (no traces: the traced configuration {cfg.trace} did not run)"
     say(f"\n{len(runs)} runs, {sim_v:,} simulated vertices, {wall:.1f} s wall on {jobs} processes; "
-        f"wrote {out}/runs.csv, summary.csv, figures/*.png" + (", traces/" if traces else
-                                                               f" (no traces: {cfg.trace} is not in the grid)"))
+        f"wrote {out}/runs.csv, summary.csv, figures/*.png{wrote}")
     return text

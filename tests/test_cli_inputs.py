@@ -81,7 +81,22 @@ def test_prompt_ids_outside_the_vocabulary(tmp_path, monkeypatch):
     rc, out, err = call(["run", "--prompt-ids", "oor.npy", *RUN])  # llama-tiny: vocabulary of 64
     one_error(rc, out, err, "--prompt-ids oor.npy", "id 999 at position 2", "64")
     assert call(["compile", "--model", "llama-tiny", "--seq", "5", "--budget", "4MiB", "-o", "p.tplan"])[0] == 0
-    rc, out, err = call(["run", "p.tplan", "--prompt-ids", "oor.npy", *RUN])  # a plan file: its taskgraph's model
+    rc, out, err = call(["run", "p.tplan", "--prompt-ids", "oor.npy", *RUN[2:]])  # a plan: its taskgraph's model
     one_error(rc, out, err, "--prompt-ids oor.npy", "id 999 at position 2", "64")
     np.save(tmp_path / "ok.npy", np.array([1, 2, 63, 3, 0]))
     assert call(["run", "--prompt-ids", "ok.npy", *RUN])[0] == 0
+
+
+def test_a_plan_file_fixes_what_compile_flags_would_set(cfg_dir):
+    """`run PLAN` with flags that only shape a compile is refused; a plan compiled from a model directory runs
+    on random weights with a note saying so; --random-weights beside a directory that has weights is refused."""
+    from turnip.runtime.weights import write_safetensors
+
+    assert call(["compile", "--model", "hf3", "--seq", "16", "--budget", "4MiB", "-o", "p.tplan"])[0] == 0
+    rc, out, err = call(["run", "p.tplan", "--seq", "999", "--rank", "8", "--repeat", "1"])
+    one_error(rc, out, err, "--seq, --rank: p.tplan is a compiled plan")
+    rc, out, err = call(["run", "p.tplan", "--repeat", "1", "--warmup", "0"])
+    assert rc == 0 and "p.tplan holds no weights; running on seeded random weights" in err, err
+    write_safetensors(cfg_dir / "model.safetensors", {"model.norm.weight": np.ones(64, np.float16)})
+    rc, out, err = call(["run", "--model", "hf3", "--seq", "16", "--random-weights", *RUN])
+    one_error(rc, out, err, "--random-weights: hf3 has safetensors weights")

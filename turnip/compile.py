@@ -248,12 +248,12 @@ def auto_workspace(budget: int, tg: TaskGraph | None = None) -> int:
 def build_with_resident(
     tg: TaskGraph, budget: int, config: BuildConfig | None = None, resident="0", progress=None, workspace="auto"
 ) -> MemGraph:
-    """Build with a resident input set: a byte size, or ``"auto"``: a quarter of the budget, unless keeping
-    it costs more than it saves: where that plan spills activations to the host, the plan with no resident
-    inputs is built too and the one moving fewer bytes over the host links per run is kept (``run_link_nbytes``:
-    a long prompt under a tight budget spills far more than the weights it keeps); none where a quarter
-    leaves too little room for some vertex. ``workspace``: bytes per stream slot kept for kernels' scratch
-    (``"auto"``: ``auto_workspace``)."""
+    """Build with a resident input set: a byte size per GPU, or ``"auto"``: a quarter of the budget, unless
+    keeping it costs more than it saves: where that plan spills activations to the host, the plan with no
+    resident inputs is built too and the one moving fewer bytes over the host links per run is kept
+    (``run_link_nbytes``: a long prompt under a tight budget spills far more than the weights it keeps); none
+    where a quarter leaves too little room for some vertex. ``stats["resident_limit_nbytes"]``: the size used.
+    ``workspace``: bytes per stream slot kept for kernels' scratch (``"auto"``: ``auto_workspace``)."""
     cfg = config or BuildConfig()
     if tg.meta.get("train") and not cfg.keep_inputs:  # a training step's state stays on the GPU across steps
         from turnip.train import state_inputs
@@ -265,7 +265,9 @@ def build_with_resident(
     cfg = dataclasses.replace(cfg, workspace_nbytes=ws)
 
     def build(nbytes: int) -> MemGraph:
-        return build_memgraph(tg, budget, dataclasses.replace(cfg, resident_nbytes=nbytes), progress=progress)
+        mg = build_memgraph(tg, budget, dataclasses.replace(cfg, resident_nbytes=nbytes), progress=progress)
+        mg.stats["resident_limit_nbytes"] = nbytes  # per GPU: what rebuilds this plan (``resident=str(...)``)
+        return mg
 
     if str(resident) != "auto":
         return build(parse_nbytes(str(resident)))
@@ -273,9 +275,13 @@ def build_with_resident(
         mg = build(budget // 4)
     except BudgetError:
         return build(0)
-    if not (mg.kind == KIND_OFFLOAD).any() or not mg.preloaded().any():
+    kept = mg.preloaded() & ~np.isin(mg.tensor, list(cfg.keep_inputs))  # a training step's state stays anyway
+    if not (mg.kind == KIND_OFFLOAD).any() or not kept.any():
         return mg
-    alt = build(0)
+    try:
+        alt = build(0)
+    except BudgetError:
+        return mg
     return alt if run_link_nbytes(alt) < run_link_nbytes(mg) else mg
 
 

@@ -219,9 +219,10 @@ def test_run_factors_give_a_runs_host_and_link_or_leave_them_drawn():
 
 
 def test_compare_rebuilds_the_plan_each_cell_was_measured_on(tmp_path):
-    """A grid's ``resident`` column (bytes its plan kept on the GPU) rebuilds that plan; grids without it get
-    what ``--resident auto`` built when they were measured (a quarter of the budget); a cell whose rebuilt
-    plan has another vertex count than was measured stops ``compare`` with a message naming the cell."""
+    """A grid's ``resident_limit`` column (the size per GPU its plan was built with) rebuilds that plan, checked
+    against its vertex count and resident bytes; grids without it get what ``--resident auto`` built when they
+    were measured (a quarter of the budget); a cell whose rebuilt plan differs stops ``compare`` naming it."""
+    from turnip.cli import format_nbytes
     from turnip.compile import parse_nbytes
 
     svr = _bench()
@@ -230,6 +231,7 @@ def test_compare_rebuilds_the_plan_each_cell_was_measured_on(tmp_path):
     _tg, auto = svr.plan(256, "256KiB", "llama-tiny", 1)
     assert quarter.stats["resident_input_nbytes"] > 0 and auto.stats["resident_input_nbytes"] == 0
     assert quarter.n != auto.n  # this cell's plan changed with --resident auto
+    assert (quarter.stats["resident_limit_nbytes"], auto.stats["resident_limit_nbytes"]) == (b // 4, 0)
     _tg, again = svr.plan(256, "256KiB", "llama-tiny", 1, str(b // 4))
     assert again.n == quarter.n
 
@@ -238,23 +240,29 @@ def test_compare_rebuilds_the_plan_each_cell_was_measured_on(tmp_path):
                        "vertices": mg.n, "times_ms": json.dumps([1.0, 1.1]), "mean_ms": 1.05} | extra]
                      ).to_csv(path, index=False)  # fmt: skip
 
-    cases = (("old", quarter, {}), ("new", auto, {"resident": 0}), ("kept", quarter, {"resident": b // 4}))
+    def compare(name):
+        return svr.main(["compare", str(tmp_path / f"{name}.csv"), "--profile", "h100", "--runs", "1",
+                         "--out", str(tmp_path / f"cmp_{name}")])  # fmt: skip
+
+    kept = int(quarter.stats["resident_input_nbytes"])
+    cases = (("old", quarter, {}), ("new", auto, {"resident_limit": 0, "resident_nbytes": 0}),
+             ("kept", quarter, {"resident_limit": b // 4, "resident_nbytes": kept}))  # fmt: skip
     for name, mg, extra in cases:
         grid(tmp_path / f"{name}.csv", mg, **extra)
-        assert svr.main(["compare", str(tmp_path / f"{name}.csv"), "--profile", "h100", "--runs", "1",
-                         "--out", str(tmp_path / f"cmp_{name}")]) == 0  # fmt: skip
-    both = pd.concat([pd.read_csv(tmp_path / "new.csv"), pd.read_csv(tmp_path / "kept.csv")])
-    both.to_csv(tmp_path / "both.csv", index=False)  # one cell, two plans: two rows, each on its own plan
-    assert svr.main(["compare", str(tmp_path / "both.csv"), "--profile", "h100", "--runs", "1",
-                     "--out", str(tmp_path / "cmp_both")]) == 0  # fmt: skip
+        assert compare(name) == 0
+    both = pd.concat([pd.read_csv(tmp_path / f"{n}.csv") for n in ("new", "kept", "old")])
+    both.to_csv(tmp_path / "both.csv", index=False)  # one cell, three rows, two plans: the old row as a quarter
+    assert compare("both") == 0
     d = pd.read_csv(tmp_path / "cmp_both.csv")
-    assert list(d.resident) == [0, b // 4] and d.predicted_ms.iloc[0] != d.predicted_ms.iloc[1]
+    assert sorted(d.resident_nbytes) == [0, kept, kept] and d.predicted_ms.nunique() == 2
     md = (tmp_path / "cmp_both.md").read_text()
-    assert "| 256KiB, 0 B resident |" in md and "| 256KiB, 64.00 KiB resident |" in md
+    assert "| 256KiB, 0 B resident |" in md and f"| 256KiB, {format_nbytes(kept)} resident |" in md
     grid(tmp_path / "stale.csv", auto)  # measured on today's plan, but no resident column: rebuilt as a quarter
-    with pytest.raises(SystemExit, match="256:256KiB was measured on a plan of"):
-        svr.main(["compare", str(tmp_path / "stale.csv"), "--profile", "h100", "--runs", "1",
-                  "--out", str(tmp_path / "cmp_stale")])  # fmt: skip
+    with pytest.raises(SystemExit, match="256:256KiB was measured on a plan with vertices"):
+        compare("stale")
+    grid(tmp_path / "moved.csv", quarter, resident_limit=b // 4, resident_nbytes=kept - 1)
+    with pytest.raises(SystemExit, match="with resident_nbytes"):
+        compare("moved")
 
 
 def test_compare_says_what_is_wrong_with_its_input(tmp_path):

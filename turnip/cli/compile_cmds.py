@@ -47,8 +47,8 @@ def register(sub) -> None:
         "--resident",
         default="auto",
         help="bytes per GPU of inputs/weights kept on the GPU for good (steady state: loaded once, "
-        "never evicted); 'auto' = a quarter of the budget when it fits and does not make the plan spill more "
-        "activations than it saves, 0 = stream every input",
+        "never evicted); 'auto' = a quarter of the budget when it fits, unless the plan then spills activations "
+        "and moves more host-link bytes per run than with none; 0 = stream every input",
     )
     p.add_argument(
         "--workspace",

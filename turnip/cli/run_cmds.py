@@ -77,7 +77,7 @@ def register(sub) -> None:
     p.add_argument("--csv", metavar="OUT.csv", help="write one row per timed run (the simulator's columns)")
     p.add_argument("--force", action="store_true", help="compile --model even when it is very large")
     ck.add_train_flags(p)
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, compile_defaults={x.dest: x.default for x in p._actions})
 
 
 def _plan(a):
@@ -124,6 +124,9 @@ def _checkpoint(a):
     if a.plan or a.model in MODELS:
         return None
     d = Path(a.model) if Path(a.model).is_dir() else Path(a.model).parent  # a directory or its config.json
+    if has_weights(d) and getattr(a, "random_weights", False):
+        raise ck.CliError(f"--random-weights: {d} has safetensors weights, which --model reads; drop "
+                          "--random-weights (or pass --model a copy of config.json alone)", ck.USAGE)  # fmt: skip
     if not has_weights(d):
         if not getattr(a, "random_weights", False):
             raise ck.CliError(f"--model {a.model}: no safetensors weights found in directory {d}; "
@@ -282,9 +285,20 @@ def _check_args(a) -> None:
     if a.plan and a.tile:
         raise ck.CliError("--tile applies when compiling --model, not to a plan file (its tiles are fixed); drop "
                           "--tile or compile the plan again with them", ck.USAGE)  # fmt: skip
+    if a.plan:
+        compile_only = ("model", "seq", "gpus", "budget", "dtype", "resident", "layers", "logits", "all_logits",
+                        "train", "batch", *ck.TRAIN_DEFAULTS)  # fmt: skip
+        given = [k for k in compile_only if hasattr(a, k) and getattr(a, k) != a.compile_defaults.get(k)]
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise ck.CliError(f"{flags}: {a.plan} is a compiled plan, which fixes what they set; drop them or compile "
+                              "the plan again with them (`turnip compile ... -o`)", ck.USAGE)  # fmt: skip
 
 
 def cmd_run(a) -> int:
+    import sys
+
+    from turnip.compile import MODELS
     from turnip.fileio import atomic_write
     from turnip.progress import Progress
     from turnip.runtime import execute, open_backend
@@ -305,6 +319,9 @@ def cmd_run(a) -> int:
                           "compile it for this length or run --model directly", ck.USAGE)  # fmt: skip
     if a.plan is not None:
         _check_prompt_vocab(a, ids, tg)
+        if ckpt is None and str(tg.meta.get("model", "")) not in MODELS:
+            print(f"note: {a.plan} holds no weights; running on seeded random weights (--seed {a.seed}); pass "
+                  "--weights FILE.safetensors for the model's own", file=sys.stderr)  # fmt: skip
     source = _inputs(a, tg, ids, ckpt)
     t_plan = time.perf_counter() - t0
     bound = _bound(mg, a.profile)

@@ -81,7 +81,7 @@ def register(sub) -> None:
     a.add_argument("--seeds", type=ck.COUNT, help="seeds per configuration and policy (default 5)")
     a.add_argument("--resident", metavar="auto|BYTES",
                    help="inputs kept on the GPU across runs: auto (a quarter of the budget when the plan still "
-                   "compiles and spills no more than it saves, as `turnip run --resident auto`) or a size per GPU; "
+                   "compiles and moves no more host-link bytes per run than none, as `turnip run`) or a size per GPU; "
                    "0 streams every input (default auto)")
     a.add_argument("--no-mean-only", action="store_true", help="skip the noise-free runs")
     a.add_argument("--profile", help="machine profile (default h100)")
