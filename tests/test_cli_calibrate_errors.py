@@ -1,30 +1,17 @@
 """``turnip calibrate`` (and ``--refit``) with a bad input or output: one ``error:`` line, exit status 2, no
 traceback, no output file, and no work started (no GPU preflight, no fit)."""
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
 
-from turnip.cli import main
+from tests.clicall import call
 
 pytestmark = pytest.mark.unit
 
 PROFILES = Path(__file__).resolve().parents[1] / "turnip" / "machine" / "profiles"
 CALIBRATED = PROFILES / "h100-calibrated.json"
-
-
-def call(argv):
-    """(exit status, stdout, stderr) of ``turnip argv`` run in-process; argparse's SystemExit caught."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as e:
-            rc = e.code
-    return rc, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture

@@ -10,22 +10,10 @@ import shlex
 import numpy as np
 import pytest
 
+from tests.clicall import call
 from turnip.cli import CliError, as_cli_error, main
 
 pytestmark = pytest.mark.unit
-
-
-def call(argv):
-    """(exit status, stdout, stderr) of ``turnip argv`` run in-process; argparse's SystemExit caught."""
-    import contextlib
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as e:
-            rc = e.code
-    return rc, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture

@@ -2,14 +2,12 @@
 Hugging Face directory without weights (unless --random-weights), a train --out that is an existing file,
 prompt ids outside the vocabulary."""
 
-import contextlib
-import io
 import json
 
 import numpy as np
 import pytest
 
-from turnip.cli import main
+from tests.clicall import call
 
 pytestmark = pytest.mark.unit
 
@@ -19,17 +17,6 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_
           "tie_word_embeddings": False}  # fmt: skip
 RUN = ["--budget", "4MiB", "--repeat", "1", "--warmup", "0"]
 TRAIN = ["--seq", "16", "--budget", "4MiB", "--steps", "1", "--rank", "2"]
-
-
-def call(argv):
-    """(exit status, stdout, stderr) of ``turnip argv`` run in-process; argparse's SystemExit caught."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as e:
-            rc = e.code
-    return rc, out.getvalue(), err.getvalue()
 
 
 def one_error(rc, out, err, *words):
