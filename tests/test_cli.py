@@ -211,3 +211,22 @@ def test_flags_that_would_be_ignored_are_errors(tmp_path, capsys):
     assert main(["simulate", plan, "--batch", "4", "--lr", "0.1"]) == 2
     assert f"--lr, --batch: {plan} is a compiled plan, which fixes them" in capsys.readouterr().err
     assert main(["simulate", "llama-tiny:64:1:1MiB", "--runs", "1", "--train", "lora", "--rank", "8"]) == 0
+
+
+def test_help_version_and_small_messages(tmp_path, capsys, monkeypatch):
+    """--version; help shows defaults only where there is one; a directory given for an output file and a
+    misspelt [ablate] table get messages that say so."""
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith("turnip ")
+    for cmd in ("ablate", "run", "train", "compile", "simulate", "calibrate"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        assert "(default: None)" not in capsys.readouterr().out, cmd
+    monkeypatch.chdir(tmp_path)
+    assert main(["compile", "--model", "llama-tiny", "--seq", "32", "--budget", "1MiB", "-o", "t.tplan"]) == 0
+    assert main(["run", "t.tplan", "--trace", str(tmp_path)]) == 2
+    assert "is a directory; name a file in it" in capsys.readouterr().err
+    (tmp_path / "c.toml").write_text("[ablat]\nseqs = [128]\n")
+    assert main(["ablate", "--config", "c.toml", "--out", "r"]) == 2
+    assert "no [ablate] table (found [ablat]); did you mean [ablate]?" in capsys.readouterr().err

@@ -56,6 +56,17 @@ def format_nbytes(n) -> str:
     return f"{int(n)} B"
 
 
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that shows each flag's default, except where there is none to show (None, False) or the help
+    text already says it."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if action.default in (None, False) or "default" in h:
+            return h
+        return super()._get_help_string(action)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with its usage errors as one ``error:`` line (after the usage line), exit status 2."""
 
@@ -65,6 +76,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("turnip")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH
+        ver = "source tree"
     p = Parser(
         prog="turnip",
         description="Compile computations larger than GPU memory into offloading memgraphs; "
@@ -72,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     debug_help = "show the traceback of an error (before its error: line)"
     p.add_argument("--debug", action="store_true", help=debug_help)
+    p.add_argument("--version", action="version", version=f"turnip {ver}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -81,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line(text: str, limit: int = 600) -> str:
-    s = "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+    s = "; ".join(part.strip().removesuffix(":") for part in str(text).splitlines() if part.strip())
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 

@@ -151,7 +151,8 @@ def output_file(path: str | None, flag: str) -> None:
         return
     why = output_file_problem(path)
     if why:
-        raise CliError(f"cannot write {flag} {path}: {why}; create the directory or choose another path", USAGE)
+        todo = "name a file in it" if Path(path).is_dir() else "create the directory or choose another path"
+        raise CliError(f"cannot write {flag} {path}: {why}; {todo}", USAGE)
 
 
 def output_dir(path: str, flag: str) -> None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from turnip.cli import USAGE, CliError
+from turnip.cli import USAGE, CliError, DefaultsHelp
 from turnip.cli import args as ck
 
 REFIT_NEEDS = "--refit needs a profile written by `turnip calibrate` (JSON with its measurements)"
@@ -25,7 +24,7 @@ def register(sub) -> None:
         "shape-aware kernel and copy tables and their spread (docs/profile.md). Use it with "
         "`turnip simulate/ablate --profile FILE`. "
         "About 3 minutes on an H100 (--quick: about half). --refit redoes the fit from a profile, no GPU.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="profile file to write")
     p.add_argument("--dtypes", nargs="+", default=["fp16"], choices=ck.DTYPES, help="compute dtypes to measure")

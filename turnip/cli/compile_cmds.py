@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
+from turnip.cli import DefaultsHelp
 from turnip.cli import args as ck
 from turnip.cli import format_nbytes as _sz
 
@@ -20,7 +20,7 @@ def register(sub) -> None:
         description="Tile and place a model's computation, then run BuildMemgraph: every tensor gets a fixed "
         "GPU address inside the budget, with offload/reload vertices and memory dependencies added. "
         "Prints vertex and edge counts, offload/reload traffic, peak memory and build time.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     p.add_argument("--model", default="llama-7b", type=ck.model, metavar="MODEL",
                    help=f"computation to compile: {MODEL_HELP}")
@@ -72,7 +72,7 @@ def register(sub) -> None:
         "kept or replaced by offload->reload, no race under any valid order, writes in bounds.",
     )
     v.add_argument("plan", help="plan file written by `turnip compile -o`")
-    v.add_argument("--json", action="store_true")
+    v.add_argument("--json", action="store_true", help="print the violations as JSON")
     v.set_defaults(func=cmd_verify)
 
 

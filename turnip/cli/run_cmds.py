@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 
+from turnip.cli import DefaultsHelp
 from turnip.cli import args as ck
 from turnip.cli import format_nbytes as _sz
 
@@ -27,7 +27,7 @@ def register(sub) -> None:
         "--weights (a .safetensors file with turnip or Hugging Face LLaMA names; see docs/runtime.md). Prints "
         "time to first token (the prefill makespan), load time, bytes moved, GPU busy fraction, host cost per "
         "vertex and the plan's lower bound next to the measured time.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     p.add_argument("plan", nargs="?", metavar="PLAN", help="plan file (default: compile --model ...)")
     p.add_argument("--model", default="llama-tiny", type=ck.model, metavar="MODEL", help=MODEL_HELP)
@@ -47,7 +47,8 @@ def register(sub) -> None:
                         "input, or auto (as `turnip compile`; default)")
     p.add_argument("--tile", action="append", default=[], metavar="DIM=SIZE",
                    help="tile size override (llama-*): t, h, f or kv, as in `turnip compile`")
-    p.add_argument("--backend", default="cpu", choices=BACKENDS)
+    p.add_argument("--backend", default="cpu", choices=BACKENDS,
+                   help="cpu: numpy on byte arenas with real threads (any machine); cuda: the GPU")
     p.add_argument("--policy", default="nondet", choices=POLICIES,
                    help="dispatch policy (see `turnip simulate --help`); det-replay: the warm-up runs and then "
                    "--record-runs untimed runs go nondet and record their issue orders, and every timed run "

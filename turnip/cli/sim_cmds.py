@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from turnip.cli import DefaultsHelp
 from turnip.cli import args as ck
 
 POLICY_HELP = (
@@ -26,7 +27,7 @@ def register(sub) -> None:
         "core as real runs. PLAN is a plan file from `turnip compile -o`, or MODEL:SEQ:GPUS:BUDGET "
         "(e.g. llama-7b:4096:1:6GiB; MODEL may be a Hugging Face model directory) to compile on the fly "
         "as `turnip compile` does by default (budget-aware tiles, --resident auto).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     s.add_argument("plan", metavar="PLAN", help="a plan file (`turnip compile -o`) or MODEL:SEQ:GPUS:BUDGET")
     s.add_argument("--policy", default="nondet", choices=POLICIES, help=POLICY_HELP)
@@ -63,7 +64,7 @@ def register(sub) -> None:
         "and cached in OUT/plans. `--workloads prefill lora` adds one LoRA training step per configuration "
         "(--train-batch sequences of each length), reported next to that configuration's prefill. Options "
         "override the config file, which overrides the defaults.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     a.add_argument("--config", metavar="FILE.toml", help="sweep config ([ablate] table with the keys below)")
     a.add_argument("--models", nargs="+", choices=MODELS, metavar="MODEL",
@@ -239,6 +240,13 @@ def _read_config(path: str) -> None:
         raise ck.CliError(f"--config {path}: [ablate] is not a table; put the keys {', '.join(SWEEP_KEYS)} under "
                           "[ablate]", ck.USAGE)  # fmt: skip
     unknown = sorted(set(data) - set(SWEEP_KEYS))
+    tables = [k for k in unknown if isinstance(data[k], dict)]
+    if tables and "ablate" not in tables:
+        import difflib
+
+        near = difflib.get_close_matches(tables[0], ["ablate"], n=1, cutoff=0.6)
+        hint = "; did you mean [ablate]?" if near else ""
+        raise ck.CliError(f"--config {path}: no [ablate] table (found [{tables[0]}]){hint}", ck.USAGE)
     if unknown:
         known = "; ".join(f"{k} ({what})" for k, what in SWEEP_KEYS.items())
         raise ck.CliError(f"--config {path}: unknown keys {unknown}; known keys: {known}", ck.USAGE)

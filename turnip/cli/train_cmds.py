@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 
+from turnip.cli import DefaultsHelp, format_nbytes
 from turnip.cli import args as ck
-from turnip.cli import format_nbytes
 
 
 def register(sub) -> None:
@@ -20,7 +19,7 @@ def register(sub) -> None:
         "it. Frozen weights: a Hugging Face model directory (--model DIR; one without safetensors files needs "
         "--random-weights), --weights FILE.safetensors, or random (--seed). Prints the loss and the time of "
         "every step; --out DIR saves the adapters as a PEFT adapter directory (PeftModel.from_pretrained loads it).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     _add_args(p)
     p.set_defaults(func=cmd_train)
@@ -44,7 +43,8 @@ def _add_args(p) -> None:
     p.add_argument("--tile", action="append", default=[], metavar="DIM=SIZE", help="tile override: h or f")
     p.add_argument("--resident", default="auto", help="bytes of inputs kept on the GPU across steps, or 'auto'")
     p.add_argument("--workspace", default="auto", help="kernel scratch per stream slot (cuDNN attention backward)")
-    p.add_argument("--backend", default="cpu", choices=BACKENDS)
+    p.add_argument("--backend", default="cpu", choices=BACKENDS,
+                   help="cpu: numpy on byte arenas with real threads (any machine); cuda: the GPU")
     p.add_argument("--policy", default="nondet", choices=POLICIES, help="dispatch policy")
     p.add_argument("--streams", type=ck.int_in(1, 64), default=5, help="stream slots per GPU (1..64)")
     p.add_argument("--weights", metavar="FILE.safetensors", help="frozen weights from this file")

@@ -18,7 +18,7 @@ class RuntimeStall(RuntimeError):
     def __init__(self, idle_s: float, in_flight: list[str], n_done: int, n: int):
         self.idle_s, self.in_flight, self.n_done, self.n = idle_s, in_flight, n_done, n
         lines = "\n  ".join(in_flight) or "(none)"
-        super().__init__(f"no completion for {idle_s:.1f} s ({n_done} of {n} vertices done); in flight:\n  {lines}")
+        super().__init__(f"no completion for {idle_s:.3g} s ({n_done} of {n} vertices done); in flight:\n  {lines}")
 
 
 class BackendError(RuntimeError):
