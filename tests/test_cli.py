@@ -225,6 +225,8 @@ def test_help_version_and_small_messages(tmp_path, capsys, monkeypatch):
         assert "(default: None)" not in capsys.readouterr().out, cmd
     monkeypatch.chdir(tmp_path)
     assert main(["compile", "--model", "llama-tiny", "--seq", "32", "--budget", "1MiB", "-o", "t.tplan"]) == 0
+    assert main(["run", "t.tplan", "--repeat", "1"]) == 0
+    assert "on the h100 profile (" in capsys.readouterr().out  # no efficiency of a CPU run against a GPU's bound
     assert main(["run", "t.tplan", "--trace", str(tmp_path)]) == 2
     assert "is a directory; name a file in it" in capsys.readouterr().err
     (tmp_path / "c.toml").write_text("[ablat]\nseqs = [128]\n")
