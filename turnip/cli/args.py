@@ -194,6 +194,9 @@ def add_runtime_flags(p, stall_s: float) -> None:
                    help="watchdog: stop when nothing completes this long")
 
 
+TRAIN_DEFAULTS = {"rank": 16, "alpha": 32.0, "targets": "q,k,v,ffn", "lr": 1e-4, "checkpoint": "auto"}
+
+
 def add_train_flags(p, always: bool = False) -> None:
     """The flags that make a plan one LoRA training step (``--train lora``; ``always``: the command only
     trains, so there is no --train)."""
@@ -203,33 +206,41 @@ def add_train_flags(p, always: bool = False) -> None:
                        "instead of a prefill; --seq is then the length of each of --batch sequences")  # fmt: skip
     p.add_argument("--batch", type=int_in(1, 4096), default=1,
                    help="sequences of --seq tokens: per training step, or prompts prefilled together (LLaMA)")
-    p.add_argument("--rank", type=int_in(1, 4096), default=16, help="LoRA rank")
-    p.add_argument("--alpha", type=float_in(0.0, lo_open=True), default=32.0,
+    p.add_argument("--rank", type=int_in(1, 4096), default=TRAIN_DEFAULTS["rank"], help="LoRA rank")
+    p.add_argument("--alpha", type=float_in(0.0, lo_open=True), default=TRAIN_DEFAULTS["alpha"],
                    help="LoRA alpha (the adapters' output is scaled by alpha / rank)")
-    p.add_argument("--targets", default="q,k,v,ffn",
+    p.add_argument("--targets", default=TRAIN_DEFAULTS["targets"],
                    help="adapted matrices: q, k, v, o, gate, up, down; ffn = gate,up,down; attn = q,k,v,o")
-    p.add_argument("--lr", type=float_in(0.0, lo_open=True), default=1e-4, help="Adam learning rate")
-    p.add_argument("--checkpoint", default="auto", choices=["auto", "on", "off"],
+    p.add_argument("--lr", type=float_in(0.0, lo_open=True), default=TRAIN_DEFAULTS["lr"], help="Adam learning rate")
+    p.add_argument("--checkpoint", default=TRAIN_DEFAULTS["checkpoint"], choices=["auto", "on", "off"],
                    help="activation checkpointing: recompute each layer's forward in its backward (on), keep "
                    "activations (off; the plan offloads them), auto: on when the kept activations would pass half "
                    "the budget")  # fmt: skip
 
 
-TRAIN_DEFAULTS = {"rank": 16, "alpha": 32.0, "targets": "q,k,v,ffn", "lr": 1e-4, "checkpoint": "auto"}
+COMPILE_ONLY = ("model", "seq", "gpus", "budget", "dtype", "resident", "layers", "logits", "all_logits", "train",
+                *TRAIN_DEFAULTS, "batch")  # what a compiled plan fixes, in the order they are named
+
+
+def keep_defaults(p) -> None:
+    """Record parser ``p``'s defaults on its namespace (``compile_defaults``), for ``unused_flags``."""
+    p.set_defaults(compile_defaults={x.dest: x.default for x in p._actions})
 
 
 def unused_flags(a, plan_file: str | None = None) -> None:
-    """``CliError`` (usage) for flags that would be ignored: LoRA flags without ``--train lora``, and, where
-    the command was given a compiled plan (``plan_file``), the flags that only shape a compile."""
-    given = [k for k, v in TRAIN_DEFAULTS.items() if hasattr(a, k) and getattr(a, k) != v]
+    """``CliError`` (usage) for flags that would be ignored: where the command was given a compiled plan
+    (``plan_file``), the flags that only shape a compile (``COMPILE_ONLY``, against the parser's defaults:
+    ``keep_defaults``); else LoRA flags without ``--train lora``."""
     if plan_file is not None:
-        shape = {"batch": 1} | {k: None for k in ("seq", "layers")}
-        given += [k for k, v in shape.items() if getattr(a, k, v) != v and getattr(a, k, v) is not None]
+        was = a.compile_defaults
+        given = [k for k in COMPILE_ONLY if hasattr(a, k) and getattr(a, k) != was.get(k)]
         if given:
-            flags, them = ", ".join(f"--{k}" for k in given), "them" if len(given) > 1 else "it"
+            flags, them = ", ".join("--" + k.replace("_", "-") for k in given), "them" if len(given) > 1 else "it"
             raise CliError(f"{flags}: {plan_file} is a compiled plan, which fixes {them}; compile it again with "
                            f"{them} (`turnip compile ... -o`), or drop {them}", USAGE)  # fmt: skip
-    elif given and getattr(a, "train", "lora") == "none":
+        return
+    given = [k for k, v in TRAIN_DEFAULTS.items() if hasattr(a, k) and getattr(a, k) != v]
+    if given and getattr(a, "train", "lora") == "none":
         flags, them = ", ".join(f"--{k}" for k in given), "them" if len(given) > 1 else "it"
         raise CliError(f"{flags}: only a LoRA training step has {them}; add --train lora, or drop {them}", USAGE)
 

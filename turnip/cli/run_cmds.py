@@ -78,7 +78,8 @@ def register(sub) -> None:
     p.add_argument("--csv", metavar="OUT.csv", help="write one row per timed run (the simulator's columns)")
     p.add_argument("--force", action="store_true", help="compile --model even when it is very large")
     ck.add_train_flags(p)
-    p.set_defaults(func=cmd_run, compile_defaults={x.dest: x.default for x in p._actions})
+    p.set_defaults(func=cmd_run)
+    ck.keep_defaults(p)
 
 
 def _plan(a):
@@ -125,22 +126,23 @@ def _checkpoint(a):
     if a.plan or a.model in MODELS:
         return None
     d = Path(a.model) if Path(a.model).is_dir() else Path(a.model).parent  # a directory or its config.json
-    if has_weights(d) and getattr(a, "random_weights", False):
-        raise ck.CliError(f"--random-weights: {d} has safetensors weights, which --model reads; drop "
-                          "--random-weights (or pass --model a copy of config.json alone)", ck.USAGE)  # fmt: skip
-    if not has_weights(d):
-        if not getattr(a, "random_weights", False):
-            raise ck.CliError(f"--model {a.model}: no safetensors weights found in directory {d}; "
-                              "add model.safetensors (or its shards and model.safetensors.index.json), pass "
-                              "--weights FILE.safetensors, or --random-weights to run on seeded random weights "
-                              "(timing only)", ck.USAGE)  # fmt: skip
-        print(f"note: {d} has no safetensors weights; running on seeded random weights (--seed {a.seed}), so "
-              "outputs mean nothing", file=sys.stderr)  # fmt: skip
-        return None
-    try:
-        return Checkpoint(d)
-    except (ValueError, OSError) as e:
-        raise ck.CliError(f"--model {a.model}: {e}", ck.USAGE) from None
+    random = getattr(a, "random_weights", False)
+    if has_weights(d):
+        if random:
+            raise ck.CliError(f"--random-weights: {d} has safetensors weights, which --model reads; drop "
+                              "--random-weights (or pass --model a copy of config.json alone)", ck.USAGE)  # fmt: skip
+        try:
+            return Checkpoint(d)
+        except (ValueError, OSError) as e:
+            raise ck.CliError(f"--model {a.model}: {e}", ck.USAGE) from None
+    if not random:
+        raise ck.CliError(f"--model {a.model}: no safetensors weights found in directory {d}; "
+                          "add model.safetensors (or its shards and model.safetensors.index.json), pass "
+                          "--weights FILE.safetensors, or --random-weights to run on seeded random weights "
+                          "(timing only)", ck.USAGE)  # fmt: skip
+    print(f"note: {d} has no safetensors weights; running on seeded random weights (--seed {a.seed}), so "
+          "outputs mean nothing", file=sys.stderr)  # fmt: skip
+    return None
 
 
 WEIGHTS_HINT = "pass a .safetensors file with this model's tensors (turnip or Hugging Face LLaMA names)"
@@ -287,13 +289,7 @@ def _check_args(a) -> None:
         raise ck.CliError("--tile applies when compiling --model, not to a plan file (its tiles are fixed); drop "
                           "--tile or compile the plan again with them", ck.USAGE)  # fmt: skip
     if a.plan:
-        compile_only = ("model", "seq", "gpus", "budget", "dtype", "resident", "layers", "logits", "all_logits",
-                        "train", "batch", *ck.TRAIN_DEFAULTS)  # fmt: skip
-        given = [k for k in compile_only if hasattr(a, k) and getattr(a, k) != a.compile_defaults.get(k)]
-        if given:
-            flags = ", ".join("--" + k.replace("_", "-") for k in given)
-            raise ck.CliError(f"{flags}: {a.plan} is a compiled plan, which fixes what they set; drop them or compile "
-                              "the plan again with them (`turnip compile ... -o`)", ck.USAGE)  # fmt: skip
+        ck.unused_flags(a, plan_file=a.plan)
 
 
 def cmd_run(a) -> int:

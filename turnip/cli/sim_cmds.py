@@ -51,6 +51,7 @@ def register(sub) -> None:
                    help="write one row per run (makespan, lower bound, its host and host link factors)")
     ck.add_train_flags(s)  # for MODEL:SEQ:GPUS:BUDGET: a LoRA training step, SEQ tokens per sequence
     s.set_defaults(func=cmd_simulate)
+    ck.keep_defaults(s)
 
     a = sub.add_parser(
         "ablate",
