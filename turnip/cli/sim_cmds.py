@@ -226,8 +226,9 @@ SWEEP_KEYS = {"models": "list of model names", "seqs": "list of sequence lengths
               "workloads": "list of prefill, lora", "train_batch": "sequences per LoRA training step"}  # fmt: skip
 
 
-def _read_config(path: str) -> None:
-    """Check a sweep config file's form (readable TOML, known keys) before SweepConfig reads it."""
+def _read_config(path: str) -> dict:
+    """Check a sweep config file's form (readable TOML, known keys) before SweepConfig reads it; returns its
+    [ablate] table."""
     import tomllib
 
     ck.input_file(path, "--config", "pass a TOML file with an [ablate] table")
@@ -251,6 +252,7 @@ def _read_config(path: str) -> None:
     if unknown:
         known = "; ".join(f"{k} ({what})" for k, what in SWEEP_KEYS.items())
         raise ck.CliError(f"--config {path}: unknown keys {unknown}; known keys: {known}", ck.USAGE)
+    return data
 
 
 def _check_sweep(cfg, where: str, force: bool) -> None:
@@ -326,14 +328,15 @@ def cmd_ablate(a) -> int:
             "seeds": a.seeds, "profile": a.profile, "mean_only": False if a.no_mean_only else None,
             "resident": a.resident, "workloads": a.workloads, "train_batch": a.train_batch}  # fmt: skip
     ck.output_dir(a.out, "--out")
+    given_trace = {}  # the config file's [ablate.trace], which must name a configuration of the grid
     if a.config:
-        _read_config(a.config)
+        given_trace = _read_config(a.config).get("trace", {})
         cfg = SweepConfig.from_toml(a.config, **over)
     else:
         cfg = SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in over.items() if v is not None})
     _check_sweep(cfg, f"--config {a.config}" if a.config else "ablate", a.force)
     ck.load_profile(cfg.profile)
-    cfg = _trace_in_grid(cfg, _config_trace(a.config) if a.config else {})
+    cfg = _trace_in_grid(cfg, given_trace)  # (_check_sweep made sure it is a table)
     from sim.sweep import SweepError
 
     try:
@@ -341,16 +344,6 @@ def cmd_ablate(a) -> int:
     except SweepError as e:
         raise ck.CliError(f"{e}; raise the budgets (--budgets NAME=SIZE) or shorten the sequences", ck.FAILED) from None
     return 0
-
-
-def _config_trace(path: str) -> dict:
-    """The ``trace`` table a sweep config file gives ({} when it gives none)."""
-    import tomllib
-
-    with open(path, "rb") as f:
-        data = tomllib.load(f)
-    t = data.get("ablate", data).get("trace", {})
-    return t if isinstance(t, dict) else {}
 
 
 def _trace_in_grid(cfg, given: dict):
