@@ -111,6 +111,29 @@ def _launch_stream(stream):
     return hit[1]
 
 
+def function_handle(kernel) -> int:
+    """The handle of a compiled kernel's function, its module loaded once per process whatever the device.
+
+    numba-cuda loads modules as context-independent libraries (``cuLibraryLoadData``) and its functions are
+    ``CUkernel`` handles, which ``cuLaunchKernel`` takes in any context. Left to itself numba loads the
+    module again for each device it launches on, and those per-device modules share the one library handle:
+    at exit each unloads it, a double ``cuLibraryUnload`` that aborted multi-GPU processes after their last
+    output ("double free or corruption"). So the first device's function serves every device: it is put in
+    numba's per-device cache for the current device too, and numba never loads a second module."""
+    from cuda_kernels.launch import current_device
+
+    lib = kernel._codelibrary
+    cache = lib._cufunc_cache  # device id -> numba Function
+    dev = current_device()
+    f = cache.get(dev) or next(iter(cache.values()), None)
+    if f is None:
+        with cuda().gpus[dev]:  # first load, in the device whose context is current (not numba's)
+            f = lib.get_cufunc()
+    cache.setdefault(dev, f)
+    h = f.handle
+    return int(getattr(h, "value", h)) if not isinstance(h, int) else h
+
+
 class Compiled:
     """A kernel specialised for one signature; ``launch`` does no typing, compiling or allocation.
 
@@ -154,15 +177,12 @@ class Compiled:
                 vals.append(ctypes.c_int64(int(a)))
             else:
                 raise TypeError(f"cannot bind an argument of type {ty}")
-        from cuda_kernels.launch import current_device
-
-        with cuda().gpus[current_device()]:  # the handle of the device whose context is current, not numba's
-            h = self.kernel._codelibrary.get_cufunc().handle
-        return raw_launch(int(getattr(h, "value", h)) if not isinstance(h, int) else h, self.grid, self.block, vals)
+        return raw_launch(function_handle(self.kernel), self.grid, self.block, vals)
 
     def launch(self, stream, args: tuple) -> None:
         k = self.kernel
         if k is not None:
+            function_handle(k)  # numba's launch on this device then reuses the one loaded module
             try:
                 k.launch(args, self.grid, self.block, _launch_stream(stream), 0)
                 return
