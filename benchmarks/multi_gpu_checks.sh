@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Several GPUs of one server: the checks and measurements of the multi-GPU work, in calls that fit a 10-minute
+# limit (run from the repository root on the GPU machine; wheels for simpy and cuDNN's frontend in .whl/).
+#   bash benchmarks/multi_gpu_checks.sh OUT diag     # ~4 min: where multi-GPU processes end badly, host link totals
+#   bash benchmarks/multi_gpu_checks.sh OUT tests    # GPU tests on every GPU (1, 2, 4)
+#   bash benchmarks/multi_gpu_checks.sh OUT prefill  # 7B prefill on 1, 2, 4 GPUs: splits, policies, reproducibility
+#   bash benchmarks/multi_gpu_checks.sh OUT lora     # 7B LoRA steps on 1, 2, 4 GPUs, exit codes
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?output folder}
+what=${2:?diag, tests, prefill or lora}
+mkdir -p "$out"
+if [ -d .whl ] && ! python3 -c "import simpy, cudnn" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=".:/tmp/site:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+ngpu=$(nvidia-smi -L | wc -l)
+case "$what" in
+diag)
+    nvidia-smi topo -m > "$out/topo.txt" 2>&1; head -6 "$out/topo.txt"
+    echo "== numba kernel on two devices"
+    PYTHONFAULTHANDLER=1 timeout 120 python3 benchmarks/exit_check.py numba --gpus 2 > "$out/numba.log" 2>&1
+    echo "rc $?"; tail -8 "$out/numba.log"
+    echo "== training in process, teardown step by step (MALLOC_CHECK_=3)"
+    PYTHONFAULTHANDLER=1 MALLOC_CHECK_=3 timeout 200 python3 benchmarks/exit_check.py probe --gpus 2 > "$out/probe.log" 2>&1
+    echo "rc $?"; grep -v "^step\|it/s" "$out/probe.log" | tail -30
+    echo "== host link totals"
+    timeout 120 python3 -m turnip.linkprobe --gpus "$ngpu" --json "$out/links.json" > "$out/links.log" 2>&1
+    echo "rc $?"; tail -8 "$out/links.log"
+    echo "== CLI runs in subprocesses"
+    timeout 300 python3 benchmarks/exit_check.py cmds --gpus 2 --out "$out/exit.csv" 2>&1 | tee "$out/exit.log"
+    ;;
+tests)
+    timeout 500 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/runtime tests/test_train.py > "$out/tests.log" 2>&1
+    echo "rc $?"; tail -15 "$out/tests.log"
+    ;;
+prefill)
+    timeout 560 python3 benchmarks/multi_gpu.py --gpus 1 2 4 --rows ${ROWS:-4096:none 4096:6GiB} \
+        --splits ${SPLITS:-tensor layers} --out "$out" --tag _prefill 2>&1 | tee "$out/prefill.log" | tail -40
+    ;;
+lora)
+    timeout 560 python3 benchmarks/multi_gpu.py --gpus 1 2 4 --rows --lora ${LORA:-8x1024:16GiB} \
+        --splits ${SPLITS:-tensor layers} --out "$out" --tag _lora 2>&1 | tee "$out/lora.log" | tail -30
+    ;;
+*)
+    echo "unknown step $what" >&2
+    exit 2
+    ;;
+esac

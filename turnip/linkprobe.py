@@ -1,0 +1,121 @@
+"""The host link as several GPUs share it: total copy rates with 1..N GPUs copying at once.
+
+Each GPU of a server has its own PCIe link, but the host side (root complex, memory controllers) caps the
+total: on four H100s of one host, host→GPU copies reach 54.8 GB/s on one GPU and 159 GB/s in total on
+four, not 4 x 54.8. ``measure_host_links`` measures, for n = 1..N GPUs copying at once, the total rate of
+host→GPU copies, GPU→host copies, and both directions at once; ``link_fields`` turns that into the
+profile's ``host_h2d_total_bytes_per_s``, ``host_d2h_total_bytes_per_s`` and
+``host_both_total_bytes_per_s`` (entry i: the total with i + 1 GPUs), which the simulator and the lower
+bound read (``docs/profile.md``).
+
+How: GPU d copies ``reps`` x ``nbytes`` between a pinned host buffer of its own and a device buffer of its
+own on its own stream (both directions: one stream each way), the copies of every participating GPU issued
+before any is waited for; the total is all bytes moved over the wall time from the first issue to the
+last completion (issuing 16-32 asynchronous copies takes well under 1% of it); each point keeps its best
+of ``passes``. As the runtime issues copies: ``cuMemcpyHtoDAsync`` / ``cuMemcpyDtoHAsync`` from portable
+pinned memory. Needs a GPU; ``python -m turnip.linkprobe`` prints the table.
+"""
+
+from __future__ import annotations
+
+import time
+
+MiB = 1 << 20
+
+
+def measure_host_links(n_gpus: int | None = None, nbytes: int = 256 * MiB, reps: int = 4, passes: int = 3,
+                       log=None) -> dict[str, list[float]]:  # fmt: skip
+    """``{"h2d": [...], "d2h": [...], "both": [...]}``: total bytes per second over all GPUs copying at once,
+    entry i with GPUs 0..i copying (``n_gpus``: how many to go up to; default all visible)."""
+    from cuda_kernels._numba import cuda
+    from cuda_kernels.launch import capture_stream, driver
+    from turnip.runtime._cudadrv import Driver
+
+    c = cuda()
+    n_gpus = len(c.gpus) if n_gpus is None else min(int(n_gpus), len(c.gpus))
+    if n_gpus < 1:
+        raise RuntimeError("no GPU visible")
+    drv = Driver()
+    prev = drv.current_context()
+    ctx, dev, host, streams = [], [], [], []
+    try:
+        for d in range(n_gpus):
+            with c.gpus[d]:
+                ctx.append(drv.current_context())
+                dev.append([drv.device_alloc(nbytes), drv.device_alloc(nbytes)])
+                streams.append([capture_stream(), capture_stream()])
+                host.append([drv.host_alloc(nbytes, False), drv.host_alloc(nbytes, False)])  # portable
+
+        def one(n: int, what: str) -> float:
+            t0 = time.perf_counter()
+            moved = 0
+            for d in range(n):
+                drv.check(drv.cuCtxSetCurrent(ctx[d]), "cuCtxSetCurrent")
+                for _ in range(reps):
+                    if what in ("h2d", "both"):
+                        drv.check(drv.cuMemcpyHtoDAsync_v2(dev[d][0], host[d][0], nbytes, streams[d][0]), "h2d")
+                        moved += nbytes
+                    if what in ("d2h", "both"):
+                        drv.check(drv.cuMemcpyDtoHAsync_v2(host[d][1], dev[d][1], nbytes, streams[d][1]), "d2h")
+                        moved += nbytes
+            for d in range(n):
+                drv.check(drv.cuCtxSetCurrent(ctx[d]), "cuCtxSetCurrent")
+                for s in streams[d]:
+                    drv.check(drv.cuStreamSynchronize(s), "cuStreamSynchronize")
+            return moved / (time.perf_counter() - t0)
+
+        out: dict[str, list[float]] = {"h2d": [], "d2h": [], "both": []}
+        for what in out:
+            one(1, what)  # warm-up: first touches of the buffers and streams
+        for n in range(1, n_gpus + 1):
+            for what in out:
+                out[what].append(max(one(n, what) for _ in range(max(1, passes))))
+            if log is not None:
+                rates = ", ".join(f"{k} {v[-1] / 1e9:.1f} GB/s" for k, v in out.items())
+                log(f"host link, {n} GPU(s) at once: {rates}")
+        return out
+    finally:
+        for d in range(len(ctx)):
+            drv.cuCtxSetCurrent(ctx[d])
+            drv.cuCtxSynchronize()
+            for s in streams[d] if d < len(streams) else []:
+                driver().cuStreamDestroy_v2(s)
+            for p in dev[d] if d < len(dev) else []:
+                drv.cuMemFree_v2(p)
+        if ctx:
+            drv.cuCtxSetCurrent(ctx[0])
+        for pair in host:
+            for p in pair:
+                drv.cuMemFreeHost(p)
+        if prev:
+            drv.cuCtxSetCurrent(prev)
+
+
+def link_fields(rates: dict[str, list[float]]) -> dict[str, list[float]]:
+    """The profile fields of ``measure_host_links``'s totals (bytes per second, entry i: i + 1 GPUs)."""
+    return {f"host_{k}_total_bytes_per_s": [float(x) for x in rates[k]] for k in ("h2d", "d2h", "both")}
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m turnip.linkprobe", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpus", type=int, default=None, help="up to this many GPUs at once (default: all visible)")
+    ap.add_argument("--mib", type=int, default=256, help="MiB per copy")
+    ap.add_argument("--reps", type=int, default=4, help="copies per GPU and direction in one measurement")
+    ap.add_argument("--passes", type=int, default=3, help="measurements per point (the best is kept)")
+    ap.add_argument("--json", metavar="OUT.json", help="also write the profile fields as JSON")
+    a = ap.parse_args(argv)
+    rates = measure_host_links(a.gpus, a.mib * MiB, a.reps, a.passes, log=print)
+    print("| GPUs at once | host->GPU GB/s | GPU->host | both directions |\n|---|---|---|---|")
+    for i in range(len(rates["h2d"])):
+        print(f"| {i + 1} | " + " | ".join(f"{rates[k][i] / 1e9:.1f}" for k in ("h2d", "d2h", "both")) + " |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(link_fields(rates), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
