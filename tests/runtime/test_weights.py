@@ -121,7 +121,7 @@ def test_streamed_weights_equal_the_dict_of_weights(tmp_path):
 
 
 def test_open_loaded_writes_the_random_inputs_and_closes_on_failure(monkeypatch):
-    """open_loaded is open_backend plus write_streaming of the seed's random inputs; a write that fails closes
+    """open_loaded is open_backend plus the seed's random inputs (write_random_inputs); a write that fails closes
     the backend it opened before the error goes on."""
     import turnip.runtime.cpu as cpu_mod
     from turnip.compile import build_with_resident
@@ -135,7 +135,7 @@ def test_open_loaded_writes_the_random_inputs_and_closes_on_failure(monkeypatch)
         np.testing.assert_array_equal(a.host[0], b.host[0])
         assert np.any(b.host[0])
     closed = []
-    monkeypatch.setattr(cpu_mod.CpuBackend, "write_inputs", lambda self, tiles: 1 / 0)
+    monkeypatch.setattr(cpu_mod.CpuBackend, "load_resident", lambda self, tensors: 1 / 0)
     monkeypatch.setattr(cpu_mod.CpuBackend, "close", lambda self: closed.append(self))
     with pytest.raises(ZeroDivisionError):
         open_loaded("cpu", tg, mg)
@@ -234,3 +234,76 @@ def model_cfg(name):
     from turnip.models import LLAMA
 
     return LLAMA[name]
+
+
+@pytest.mark.parametrize("model", ["llama-tiny", "llama-tiny-gqa"])
+@pytest.mark.parametrize("gpus", [1, 2])
+@pytest.mark.parametrize("resident", ["0", "1GiB"])
+def test_threaded_random_fill_writes_the_bytes_of_the_stream(model, gpus, resident):
+    """write_random_inputs (1 and 4 threads) fills the host input region and the arenas' resident inputs with
+    the bytes write_streaming of iter_random_inputs writes, and a run gives the same outputs. pool_elems=1000
+    cuts tensors into many pool pieces, so tiles start and end inside pieces."""
+    from turnip.compile import compile_model
+    from turnip.runtime import execute, open_backend
+    from turnip.runtime.weights import iter_random_inputs, write_random_inputs, write_streaming
+
+    tg, mg = compile_model(model, 64, gpus, "1MiB", resident=resident)
+    assert (int(mg.preloaded().sum()) > 0) == (resident != "0")
+    with open_backend("cpu", mg) as a:
+        n = write_streaming(a, tg, iter_random_inputs(tg, 4, pool_elems=1000))
+        execute(mg, a, "nondet", seed=0)
+        want = a.read_outputs()
+        for threads in (1, 4):
+            with open_backend("cpu", mg) as b:
+                assert write_random_inputs(b, tg, 4, threads=threads, pool_elems=1000) == n
+                np.testing.assert_array_equal(a.host[0], b.host[0])
+                for v in (v for v in range(mg.n) if b.lay.resident[v]):  # loaded into the arenas
+                    np.testing.assert_array_equal(a.buf(v), b.buf(v))
+                execute(mg, b, "nondet", seed=1)
+                got = b.read_outputs()
+                assert set(got) == set(want) and all(np.array_equal(got[t], want[t]) for t in want)
+
+
+def test_threaded_random_fill_with_token_ids_skip_and_bf16():
+    """Embedded rows of token ids (x0) and the table (tok_embed) as the stream gives them; names in skip are
+    neither written nor change the values of the others (their draws still happen); RandomInputs is the same
+    stream and write_streaming of it takes the threaded fill."""
+    from turnip.compile import build_with_resident
+    from turnip.runtime import open_backend
+    from turnip.runtime.weights import RandomInputs, iter_random_inputs, write_random_inputs, write_streaming
+
+    tg = llama_prefill("tiny-gqa", 16, dtype="bf16", head="last")
+    mg = build_with_resident(tg, 1 << 20, resident="64KiB")
+    ids = np.arange(16) * 5 % 96
+    skip = {"L0.wq", "x0", "final_norm"}
+    src = RandomInputs(tg, 2, ids=ids, skip=skip)
+    assert [k for k, _ in src] == [k for k in logical_inputs(tg) if k not in skip]
+    with open_backend("cpu", mg) as a, open_backend("cpu", mg) as b, open_backend("cpu", mg) as c:
+        n = write_streaming(a, tg, ((k, x) for k, x in iter_random_inputs(tg, 2, ids=ids) if k not in skip))
+        assert write_random_inputs(b, tg, 2, skip=skip, threads=3, ids=ids) == n
+        assert write_streaming(c, tg, src) == n
+        np.testing.assert_array_equal(a.host[0], b.host[0])
+        np.testing.assert_array_equal(a.host[0], c.host[0])
+        skipped = {int(t) for k in skip for _, t in logical_inputs(tg)[k][1]}
+        assert skipped and skipped.isdisjoint(b._written) and set(a._written) == set(b._written)
+        for x, y in zip(a.arenas, b.arenas, strict=True):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_threaded_random_fill_falls_back_to_streaming_without_a_host_region():
+    """A backend with no ``host_in`` gets the stream through write_inputs."""
+    from turnip.runtime.weights import write_random_inputs
+
+    class Recorder:
+        def __init__(self):
+            self.got = {}
+
+        def write_inputs(self, values):
+            self.got |= {t: np.array(x) for t, x in values.items()}
+
+    tg = llama_prefill("tiny", 8)
+    be = Recorder()
+    n = write_random_inputs(be, tg, 1, skip={"x0"})
+    want = tile_inputs(tg, {k: x for k, x in random_inputs_for(tg, 1).items() if k != "x0"})
+    assert n == sum(x.nbytes for x in want.values()) and set(be.got) == set(want)
+    assert all(np.array_equal(be.got[t], want[t]) for t in want)

@@ -34,13 +34,13 @@ def open_backend(name: str, mg, streams_per_gpu: int = 5, **options):
 
 def open_loaded(name: str, tg, mg, streams_per_gpu: int = 5, seed: int = 0, **options):
     """``open_backend`` with the plan's inputs written: random weights and activations from ``seed``
-    (``weights.iter_random_inputs``), one tensor at a time. The backend is closed again if writing fails.
-    For measurements, where what matters is the plan's timing, not its numbers."""
-    from turnip.runtime.weights import iter_random_inputs, write_streaming
+    (``weights.iter_random_inputs``), filled by threads (``weights.write_random_inputs``). The backend is
+    closed again if writing fails. For measurements, where what matters is the plan's timing, not its numbers."""
+    from turnip.runtime.weights import write_random_inputs
 
     be = open_backend(name, mg, streams_per_gpu, **options)
     try:
-        write_streaming(be, tg, iter_random_inputs(tg, seed=seed))
+        write_random_inputs(be, tg, seed)
     except BaseException:
         be.close()
         raise

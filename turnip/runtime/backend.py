@@ -6,6 +6,7 @@ its vertices. Everything that costs allocation, view creation or compilation hap
 
     be = CpuBackend(mg, streams_per_gpu=5)      # or CudaBackend(...): allocate, build views and closures
     be.write_inputs({tensor: array, ...})       # fill the host input region; loads resident inputs
+    be.load_resident([tensor, ...])             # after host_in was filled directly (weights.write_random_inputs)
     be.begin_run(seed)                          # per-run state (chaos draws, reference events)
     be.submit(cmd)                              # Launch / Copy from the scheduler: issue, return at once
     be.poll(timeout_s) -> [v, ...]              # vertices completed since the last poll (may block)
@@ -33,7 +34,9 @@ class Backend(Protocol):
     allocations: int
     views_built: int
 
-    def write_inputs(self, values: dict[int, np.ndarray]) -> None: ...
+    def write_inputs(self, values: dict[int, np.ndarray], load_resident: bool = True) -> None: ...
+
+    def load_resident(self, tensors) -> None: ...
 
     def begin_run(self, seed: int | None = None) -> None: ...
 

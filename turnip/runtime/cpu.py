@@ -112,15 +112,33 @@ class CpuBackend:
         self._fn[v] = fn
 
     # ------------------------------------------------------------------ data
-    def write_inputs(self, values: dict[int, np.ndarray]) -> None:
-        """Fill the host input region (by taskgraph input tensor); then load resident inputs into arenas."""
+    def write_inputs(self, values: dict[int, np.ndarray], load_resident: bool = True) -> None:
+        """Fill the host input region (by taskgraph input tensor); then load resident inputs into arenas
+        (``load_resident=False``: the host region only, safe from several threads; ``load_resident`` later)."""
         for t, vs in self._inputs.items():
             if t in values:
                 v = vs[0]
                 dst = _typed_view(self.host[HOST_INPUT], self.lay.host_offset[v], self.mg.shape[v], self.mg.dtype[v])
                 dst[...] = np.asarray(values[t]).reshape(dst.shape)
                 self._written.add(t)
-        self._load_resident()
+        if load_resident:
+            self.load_resident(values)
+
+    @property
+    def host_in(self) -> np.ndarray:
+        """The host input region (bytes): ``weights.write_random_inputs`` fills it straight."""
+        return self.host[HOST_INPUT]
+
+    def load_resident(self, tensors) -> None:
+        """Taskgraph input ``tensors`` have their host copies filled: count them written and copy the
+        resident ones into their arenas (unknown tensors are ignored)."""
+        for t in tensors:
+            vs = self._inputs.get(t)
+            if vs is not None:
+                self._written.add(t)
+                for v in vs:
+                    if self.lay.resident[v]:
+                        _Copy(self.buf(v), self._host_view(v))()
 
     def _load_resident(self) -> None:
         for t, vs in self._inputs.items():

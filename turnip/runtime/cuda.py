@@ -272,8 +272,9 @@ class CudaBackend:
                 self.ctx[s], nb, self.copy_streams[s][("p2p", g)][1])  # fmt: skip
 
     # ------------------------------------------------------------------ data
-    def write_inputs(self, values: dict[int, np.ndarray]) -> None:
-        """Fill the pinned input region (by taskgraph input tensor); load resident inputs to the GPUs."""
+    def write_inputs(self, values: dict[int, np.ndarray], load_resident: bool = True) -> None:
+        """Fill the pinned input region (by taskgraph input tensor); load resident inputs to the GPUs
+        (``load_resident=False``: the host region only, safe from several threads; ``load_resident`` later)."""
         from turnip.runtime.layout import buffer_view
 
         mg, lay = self.mg, self.lay
@@ -283,9 +284,20 @@ class CudaBackend:
                 dst = buffer_view(self.host_in, lay.host_offset[v], mg.shape[v], mg.dtype[v])
                 np.copyto(dst, np.asarray(values[t]).reshape(dst.shape), casting="same_kind")
                 self._written.add(t)
-        for t, vs in self._inputs.items():
+        if load_resident:
+            self.load_resident(values)
+
+    def load_resident(self, tensors) -> None:
+        """Taskgraph input ``tensors`` have their pinned host copies filled (``host_in``): count them written
+        and copy the resident ones to their GPUs (synchronous; this thread only). Unknown tensors are ignored."""
+        mg, lay = self.mg, self.lay
+        for t in tensors:
+            vs = self._inputs.get(t)
+            if vs is None:
+                continue
+            self._written.add(t)
             for v in vs:
-                if lay.resident[v] and t in values:
+                if lay.resident[v]:
                     g = lay.gpu[v]
                     self._set_ctx(g)
                     host = self._host_base[HOST_INPUT] + lay.host_offset[v]

@@ -11,6 +11,9 @@
 - ``iter_weights(tg, path)``: a single ``.safetensors`` file with either set of names, one tensor at a time
   (``turnip.checkpoint.Checkpoint`` reads it; it also reads sharded Hugging Face model directories).
 - ``tile_inputs(tg, logical)``: {taskgraph input tensor: tile} as views, ready for ``write_inputs``.
+- ``write_random_inputs(backend, tg, seed)``: what ``write_streaming`` of ``iter_random_inputs`` writes, the
+  same bytes, filled by a thread pool straight into the backend's host input region (``RandomInputs``: such a
+  stream as an object that ``write_streaming`` hands to it).
 
 Logical inputs of a LLaMA-family model (d model width, H query heads, Hk key/value heads, r = H / Hk,
 e head dim, f FFN width, V vocabulary). Every weight is the Hugging Face tensor reshaped (same bytes):
@@ -121,6 +124,17 @@ def iter_random_inputs(tg, seed: int = 0, pool_elems: int = 1 << 22, ids=None):
     The embedding table (``tok_embed``) is a random table whose row r is cut at an offset drawn for r, so
     with ``ids`` (token ids, one per row of ``x0``) ``x0`` is those rows of the same table: a token embeds
     the same way for a seed whatever the prompt."""
+    for name, shape, x, pool, offs in _random_recipes(tg, seed, pool_elems, ids):
+        if x is None:
+            x = np.empty(math.prod(shape), dtype=pool.dtype)
+            _copy_pieces(x, pool, offs, pool_elems, 0)
+        yield name, x.reshape(shape)
+
+
+def _random_recipes(tg, seed: int, pool_elems: int, ids):
+    """``iter_random_inputs``'s draws, in order: (name, shape, array, pool, offsets) per logical input. int32
+    inputs and embedded rows come made (array; pool and offsets None); any other tensor as None, its pool
+    and the pool offsets of its ``pool_elems``-long pieces (flat piece k is ``pool[offs[k]:][:pool_elems]``)."""
     rng, z = _random_pool(seed, pool_elems)
     pools: dict = {}
     lg = logical_inputs(tg)
@@ -138,7 +152,7 @@ def iter_random_inputs(tg, seed: int = 0, pool_elems: int = 1 << 22, ids=None):
     for name, (shape, blocks) in lg.items():
         dt = np.dtype(NP_OF[tg.dtype[blocks[0][1]]])
         if dt == np.int32:
-            yield name, rng.integers(0, vocab or 1, size=shape, dtype=np.int32)
+            yield name, shape, rng.integers(0, vocab or 1, size=shape, dtype=np.int32), None, None
             continue
         norm = name.endswith("norm")
         pool = pools.get((dt, norm))
@@ -149,15 +163,21 @@ def iter_random_inputs(tg, seed: int = 0, pool_elems: int = 1 << 22, ids=None):
             x = np.empty(shape, dtype=dt)
             for i, o in enumerate(rows.tolist()):
                 x[i] = pool[o : o + shape[1]]
-            yield name, x
+            yield name, shape, x, None, None
             continue
-        size = math.prod(shape)
-        x = np.empty(size, dtype=dt)
-        for i in range(0, size, pool_elems):
-            m = min(pool_elems, size - i)
-            o = int(rng.integers(pool_elems))
-            x[i : i + m] = pool[o : o + m]
-        yield name, x.reshape(shape)
+        offs = [int(rng.integers(pool_elems)) for _ in range(0, math.prod(shape), pool_elems)]
+        yield name, shape, None, pool, offs
+
+
+def _copy_pieces(dst: np.ndarray, pool: np.ndarray, offs: list, pool_elems: int, a: int) -> None:
+    """Fill 1-D ``dst`` with elements ``a, a + 1, ...`` of the flat tensor made of ``pool`` pieces at ``offs``
+    (a few large slice copies, which release the GIL)."""
+    i, end = a, a + dst.size
+    while i < end:
+        k, j = divmod(i, pool_elems)
+        m = min(pool_elems - j, end - i)
+        dst[i - a : i - a + m] = pool[offs[k] + j : offs[k] + j + m]
+        i += m
 
 
 def check_ids(ids, n_rows: int | None, what: str, error: type[Exception] = ValueError) -> np.ndarray:
@@ -179,6 +199,8 @@ def write_streaming(backend, tg, tensors) -> int:
     """Write logical inputs into a loaded backend one at a time: each (name, array) of ``tensors`` is cut
     into its tiles, copied into the backend's host input region (pinned memory on a GPU) and dropped, so
     the host holds the region plus one tensor, never a second copy of the model. Returns bytes written."""
+    if isinstance(tensors, RandomInputs):
+        return write_random_inputs(backend, tg, tensors.seed, tensors.skip, ids=tensors.ids)
     n = 0
     for name, x in tensors:
         tiles = tile_inputs(tg, {name: x})
@@ -186,6 +208,82 @@ def write_streaming(backend, tg, tensors) -> int:
         n += sum(int(t.nbytes) for t in tiles.values())
         del tiles, x
     return n
+
+
+class RandomInputs:
+    """``iter_random_inputs(tg, seed, ids=ids)`` less the names in ``skip``, as an object: iterating it
+    yields the (name, array) pairs, and ``write_streaming`` of it is ``write_random_inputs`` (threads)."""
+
+    __slots__ = ("tg", "seed", "ids", "skip")
+
+    def __init__(self, tg, seed: int = 0, ids=None, skip=()):
+        self.tg, self.seed, self.ids, self.skip = tg, seed, ids, frozenset(skip)
+
+    def __iter__(self):
+        return ((k, x) for k, x in iter_random_inputs(self.tg, self.seed, ids=self.ids) if k not in self.skip)
+
+
+def write_random_inputs(backend, tg, seed: int = 0, skip=(), threads: int | None = None, ids=None,
+                        pool_elems: int = 1 << 22) -> int:  # fmt: skip
+    """``write_streaming(backend, tg, iter_random_inputs(tg, seed, pool_elems, ids))`` less the names in
+    ``skip``, bit for bit, at memory speed: every offset is drawn on this thread in the same order, then
+    ``threads`` workers (default min(16, cores)) copy pool pieces straight into the backend's host input
+    region (``host_in``), one tensor per task; a tile that is not one flat range of its tensor goes through
+    the whole tensor made in a temporary (extra host memory: at most ``threads`` tensors). int32 inputs and
+    embedded rows are written here through ``write_inputs(..., load_resident=False)``; resident inputs are
+    loaded to the GPUs at the end, on this thread (``load_resident``). A backend without ``host_in`` gets
+    ``write_streaming``. Returns bytes written (tiles of skipped names not counted)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from turnip.runtime.layout import input_vertices
+
+    region = getattr(backend, "host_in", None)
+    if region is None:
+        return write_streaming(backend, tg, iter(RandomInputs(tg, seed, ids, skip)))
+    mg, lay = backend.mg, backend.lay
+    host = {t: lay.host_offset[vs[0]] for t, vs in input_vertices(mg).items()}
+    lg = logical_inputs(tg)
+    written, n, futures = [], 0, []
+    ex = ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1), thread_name_prefix="turnip-fill")
+    try:
+        for name, shape, x, pool, offs in _random_recipes(tg, seed, pool_elems, ids):
+            if name in skip:
+                continue
+            blocks = [(starts, int(t)) for starts, t in lg[name][1]]
+            if x is not None:
+                backend.write_inputs(tile_inputs(tg, {name: x}), load_resident=False)
+            else:
+                tiles = [(starts, tuple(tg.shape[t]), host[t]) for starts, t in blocks if t in host]
+                futures.append(ex.submit(_fill_tiles, region, tiles, shape, pool, offs, pool_elems))
+            written += [t for _, t in blocks]
+            n += sum(int(tg.nbytes[t]) for _, t in blocks)
+        for f in futures:
+            f.result()
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+    backend.load_resident(written)
+    return n
+
+
+def _fill_tiles(region: np.ndarray, tiles: list, shape: tuple, pool: np.ndarray, offs: list, pool_elems: int) -> None:
+    """One tensor's tiles, each (starts, tile shape, byte offset in ``region``), into ``region``: a tile that
+    is one flat range of the tensor straight from the pool, the others out of the whole tensor made once.
+    Copies go through unsigned integer views (the same bytes; no dtype-specific copy that might hold the GIL)."""
+    u = np.dtype(f"u{pool.dtype.itemsize}")
+    pool = pool.view(u)
+    strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+    whole = None
+    for starts, tshape, off in tiles:
+        dst = region[off : off + math.prod(tshape) * u.itemsize].view(u)
+        first = next((i for i, m in enumerate(tshape) if m > 1), len(shape))
+        if all(m == s for m, s in zip(tshape[first + 1 :], shape[first + 1 :], strict=True)):
+            _copy_pieces(dst, pool, offs, pool_elems, sum(s * st for s, st in zip(starts, strides, strict=True)))
+            continue
+        if whole is None:
+            whole = np.empty(math.prod(shape), dtype=u)
+            _copy_pieces(whole, pool, offs, pool_elems, 0)
+            whole = whole.reshape(shape)
+        np.copyto(dst.reshape(tshape), whole[tuple(slice(s, s + m) for s, m in zip(starts, tshape, strict=True))])
 
 
 def st_dtype(code: str) -> np.dtype | None:
