@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from turnip.sched import POLICIES, CopyDone, KernelDone, Launch, Scheduler
+from turnip.sched import POLICIES, CopyDone, KernelDone, Launch, Scheduler, topo_order
 from turnip.sched.replay import engine_orders
 from turnip.sched.testing import drive, random_memgraph, recorded_order, scheduler
 
@@ -22,11 +22,13 @@ class CoreMachine(RuleBasedStateMachine):
         n_gpus=st.integers(1, 3),
         policy=st.sampled_from(POLICIES),
         streams=st.integers(1, 5),
+        ordered=st.booleans(),
     )
-    def setup(self, seed, n, n_gpus, policy, streams):
+    def setup(self, seed, n, n_gpus, policy, streams, ordered):
         self.mg = random_memgraph(np.random.default_rng(seed), n, n_gpus)
-        self.s = scheduler(self.mg, policy, streams, np.random.default_rng(seed))
+        self.s = scheduler(self.mg, policy, streams, np.random.default_rng(seed), ordered_sums=ordered)
         self.streams = streams
+        self.lock_launches: dict[int, list[int]] = {}  # lock group -> its members in launch order
         self.running: list = []
         self.t = 0
         self.start_t = [-1] * n
@@ -39,6 +41,8 @@ class CoreMachine(RuleBasedStateMachine):
             self.start_t[c.v] = self.t
             for u in self.mg.deps(c.v).tolist():
                 assert 0 <= self.end_t[u] <= self.t, f"{c.v} started before its dependency {u}"
+            if self.mg.lock_group[c.v] >= 0:
+                self.lock_launches.setdefault(int(self.mg.lock_group[c.v]), []).append(c.v)
         self.running += cmds
 
     @rule(pick=st.integers(0, 10**6))
@@ -68,6 +72,14 @@ class CoreMachine(RuleBasedStateMachine):
                 assert lk not in locks, f"lock group {lk} held twice"
                 locks.add(lk)
         assert all(k <= self.streams for k in per_gpu.values())
+
+    @invariant()
+    def ordered_sums_take_turns(self):
+        # ordered: each lock's members launch in compile order (det-replay: the recorded order, its ranks)
+        if self.s.ordered_sums:
+            pos = self.s.rank if self.s.policy == "det-replay" else np.argsort(topo_order(self.mg)).tolist()
+            for lk, vs in self.lock_launches.items():
+                assert vs == sorted(vs, key=pos.__getitem__), f"lock group {lk} launched out of turn: {vs}"
 
     @invariant()
     def progress_until_done(self):

@@ -213,7 +213,7 @@ def _inputs(a, tg, ids=None, ckpt=None):
     ``ids``: the prompt (the embedded prompt ``x0`` is gathered from the embedding table)."""
     import numpy as np
 
-    from turnip.runtime.weights import iter_random_inputs, logical_inputs, vocab_size
+    from turnip.runtime.weights import RandomInputs, iter_random_inputs, logical_inputs, vocab_size
 
     if "x0" not in logical_inputs(tg):  # not a LLaMA: the test inputs of the reference interpreter
         from turnip.memgraph.interp import random_inputs
@@ -222,7 +222,7 @@ def _inputs(a, tg, ids=None, ckpt=None):
     if not tg.meta.get("train"):
         if ckpt is not None:
             return ckpt.iter_inputs(tg, ids=ids, seed=a.seed)
-        return iter_random_inputs(tg, a.seed, ids=ids)
+        return RandomInputs(tg, a.seed, ids=ids)  # write_streaming fills it from threads
     # a training step: fresh adapters (PEFT's initialisation) and the ids' next tokens; the rest as for a prefill
     from turnip.train import AdapterState, next_token_targets
 
@@ -327,6 +327,7 @@ def cmd_run(a) -> int:
     rows, res = [], None
     t1 = time.perf_counter()
     with open_backend(a.backend, mg, a.streams, **opts) as be:
+        t2 = time.perf_counter()
         try:
             values = _write_inputs(a, tg, be, source)
         except (ValueError, KeyError, OSError) as e:
@@ -335,9 +336,10 @@ def cmd_run(a) -> int:
             if a.weights:
                 raise ck.CliError(f"--weights {a.weights} cannot be used: {e}; {WEIGHTS_HINT}", ck.USAGE) from None
             raise ck.CliError(f"--model {a.model}: {e}", ck.FAILED) from None
-        t_load = time.perf_counter() - t1
+        t_load, gb_in = time.perf_counter() - t1, int(tg.nbytes[tg.kind == 0].sum()) / 1e9
         print(f"{mg.n} vertices on {mg.n_gpus} GPU(s), backend {a.backend}, policy {a.policy}; "
-              f"plan {t_plan:.1f} s, load {t_load:.1f} s")  # fmt: skip
+              f"plan {t_plan:.1f} s, load {t_load:.1f} s (inputs {gb_in:.3g} GB at "
+              f"{gb_in / max(time.perf_counter() - t2, 1e-9):.3g} GB/s)")  # fmt: skip
         n_rec = (a.record_runs or 3) if a.policy == "det-replay" else 0
         untimed, recorded, order = a.warmup + n_rec, [], None
         with Progress(untimed + a.repeat, "run") as bar:

@@ -125,7 +125,7 @@ def cmd_train(a) -> int:
     from turnip.fileio import atomic_write
     from turnip.progress import Progress
     from turnip.runtime import open_backend
-    from turnip.runtime.weights import iter_random_inputs, vocab_size, write_streaming
+    from turnip.runtime.weights import vocab_size, write_random_inputs, write_streaming
     from turnip.train import AdapterState, Stepper, next_token_targets, save_adapters
 
     if a.backend == "cuda":
@@ -155,12 +155,18 @@ def cmd_train(a) -> int:
     t1 = time.perf_counter()
     with open_backend(a.backend, mg, a.streams, **opts) as be:
         frozen = set(tg.meta["input_blocks"]) - per_step
-        src = ckpt.iter_inputs(tg, seed=a.seed, only=frozen) if ckpt is not None else iter_random_inputs(tg, a.seed)
-        write_streaming(be, tg, ((k, x) for k, x in src if k not in per_step))
+        t2 = time.perf_counter()
+        if ckpt is not None:
+            src = ckpt.iter_inputs(tg, seed=a.seed, only=frozen)
+            nbytes = write_streaming(be, tg, ((k, x) for k, x in src if k not in per_step))
+        else:
+            nbytes = write_random_inputs(be, tg, a.seed, skip=per_step)
+        t_write = time.perf_counter() - t2
         stepper = Stepper(tg, mg, be, state)
         embed = _embedder(tg, a.seed, ckpt)
         t_load = time.perf_counter() - t1
-        print(f"plan {t_plan:.1f} s, load {t_load:.1f} s; backend {a.backend}, policy {a.policy}")
+        print(f"plan {t_plan:.1f} s, load {t_load:.1f} s (weights {nbytes / 1e9:.3g} GB at "
+              f"{nbytes / 1e9 / max(t_write, 1e-9):.3g} GB/s); backend {a.backend}, policy {a.policy}")
         with Progress(a.steps, "train") as bar:
             for step in range(a.steps):
                 w0 = time.perf_counter()

@@ -2,8 +2,8 @@
 
 State it owns (every vertex ``v`` is in exactly one state, ``status[v]``):
   WAITING   some dependency not done (``missing[v] > 0``)
-  READY     all dependencies done; queued in its class heap, parked on a held lock, or (fixed-order
-            classes) waiting for its turn in its fixed-order lane
+  READY     all dependencies done; queued in its class heap, parked on its lock (``lock_wait``: held, or
+            not its turn), or (fixed-order classes) waiting for its turn in its fixed-order lane
   RUNNING   launched: holds one stream slot of its issuing GPU, its copy engine (if a copy) and its
             sum-into lock (if in a lock group) until its completion event arrives
   DONE      completed
@@ -14,9 +14,17 @@ except a transfer, which is issued by (and ordered on) its source GPU.
 Fixed-order vertices sit in lanes (per GPU; per engine queue for ``det-replay``), each issued strictly in
 sequence by a pointer; of a GPU's ready lane heads the best rank goes first.
 
+Ordered sums (``ordered_sums``, default on; always under ``det-replay``): each sum-into lock is handed to its
+members in one fixed sequence (``lock_turns``: compile order, or the recorded order for ``det-replay``), so an
+accumulator's partials are added in the same order in every run and the sum is bitwise reproducible. A ready
+member that is not next is parked in ``lock_wait``; the holder's completion wakes the next member if it is
+ready. The sequence is a topological order of the memgraph (as the lanes are), so the first member not yet
+launched never waits on a later one: nothing stalls. Off, the lock goes to whichever member is ready first.
+
 Invariants (``validate()``): a RUNNING vertex holds exactly its resources and nothing else holds them;
 ``missing[v]`` equals its dependencies not DONE; a queued vertex is READY; lane pointers only pass launched
-vertices; counts agree.
+vertices; lock pointers only pass launched members and a parked member is blocked (its lock held, or not its
+turn); counts agree.
 
 Policies: ``nondet`` (launch anything ready whose resources are free, best compile order first),
 ``nondet-cp`` (best = longest critical path), ``det`` (each GPU issues all its vertices in compile order),
@@ -62,9 +70,11 @@ class Scheduler:
         streams_per_gpu: int = 5,
         dur_ns: np.ndarray | None = None,
         order=None,
+        ordered_sums: bool = True,
     ):
         """``order``: for ``det-replay`` (only), the recorded issue order to replay (vertex ids or commands,
-        ``turnip.sched.replay``)."""
+        ``turnip.sched.replay``). ``ordered_sums``: hand each sum-into lock to its members in compile order
+        (bitwise reproducible sums); off, in the order they become ready (``det-replay`` always replays)."""
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if (policy == "det-replay") != (order is not None):
@@ -136,8 +146,10 @@ class Scheduler:
         self._lane_of = np.where(is_fixed, lane, -1).tolist()
         self._gpu_lanes = [[i for i in range(n_lanes) if self._lanes[i] and owner[self._lanes[i][0]] == gg]
                            for gg in range(g)]  # fmt: skip
-        # det-replay also takes each sum-into lock in the recorded order (GPUs sharing a lock do not race)
-        self._lock_seq = lock_turns(order, self.lock) if policy == "det-replay" else None
+        # ordered sums: each sum-into lock in compile order (det-replay: the recorded order), the topological
+        # order the lanes follow too, so the first member not yet launched never waits on a later one
+        self.ordered_sums = ordered_sums or policy == "det-replay"
+        self._lock_seq = lock_turns(order, self.lock) if self.ordered_sums else None
         self._lock_ptr = dict.fromkeys(self._lock_seq or (), 0)
 
         # state
@@ -217,13 +229,8 @@ class Scheduler:
             for og in self._lock_gpus[lk]:
                 self._mark(og)
             waiters = self.lock_wait.get(lk)
-            if waiters:  # wake the best waiter only: the others could not take the lock anyway
-                r = heapq.heappop(waiters)
-                if not waiters:
-                    del self.lock_wait[lk]
-                u = self._by_rank[r]
-                heapq.heappush(self.heaps[self.queue[u]], r)
-                self._mark(self.owner[u])
+            if waiters:  # wake one waiter only (the next in turn, or the best): the others could not take it
+                self._wake(lk, waiters)
         missing, succ_idx = self.missing, self.succ_idx
         for i in range(self.succ_ptr[v], self.succ_ptr[v + 1]):
             s = succ_idx[i]
@@ -242,11 +249,33 @@ class Scheduler:
         self.status[v] = READY
         if not self.fixed[v]:
             lk = self.lock[v]
-            if lk >= 0 and lk in self.lock_holder:
+            if lk >= 0 and self._lock_blocks(lk, v):
                 heapq.heappush(self.lock_wait.setdefault(lk, []), self.rank[v])
                 return
             heapq.heappush(self.heaps[self.queue[v]], self.rank[v])
         self._mark(self.owner[v])
+
+    def _lock_blocks(self, lk: int, v: int) -> bool:
+        """Lock ``lk`` is held, or (ordered sums) it is not ``v``'s turn."""
+        return lk in self.lock_holder or (self._lock_seq is not None and self._lock_seq[lk][self._lock_ptr[lk]] != v)
+
+    def _wake(self, lk: int, waiters: list[int]) -> None:
+        """Lock ``lk`` was released: move its next waiter (ordered sums: the next member, if parked; else the
+        best) from ``lock_wait`` to its class heap."""
+        if self._lock_seq is None:
+            r = heapq.heappop(waiters)
+        else:
+            seq, p = self._lock_seq[lk], self._lock_ptr[lk]
+            r = self.rank[seq[p]] if p < len(seq) else -1
+            if r not in waiters:
+                return
+            waiters.remove(r)
+            heapq.heapify(waiters)
+        if not waiters:
+            del self.lock_wait[lk]
+        u = self._by_rank[r]
+        heapq.heappush(self.heaps[self.queue[u]], r)
+        self._mark(self.owner[u])
 
     def _dispatch_dirty(self) -> list:
         cmds: list = []
@@ -289,7 +318,7 @@ class Scheduler:
             else:
                 v = self._by_rank[heapq.heappop(heaps[best_q])]
                 lk = self.lock[v]
-                if lk >= 0 and lk in self.lock_holder:
+                if lk >= 0 and self._lock_blocks(lk, v):
                     heapq.heappush(self.lock_wait.setdefault(lk, []), best_r)
                     continue
             cmds.append(self._launch(v, g, streams.pop()))
@@ -299,11 +328,7 @@ class Scheduler:
         if e >= 0 and self.engine_holder[e] >= 0:
             return False
         lk = self.lock[u]
-        if lk < 0:
-            return True
-        if lk in self.lock_holder:
-            return False
-        return self._lock_seq is None or self._lock_seq[lk][self._lock_ptr[lk]] == u
+        return lk < 0 or not self._lock_blocks(lk, u)
 
     def _launch(self, v: int, g: int, stream: int):
         self.status[v] = RUNNING
@@ -389,6 +414,10 @@ class Scheduler:
         for lk, seq in (self._lock_seq or {}).items():
             p = self._lock_ptr[lk]
             assert all(st[u] >= RUNNING for u in seq[:p]) and all(st[u] <= READY for u in seq[p:]), f"lock {lk} turn"
+        for lk, w in self.lock_wait.items():
+            assert w, f"lock {lk} has an empty wait list"
+            blocked = self._lock_seq is None or all(self._lock_blocks(lk, self._by_rank[r]) for r in w)
+            assert blocked, f"lock {lk}: a parked member's turn came and it was not woken"
         queued = [self._by_rank[r] for h in self.heaps for r in h]
         queued += [self._by_rank[r] for w in self.lock_wait.values() for r in w]
         assert len(queued) == len(set(queued)), "a vertex is queued twice"

@@ -55,7 +55,8 @@ def split_order(order: np.ndarray, key: np.ndarray, n: int) -> list[list[int]]:
 
 
 def lock_turns(order: np.ndarray, lock: list[int]) -> dict[int, list[int]]:
-    """{lock group: its vertices in ``order``}: the sequence ``det-replay`` hands each sum-into lock in."""
+    """{lock group: its vertices in ``order``}: the sequence the scheduler hands each sum-into lock in (ordered
+    sums: ``order`` is compile order; ``det-replay``: the recorded order)."""
     turns: dict[int, list[int]] = {}
     for v in order.tolist():
         if lock[v] >= 0:

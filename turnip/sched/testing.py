@@ -132,16 +132,19 @@ def drive(sched, rng: np.random.Generator | None = None) -> list:
     return issued
 
 
-def recorded_order(mg: MemGraph, streams_per_gpu: int = 5, rng: np.random.Generator | None = None) -> list[int]:
+def recorded_order(
+    mg: MemGraph, streams_per_gpu: int = 5, rng: np.random.Generator | None = None, ordered_sums: bool = True
+) -> list[int]:
     """The issue order (vertex ids) of a nondet run of ``mg`` whose completions arrive as ``drive`` picks."""
     from turnip.sched.core import Scheduler
 
-    return [c.v for c in drive(Scheduler(mg, "nondet", streams_per_gpu), rng)]
+    return [c.v for c in drive(Scheduler(mg, "nondet", streams_per_gpu, ordered_sums=ordered_sums), rng)]
 
 
-def scheduler(mg: MemGraph, policy: str = "nondet", streams_per_gpu: int = 5, rng=None):
-    """A ``Scheduler`` for any policy; ``det-replay`` replays ``recorded_order`` of a nondet run."""
+def scheduler(mg: MemGraph, policy: str = "nondet", streams_per_gpu: int = 5, rng=None, ordered_sums: bool = True):
+    """A ``Scheduler`` for any policy; ``det-replay`` replays ``recorded_order`` of a nondet run (with
+    ``ordered_sums`` as given, so an unordered recording hands the locks out in any order)."""
     from turnip.sched.core import Scheduler
 
-    order = recorded_order(mg, streams_per_gpu, rng) if policy == "det-replay" else None
-    return Scheduler(mg, policy, streams_per_gpu, order=order)
+    order = recorded_order(mg, streams_per_gpu, rng, ordered_sums) if policy == "det-replay" else None
+    return Scheduler(mg, policy, streams_per_gpu, order=order, ordered_sums=ordered_sums)
