@@ -400,15 +400,18 @@ class Stepper:
         backend.write_inputs(tile_inputs(tg, {k: x for k, x in state.inputs().items() if k != "adam_step"}))
 
     def step(self, x0: np.ndarray, targets: np.ndarray, policy: str = "nondet", streams: int = 5, seed=None,
-             stall_s: float = 120.0, grads: bool = False, device_times: bool = False):  # fmt: skip
+             stall_s: float = 120.0, grads: bool = False, device_times: bool = False,
+             ordered_sums: bool = True):  # fmt: skip
         """One step; returns (mean loss, RunResult, {name: gradient} when ``grads``). ``device_times``: read
-        every vertex's device times back (for traces; costs a driver call per vertex)."""
+        every vertex's device times back (for traces; costs a driver call per vertex); ``ordered_sums``: partial
+        sums added in compile order (bitwise reproducible; ``turnip.runtime.execute``)."""
         from turnip.runtime import execute
         from turnip.runtime.weights import tile_inputs
 
         step = np.array(self.state.step + 1, dtype=np.float32)
         self.be.write_inputs(tile_inputs(self.tg, {"x0": x0, "targets": targets, "adam_step": step}))
-        res = execute(self.mg, self.be, policy, streams, seed=seed, stall_s=stall_s, device_times=device_times)
+        res = execute(self.mg, self.be, policy, streams, seed=seed, stall_s=stall_s, device_times=device_times,
+                      ordered_sums=ordered_sums)
         got = self._read(["loss", *(k + ".grad" for k in self.state.params if grads)])
         loss = float(got.pop("loss").astype(np.float64).sum() / self.n_pred)
         self.be.carry(self.pairs)

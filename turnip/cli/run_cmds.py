@@ -58,6 +58,8 @@ def register(sub) -> None:
                    help="det-replay: untimed nondet runs, after the warm-up, whose fastest order is replayed "
                    "(default 3)")
     p.add_argument("--streams", type=ck.int_in(1, 64), default=5, help="stream slots per GPU (1..64)")
+    p.add_argument("--unordered-sums", action="store_true",
+                   help="partial sums added in the order they finish: not bitwise reproducible across runs on 3+ GPUs")
     p.add_argument("--numba-kernels", action="store_true",
                    help="cuda: numba memory-bound kernels instead of the CUDA C++ ones (16-byte accesses, warp "
                    "reductions; those need CuPy)")
@@ -347,7 +349,8 @@ def cmd_run(a) -> int:
                 timed = i >= untimed
                 policy = a.policy if timed or not n_rec else "nondet"
                 res = execute(mg, be, policy, a.streams, seed=a.seed + i, stall_s=a.stall_s,
-                              record_order=not timed and i >= a.warmup, order=order if timed else None)  # fmt: skip
+                              record_order=not timed and i >= a.warmup, order=order if timed else None,
+                              ordered_sums=not a.unordered_sums)  # fmt: skip
                 if res.order:
                     recorded.append(res)
                 if n_rec and i == untimed - 1:

@@ -47,6 +47,8 @@ def _add_args(p) -> None:
                    help="cpu: numpy on byte arenas with real threads (any machine); cuda: the GPU")
     p.add_argument("--policy", default="nondet", choices=POLICIES, help="dispatch policy")
     p.add_argument("--streams", type=ck.int_in(1, 64), default=5, help="stream slots per GPU (1..64)")
+    p.add_argument("--unordered-sums", action="store_true",
+                   help="partial sums added in the order they finish: not bitwise reproducible across runs on 3+ GPUs")
     p.add_argument("--weights", metavar="FILE.safetensors", help="frozen weights from this file")
     add_random_weights_flag(p)
     p.add_argument("--seed", type=ck.SEED, default=0, help="weights, adapters and random data seed")
@@ -172,7 +174,8 @@ def cmd_train(a) -> int:
                 w0 = time.perf_counter()
                 ids = batches.next()
                 x0 = embed(ids.reshape(-1))
-                loss, res, _ = stepper.step(x0, next_token_targets(ids), a.policy, a.streams, a.seed + step, a.stall_s)
+                loss, res, _ = stepper.step(x0, next_token_targets(ids), a.policy, a.streams, a.seed + step, a.stall_s,
+                                             ordered_sums=not a.unordered_sums)
                 wall = time.perf_counter() - w0
                 rows.append({"step": step + 1, "loss": loss, "makespan_ms": res.makespan_ns / 1e6,
                              "wall_ms": wall * 1e3, "policy": a.policy, "backend": a.backend})  # fmt: skip

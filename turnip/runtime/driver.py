@@ -90,11 +90,14 @@ def execute(
     record_order: bool = False,
     order=None,
     device_times: bool = True,
+    ordered_sums: bool = True,
 ) -> RunResult:
     """Run ``mg`` once on ``backend`` under ``policy``; returns host and device timestamps per vertex.
     ``record_order``: keep the commands in issue order (``RunResult.order``); ``order``: the recorded order
-    that ``det-replay`` replays (``turnip.sched.replay``), e.g. the ``order`` of the fastest nondet run."""
-    sched = Scheduler(mg, policy, streams_per_gpu, order=order)
+    that ``det-replay`` replays (``turnip.sched.replay``), e.g. the ``order`` of the fastest nondet run;
+    ``ordered_sums``: add each accumulator's partials in compile order, whatever order they finish in
+    (bitwise reproducible outputs; off, in the order they finish)."""
+    sched = Scheduler(mg, policy, streams_per_gpu, order=order, ordered_sums=ordered_sums)
     n = mg.n
     host_start, issue, done, stream, handle = [0] * n, [0] * n, [0] * n, [-1] * n, [0] * n
     order: list = []
