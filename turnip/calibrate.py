@@ -857,6 +857,22 @@ def copy_fields(copies: list[dict]) -> dict:
             "copy_latency_ns": int(small["ns_mean"])}  # fmt: skip
 
 
+def host_link_totals(log=print) -> dict:
+    """With several GPUs visible, the host link's totals with 1..N of them copying at once
+    (``turnip.linkprobe``: the profile's ``host_*_total_bytes_per_s``); {} with one GPU or if it fails."""
+    from cuda_kernels._numba import cuda
+
+    if len(cuda().gpus) < 2:
+        return {}
+    from turnip.linkprobe import link_fields, measure_host_links
+
+    try:
+        return link_fields(measure_host_links(log=log))
+    except Exception as e:  # noqa: BLE001 - the rest of the profile stands without it
+        log(f"host link totals: the measurement failed ({type(e).__name__}: {e}); links left independent")
+        return {}
+
+
 def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=print,
               power_loops: bool = True, p2p: bool = False) -> dict:  # fmt: skip
     """Run every measurement; returns the profile document. ``power_loops``: measure the shared clock
@@ -896,6 +912,8 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
                 log(f"peer copies: the measurement failed ({type(e).__name__}: {e}); p2p fields left as they are")
             copies += peer
             probe.sample()
+        links = host_link_totals(log)
+        probe.sample()
         power = None
         if power_loops:
             try:
@@ -927,7 +945,7 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
         + ", ".join(f"{k} {v:.3f}" for k, v in wander.items()))  # fmt: skip
     machine = {"name": f"calibrated {name}", "kernel_start_latency_ns": start_latency, "run_excess_mean": cv,
                "run_excess_sd": cv, "run_gap_ns": gap} | wander | host | copy_fields(copies) | \
-        p2p_fields(copies)  # fmt: skip
+        p2p_fields(copies) | links  # fmt: skip
     doc = {"format": "turnip-profile", "version": 1, "machine": machine, "kernels": kernels, "copies": copies,
            "launch": launch_rows(resident),
            "calibration": {"device": name, "host": platform.node(), "plans": plan_runs, "dtypes": list(dtypes),

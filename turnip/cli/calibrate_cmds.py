@@ -20,7 +20,8 @@ def register(sub) -> None:
         "alone; then every stream slot: host issue and completion costs per op, and makespans to which the "
         "concurrency factor is fitted), the power limit's shared clock (the largest GEMM, attention and "
         "memory-bound kernels looped back to back, alone and mixed, with NVML power readings), copies of pinned "
-        "memory by size and direction alone and against traffic the other way; write a JSON profile with "
+        "memory by size and direction alone and against traffic the other way (and with several GPUs, the host "
+        "link's totals with 1..N of them copying at once); write a JSON profile with "
         "shape-aware kernel and copy tables and their spread (docs/profile.md). Use it with "
         "`turnip simulate/ablate --profile FILE`. "
         "About 3 minutes on an H100 (--quick: about half). --refit redoes the fit from a profile, no GPU.",
@@ -59,6 +60,10 @@ def cmd_calibrate(a) -> int:
           f"{doc['calibration']['seconds']:.0f} s")  # fmt: skip
     print(f"links     H2D {m['h2d_bytes_per_s'] / 1e9:.1f} GB/s, D2H {m['d2h_bytes_per_s'] / 1e9:.1f} GB/s, both "
           f"{m['pcie_both_bytes_per_s'] / 1e9:.1f} GB/s, latency {m['copy_latency_ns'] / 1e3:.1f} us")  # fmt: skip
+    if m.get("host_h2d_total_bytes_per_s"):
+        cols = [m[f"host_{k}_total_bytes_per_s"] for k in ("h2d", "d2h", "both")]
+        tot = [f"{n + 1}: " + "/".join(f"{c[n] / 1e9:.0f}" for c in cols) for n in range(len(cols[0]))]
+        print(f"host link GB/s in total with N GPUs copying at once (H2D/D2H/both): {', '.join(tot)}")
     print(f"host      issue: GEMM {m['gemm_launch_ns'] / 1e3:.1f} us, attention {m['attn_launch_ns'] / 1e3:.1f} us, "
           f"other kernels {m['kernel_launch_ns'] / 1e3:.1f} us, copies {m['copy_launch_ns'] / 1e3:.1f} us; "
           f"completion {m['completion_ns'] / 1e3:.1f} us + {m.get('completion_per_inflight_ns', 0) / 1e3:.2f} us per "
