@@ -307,3 +307,24 @@ def test_threaded_random_fill_falls_back_to_streaming_without_a_host_region():
     want = tile_inputs(tg, {k: x for k, x in random_inputs_for(tg, 1).items() if k != "x0"})
     assert n == sum(x.nbytes for x in want.values()) and set(be.got) == set(want)
     assert all(np.array_equal(be.got[t], want[t]) for t in want)
+
+
+def test_tile_copies_from_pool_pieces_equal_slices_of_the_whole_tensor():
+    """_fill_tiles (flat ranges and blocks through pool views, rows across piece boundaries, rows longer than
+    a piece) gives the tiles numpy slicing of the whole tensor gives."""
+    from turnip.runtime.weights import _copy_pieces, _fill_tiles
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        shape = tuple(int(n) for n in rng.integers(1, 7, size=int(rng.integers(1, 5))))
+        size, pool_elems = int(np.prod(shape)), int(rng.integers(1, 40))
+        pool = np.arange(2 * pool_elems, dtype=np.float16) + 1
+        offs = rng.integers(pool_elems, size=-(-size // pool_elems)).tolist()
+        whole = np.empty(size, np.float16)
+        _copy_pieces(whole, pool, offs, pool_elems, 0)
+        starts = tuple(int(rng.integers(n)) for n in shape)
+        tshape = tuple(int(rng.integers(1, n - s + 1)) for n, s in zip(shape, starts, strict=True))
+        region = np.zeros(8 + int(np.prod(tshape)) * 2, np.uint8)
+        _fill_tiles(region, [(starts, tshape, 8)], shape, pool, offs, pool_elems)
+        want = whole.reshape(shape)[tuple(slice(s, s + m) for s, m in zip(starts, tshape, strict=True))]
+        np.testing.assert_array_equal(region[8:].view(np.float16).reshape(tshape), want)

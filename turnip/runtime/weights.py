@@ -228,8 +228,8 @@ def write_random_inputs(backend, tg, seed: int = 0, skip=(), threads: int | None
     """``write_streaming(backend, tg, iter_random_inputs(tg, seed, pool_elems, ids))`` less the names in
     ``skip``, bit for bit, at memory speed: every offset is drawn on this thread in the same order, then
     ``threads`` workers (default min(16, cores)) copy pool pieces straight into the backend's host input
-    region (``host_in``), one tensor per task; a tile that is not one flat range of its tensor goes through
-    the whole tensor made in a temporary (extra host memory: at most ``threads`` tensors). int32 inputs and
+    region (``host_in``), one tensor per task, with no copy of the tensor (extra host memory: a row of a
+    tensor per thread, where a row spans two pool pieces). int32 inputs and
     embedded rows are written here through ``write_inputs(..., load_resident=False)``; resident inputs are
     loaded to the GPUs at the end, on this thread (``load_resident``). A backend without ``host_in`` gets
     ``write_streaming``. Returns bytes written (tiles of skipped names not counted)."""
@@ -266,24 +266,41 @@ def write_random_inputs(backend, tg, seed: int = 0, skip=(), threads: int | None
 
 
 def _fill_tiles(region: np.ndarray, tiles: list, shape: tuple, pool: np.ndarray, offs: list, pool_elems: int) -> None:
-    """One tensor's tiles, each (starts, tile shape, byte offset in ``region``), into ``region``: a tile that
-    is one flat range of the tensor straight from the pool, the others out of the whole tensor made once.
-    Copies go through unsigned integer views (the same bytes; no dtype-specific copy that might hold the GIL)."""
+    """One tensor's tiles, each (starts, tile shape, byte offset in ``region``), into ``region``: a tile that is
+    one flat range of the tensor as ``_copy_pieces``, any other as ``_copy_rows``. Copies go through unsigned
+    integer views (the same bytes; no dtype-specific copy loop that might hold the GIL)."""
     u = np.dtype(f"u{pool.dtype.itemsize}")
     pool = pool.view(u)
     strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
-    whole = None
     for starts, tshape, off in tiles:
         dst = region[off : off + math.prod(tshape) * u.itemsize].view(u)
         first = next((i for i, m in enumerate(tshape) if m > 1), len(shape))
         if all(m == s for m, s in zip(tshape[first + 1 :], shape[first + 1 :], strict=True)):
             _copy_pieces(dst, pool, offs, pool_elems, sum(s * st for s, st in zip(starts, strides, strict=True)))
-            continue
-        if whole is None:
-            whole = np.empty(math.prod(shape), dtype=u)
-            _copy_pieces(whole, pool, offs, pool_elems, 0)
-            whole = whole.reshape(shape)
-        np.copyto(dst.reshape(tshape), whole[tuple(slice(s, s + m) for s, m in zip(starts, tshape, strict=True))])
+        else:
+            _copy_rows(dst.reshape(tshape), pool, offs, pool_elems, shape, starts)
+
+
+def _copy_rows(dst: np.ndarray, pool: np.ndarray, offs: list, pool_elems: int, shape: tuple, starts) -> None:
+    """``dst`` = the block of the tensor made of ``pool`` pieces that starts at ``starts``: the rows (index of
+    the first dimension) inside one piece are a view of the pool, one strided copy per piece; a row that
+    spans two pieces is made in a one-row temporary first."""
+    row = math.prod(shape[1:])
+    inner = (slice(None),) + tuple(slice(s, s + m) for s, m in zip(starts[1:], dst.shape[1:], strict=True))
+    r0, r1 = starts[0], starts[0] + dst.shape[0]
+    r = r0
+    while r < r1:
+        k = r * row // pool_elems
+        rb = min(r1, (k + 1) * pool_elems // row)  # rows r..rb-1 lie in piece k
+        if rb > r:
+            o = offs[k] + r * row - k * pool_elems
+            dst[r - r0 : rb - r0] = pool[o : o + (rb - r) * row].reshape((rb - r, *shape[1:]))[inner]
+            r = rb
+        else:
+            tmp = np.empty(row, dtype=pool.dtype)
+            _copy_pieces(tmp, pool, offs, pool_elems, r * row)
+            dst[r - r0] = tmp.reshape(1, *shape[1:])[inner][0]
+            r += 1
 
 
 def st_dtype(code: str) -> np.dtype | None:
