@@ -145,7 +145,7 @@ def turnip_rows(a, cfg, sd, B: int, S: int, budget_name: str, check_pm=None) -> 
     from turnip.compile import build_with_resident, parse_nbytes
     from turnip.runtime import open_backend
     from turnip.runtime.driver import lower_bound
-    from turnip.runtime.weights import iter_random_inputs, write_streaming
+    from turnip.runtime.weights import iter_random_inputs, write_random_inputs, write_streaming
     from turnip.train import Stepper, lora_step, next_token_targets
 
     lora = LoraConfig(rank=a.rank, alpha=2.0 * a.rank, lr=a.lr)
@@ -162,9 +162,10 @@ def turnip_rows(a, cfg, sd, B: int, S: int, budget_name: str, check_pm=None) -> 
     emb = sd["model.embed_tokens.weight"] if sd is not None else None
     with open_backend(a.backend, mg, 5) as be:
         t0 = time.perf_counter()
-        src = _sd_inputs(tg, sd, per_step) if sd is not None else ((k, x) for k, x in iter_random_inputs(tg, 0)
-                                                                     if k not in per_step)  # fmt: skip
-        write_streaming(be, tg, src)
+        if sd is not None:
+            write_streaming(be, tg, _sd_inputs(tg, sd, per_step))
+        else:
+            write_random_inputs(be, tg, 0, skip=per_step)
         stepper = Stepper(tg, mg, be, state)
         t_load = time.perf_counter() - t0
         x0_rand = None if sd is not None else next(x for k, x in iter_random_inputs(tg, 0) if k == "x0")
