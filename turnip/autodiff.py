@@ -17,6 +17,10 @@ Rules (``dy``: the gradient of the node's output):
   attention(q,k,v)   one attention_bwd node, its parts taken out by cols
 Other ops raise ``ValueError`` naming the node.
 
+Layers: the gradient nodes of a node belong to its layer (``Node.layer``), recomputed copies to their
+original's, and the sum of a tensor's contributions to the latest layer of the nodes that gave them (its
+readers): a layer's output, read by the next layer, has its gradient summed there and sent down once.
+
 Activation checkpointing: ``recompute`` lists segments (node ids of the forward, e.g. one decoder layer);
 the backward of a segment reads recomputed copies of its nodes, cloned just before that backward, so the
 forward's own activations die with the forward and only the segments' inputs are kept.
@@ -47,7 +51,7 @@ def backward(
     ``wrt``: the tensors whose gradients are wanted (returned as tensor -> gradient tensor; a tensor without
     a path to a seed is missing). ``recompute``: checkpointed segments (module doc)."""
     need = needs_grad(g, wrt)
-    contrib: dict[int, list[int]] = {x: [gx] for x, gx in seeds.items()}
+    contrib: dict[int, list[tuple[int, int | None]]] = {x: [(gx, g.nodes[gx].layer)] for x, gx in seeds.items()}
     segment_of = {x: i for i, seg in enumerate(recompute or []) for x in seg}
     fwd: dict[int, int] = {}  # forward tensor -> its recomputed copy (segments already recomputed)
     done_segments: set[int] = set()
@@ -66,15 +70,19 @@ def backward(
         if s is not None and s not in done_segments:
             done_segments.add(s)
             fwd.update(_clone(g, recompute[s], fwd))
-        for inp, gi in _rule(g, node, dy, need, fwd):
-            contrib.setdefault(inp, []).append(gi)
+        with g.layer_scope(node.layer):
+            for inp, gi in _rule(g, node, dy, need, fwd):
+                contrib.setdefault(inp, []).append((gi, node.layer))
     return out
 
 
-def _total(g: Graph, parts: list[int], x: int) -> int:
+def _total(g: Graph, parts: list[tuple[int, int | None]], x: int) -> int:
+    """The gradient of ``x`` from its (contribution, layer of the reader that gave it) parts."""
     if len(parts) == 1:
-        return parts[0]
-    return g.map("add_n", *parts, name=f"d{g.t(x).name}")
+        return parts[0][0]
+    layers = [layer for _, layer in parts]
+    with g.layer_scope(None if None in layers else max(layers)):
+        return g.map("add_n", *(p for p, _ in parts), name=f"d{g.t(x).name}")
 
 
 def _clone(g: Graph, segment: list[int], fwd: dict[int, int]) -> dict[int, int]:
@@ -86,7 +94,8 @@ def _clone(g: Graph, segment: list[int], fwd: dict[int, int]) -> dict[int, int]:
             continue
         ins = tuple(new.get(i, fwd.get(i, i)) for i in node.inputs)
         t = node.out
-        new[x] = g._new(node.op, ins, t.dims, t.shape, node.params, name=t.name + "'", dtype=t.dtype)
+        with g.layer_scope(node.layer):
+            new[x] = g._new(node.op, ins, t.dims, t.shape, node.params, name=t.name + "'", dtype=t.dtype)
     return new
 
 

@@ -10,12 +10,16 @@ letter splits each tensor into a grid of blocks, and einsum subscripts use the s
                concatenated into ranges of ``tiles["kv"]`` tokens (default all), only keys up to the
                query block's end; several ranges give partials (output + log-sum-exp) merged by
                ``attn_combine``. No score matrix is materialised.
-Placement: a block goes to GPU ``coord[l] % n_gpus`` for the first letter ``l`` of ``parallel`` present in
-its iteration space. A consumer on another GPU reads through a (shared) transfer vertex.
+Placement (tensor split): a block goes to GPU ``coord[l] % n_gpus`` for the first letter ``l`` of ``parallel``
+present in its iteration space. Layers split (``parallel="layers"``): every block of a node goes to the stage
+GPU of the node's decoder layer (``Node.layer``, set by ``Graph.layer_scope``). A consumer on another GPU
+reads through a (shared) transfer vertex.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -24,8 +28,6 @@ from turnip.graph_lower import TilingError
 from turnip.taskgraph import Builder, TaskGraph
 
 ELEMENTWISE = {"add_n", "mul", "scale", "silu", "silu_mul", "silu_mul_dg", "cast", "adam_m", "adam_v", "adam_p"}
-
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,20 +45,32 @@ class Node:
     inputs: tuple[int, ...]
     out: Tensor
     params: dict
+    layer: int | None = None  # decoder layer (-1: before the first, L: after the last); None: not a model's
 
 
 @dataclass
 class Graph:
-    """Logical computation: ``tensors[i]`` is produced by ``nodes[i]`` (``op == "input"`` for inputs)."""
+    """Logical computation: ``tensors[i]`` is produced by ``nodes[i]`` (``op == "input"`` for inputs). Nodes
+    created inside ``layer_scope(i)`` belong to decoder layer ``i`` (the layers split places by it)."""
 
     dtype: str = "fp16"
     nodes: list[Node] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
+    layer: int | None = None  # the layer of nodes created now (``layer_scope``)
 
     def _new(self, op, inputs, dims, shape, params=None, name="", dtype=None) -> int:
         t = Tensor(len(self.nodes), dims, tuple(shape), dtype or self.dtype, name or f"{op}{len(self.nodes)}")
-        self.nodes.append(Node(op, tuple(inputs), t, dict(params or {})))
+        self.nodes.append(Node(op, tuple(inputs), t, dict(params or {}), self.layer))
         return t.id
+
+    @contextlib.contextmanager
+    def layer_scope(self, layer: int | None):
+        """Nodes created inside belong to decoder ``layer`` (-1: before the first layer, L: after the last)."""
+        was, self.layer = self.layer, layer
+        try:
+            yield
+        finally:
+            self.layer = was
 
     def t(self, i: int) -> Tensor:
         return self.nodes[i].out
@@ -180,9 +194,21 @@ def _seq(seq: int | None) -> dict:
 
 @dataclass(frozen=True)
 class Tiling:
+    """Tile sizes and placement. ``parallel``: letters whose blocks go round-robin over GPUs (the tensor
+    split), or ``"layers"`` (the layers split): every block of a node goes to its layer's stage GPU,
+    ``stage(layer)``, with decoder layer i of ``n_layers`` on GPU floor(i * n_gpus / n_layers)."""
+
     tiles: dict  # letter -> tile size (missing: whole dimension)
     n_gpus: int = 1
     parallel: str = "hft"
+    n_layers: int = 0  # decoder layers of the layers split
+    pin: int | None = None  # every block on this GPU (the layers split, per node)
+
+    def stage(self, layer: int) -> int:
+        """The GPU of decoder ``layer`` under the layers split (before the first: GPU 0; after the last: the
+        last stage's)."""
+        L = self.n_layers
+        return min(max(layer, 0), L - 1) * self.n_gpus // L
 
     def nblocks(self, letter: str, size: int) -> int:
         return -(-size // self.tiles.get(letter, size))
@@ -192,6 +218,8 @@ class Tiling:
         return b * ts, min(size, (b + 1) * ts)
 
     def place(self, coords: dict) -> int:
+        if self.pin is not None:
+            return self.pin
         for l in self.parallel:
             if l in coords:
                 return coords[l] % self.n_gpus
@@ -222,8 +250,18 @@ class _Lowering:
             raise TilingError(f"{op} on {t.name} needs dim {letter!r} in one tile (size {s}); raise its tile size")
 
     def run(self) -> TaskGraph:
+        base = self.T
+        if base.parallel == "layers" and base.n_layers < 1:
+            raise TilingError("the layers split needs the number of decoder layers (Tiling.n_layers)")
+        pinned = [dataclasses.replace(base, pin=g) for g in range(base.n_gpus)]
         for node in self.g.nodes:
+            if base.parallel == "layers":
+                if node.layer is None:
+                    raise TilingError(f"the layers split places nodes by their layer; {node.op} {node.out.name} "
+                                      "has none (build it inside Graph.layer_scope)")  # fmt: skip
+                self.T = pinned[base.stage(node.layer)]
             getattr(self, "_" + ("map" if node.op in ELEMENTWISE else node.op))(node)
+        self.T = base
         outs = [v for x in self.g.outputs for v in self.blocks[x].values()]
         ins = [n.out.id for n in self.g.nodes if n.op == "input"]
         return self.b.build(

@@ -60,7 +60,9 @@ def lower_attention(lw, node) -> None:
     """Per (query block, head block) one fused ``sdpa`` vertex per key range: key blocks are concatenated
     into ranges of ``tiles["kv"]`` tokens (default: the whole sequence; one block needs no concat); the
     range holding the diagonal is read up to the query block's end (causal, no masked work). Several
-    ranges give partial outputs with their log-sum-exp, merged by one ``attn_combine``."""
+    ranges give partial outputs with their log-sum-exp, merged by one ``attn_combine``. Under the layers
+    split the diagonal range stops at the query block (a concatenation per query block): a token tile then
+    never waits for a later one, so a pipeline stage can pass it on before the later tiles arrive."""
     T, b = lw.T, lw.b
     q, k, v = node.inputs
     t = node.out
@@ -75,10 +77,11 @@ def lower_attention(lw, node) -> None:
     itemsize = DTYPE_NBYTES[t.dtype]
     seq = lw.seq_of(node)
     seq_blocks = nb if seq >= n_tok else seq // tile  # token blocks per sequence
+    causal = T.parallel == "layers"
     ranges: dict = {}
 
     def key_range(x: int, hb: int, j0: int, j1: int, gpu: int) -> int:
-        key = (x, hb, j0)
+        key = (x, hb, j0, j1)
         if key not in ranges:
             parts = [lw.block(x, {tl: j, hl: hb}, gpu) for j in range(j0, j1)]
             if len(parts) == 1:
@@ -110,7 +113,8 @@ def lower_attention(lw, node) -> None:
         for r in range(n_ranges):
             j0 = first + r * per_range
             k0 = T.span(tl, n_tok, j0)[0]
-            kv = (key_range(x, hb, j0, min(j0 + per_range, last), gpu) for x in (k, v))
+            j1 = min(j0 + per_range, last, qi + 1 if causal else last)
+            kv = (key_range(x, hb, j0, j1, gpu) for x in (k, v))
             kv = tuple(kv)
             rows = b.shape_of(kv[0])[0]
             p = {"scale": node.params["scale"], "causal": True, "q_off": q0 - s0, "k_off": k0 - s0,

@@ -121,6 +121,7 @@ LLAMA = {
 # the tile sizes a LLaMA prefill takes (the hidden and head dimensions stay whole: norms and rotary need them)
 LLAMA_TILES = {"t": "tokens", "h": "key-value heads", "f": "FFN columns", "kv": "key range in tokens, a multiple of t",
                "v": "vocabulary rows of the LM head"}  # fmt: skip
+SPLITS = ("tensor", "layers")  # across GPUs: blocks of heads, FFN and vocabulary; or whole decoder layers
 HEADS = ("none", "last", "all")  # LM head: none (final hidden states out), last position's logits, all positions'
 
 
@@ -160,6 +161,16 @@ def llama_config(model: str) -> LlamaConfig | None:
     return None
 
 
+def check_split(split: str, n_gpus: int, n_layers: int) -> None:
+    """``ValueError`` for a split that is not one of ``SPLITS``, or layers over more GPUs than layers."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if split == "layers" and n_layers < n_gpus:
+        few = f"{n_layers} layer{'s' if n_layers > 1 else ''}"
+        raise ValueError(f"the layers split puts whole decoder layers on GPUs: {few} cannot fill {n_gpus} GPUs; use "
+                         f"the tensor split or at most {n_layers} GPU{'s' if n_layers > 1 else ''}")  # fmt: skip
+
+
 def check_llama_args(
     shape: LlamaConfig,
     seq: int,
@@ -169,6 +180,7 @@ def check_llama_args(
     n_layers: int | None,
     t_tile: int | None = None,
     head: str = "none",
+    split: str = "tensor",
 ) -> None:
     """Raise ``ValueError`` naming the first bad argument of a LLaMA prefill (``t_tile``: the token tile in
     effect, given or default; when known, a given ``kv`` must be a multiple of it)."""
@@ -182,6 +194,7 @@ def check_llama_args(
         raise ValueError(f"LM head must be one of {HEADS}, got {head!r}")
     if n_layers is not None and not 1 <= n_layers <= shape.n_layers:
         raise ValueError(f"n_layers must be in 1..{shape.n_layers} for this model, got {n_layers}")
+    check_split(split, n_gpus, shape.n_layers if n_layers is None else n_layers)
     for k, v in (tiles or {}).items():
         if k not in LLAMA_TILES:
             names = ", ".join(f"{n} ({what})" for n, what in LLAMA_TILES.items())
@@ -196,26 +209,36 @@ def check_llama_args(
 
 def llama_tiles(
     shape: LlamaConfig, seq: int, n_gpus: int, dtype: str, tiles: dict | None, n_layers: int | None,
-    budget_nbytes: int | None, head: str = "none",
+    budget_nbytes: int | None, head: str = "none", split: str = "tensor",
 ) -> dict:  # fmt: skip
     """The tiles a LLaMA prefill takes: the given ones over ``default_tiles``, every argument checked
-    (``ValueError`` naming the first bad one; the given tiles before the defaults use them)."""
-    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, head=head)
-    t = default_tiles(shape, seq, n_gpus, dtype, budget_nbytes) | dict(tiles or {})
-    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, int(t.get("t", seq)), head=head)
+    (``ValueError`` naming the first bad one; the given tiles before the defaults use them). The layers
+    split tiles as one GPU does, with at least ``n_gpus`` token tiles where the prompt allows (the stages
+    need work to overlap)."""
+    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, head=head, split=split)
+    if split == "layers":
+        t = default_tiles(shape, seq, 1, dtype, budget_nbytes, token_tiles=n_gpus) | dict(tiles or {})
+    else:
+        t = default_tiles(shape, seq, n_gpus, dtype, budget_nbytes) | dict(tiles or {})
+    check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, int(t.get("t", seq)), head=head, split=split)
     return t
 
 
+MIN_PIPELINE_TILE = 512  # the layers split's token tile stays at least this (where the prompt is longer)
+
+
 def default_tiles(
-    shape: LlamaConfig, seq: int, n_gpus: int, dtype: str = "fp16", budget_nbytes: int | None = None
-) -> dict:
+    shape: LlamaConfig, seq: int, n_gpus: int, dtype: str = "fp16", budget_nbytes: int | None = None,
+    token_tiles: int = 1,
+) -> dict:  # fmt: skip
     """Key-value heads and FFN in max(2, GPUs) blocks; the largest token tile ``t`` of 8192..1024 (else 512)
     whose FFN activations (gate, up, product and a partial of the down projection: 4 * t * f_block values)
     take at most a quarter of the budget (8192 without a budget). Attention is fused (no score tiles), so
     larger tiles cost no masked work; fewer, larger vertices cost less host launch time and make larger
-    GEMMs. Key ranges (``kv``) stay whole unless a head block's keys and values for the whole sequence,
-    twice over (the blocks and their concatenation), exceed half of the budget. The LM head's vocabulary
-    rows (``v``) in one block per GPU, smaller where a block would pass an eighth of the budget."""
+    GEMMs. ``token_tiles``: at least that many token tiles (``t`` a power of two, at least 512) where the
+    prompt allows. Key ranges (``kv``) stay whole unless a head block's keys and values for the whole
+    sequence, twice over (the blocks and their concatenation), exceed half of the budget. The LM head's
+    vocabulary rows (``v``) in one block per GPU, smaller where a block would pass an eighth of the budget."""
     nb = DTYPE_NBYTES[dtype]
     G = max(1, n_gpus)
     v_blocks = G
@@ -230,6 +253,8 @@ def default_tiles(
     if budget_nbytes is not None:
         fits = [c for c in (8192, 4096, 2048, 1024) if 4 * c * f * nb <= budget_nbytes // 4]
         t = fits[0] if fits else 512
+    if token_tiles > 1:
+        t = min(t, max(MIN_PIPELINE_TILE, 1 << (max(1, seq // token_tiles).bit_length() - 1)))
     t = min(seq, t)
     tiles = {"t": t, "h": h, "f": f, "v": v}
     if budget_nbytes is not None:
@@ -238,6 +263,14 @@ def default_tiles(
         if kv < seq:
             tiles["kv"] = kv
     return tiles
+
+
+def split_tiling(tiles: dict, n_gpus: int, split: str, n_layers: int, parallel: str) -> Tiling:
+    """The ``Tiling`` of a split: blocks of the ``parallel`` letters round-robin (tensor), or whole layers
+    (layers)."""
+    if split == "layers":
+        return Tiling(tiles, n_gpus=n_gpus, parallel="layers", n_layers=n_layers)
+    return Tiling(tiles, n_gpus=n_gpus, parallel=parallel)
 
 
 def llama_graph(
@@ -259,13 +292,15 @@ def llama_graph(
                          "(every position's) or none")  # fmt: skip
     sq = {"seq": seq} if batch > 1 else {}
     g = Graph(dtype=dtype)
-    x = g.input("x0", "td", (batch * seq, d))
+    with g.layer_scope(-1):
+        x = g.input("x0", "td", (batch * seq, d))
     rope = s.rope_params()
     if r == 1:
         q_sub, q_w, o_sub, o_w = "td,hed->the", ("hed", (H, e, d)), "the,dhe->td", ("dhe", (d, H, e))
     else:
         q_sub, q_w, o_sub, o_w = "td,hred->thre", ("hred", (Hk, r, e, d)), "thre,dhre->td", ("dhre", (d, Hk, r, e))
     for i in range(L):
+        g.layer = i  # the nodes of decoder layer i (``Graph.layer_scope``)
         p = f"L{i}."
         h = g.rmsnorm(x, g.input(p + "attn_norm", "d", (d,)), eps=s.eps, name=p + "h")
         q = g.einsum(q_sub, h, g.input(p + "wq", *q_w), name=p + "q")
@@ -280,6 +315,7 @@ def llama_graph(
         m = g.map("silu_mul", gate, up, name=p + "m")
         down = g.einsum("tf,df->td", m, g.input(p + "w_down", "df", (d, s.d_ffn)), name=p + "down")
         x = g.map("add_n", x, down, name=p + "x2")
+    g.layer = L  # after the last layer: final norm and LM head
     norm = g.input("final_norm", "d", (d,))
     if head == "none":
         g.outputs = [g.rmsnorm(x, norm, eps=s.eps, name="out")]
@@ -303,11 +339,14 @@ def llama_prefill(
     budget_nbytes: int | None = None,
     head: str = "none",
     batch: int = 1,
+    split: str = "tensor",
 ) -> TaskGraph:
-    """LLaMA prefill tiled over ``n_gpus`` (key-value head blocks, FFN and vocabulary blocks split across
-    GPUs, tokens tiled); the default token tile grows with ``budget_nbytes`` when it is given
-    (``default_tiles``). ``size``: a preset name or a ``LlamaConfig``. ``batch``: prompts of ``seq`` tokens
-    each (``llama_graph``); the token tile then divides ``seq``."""
+    """LLaMA prefill tiled over ``n_gpus``; the default token tile grows with ``budget_nbytes`` when it is
+    given (``default_tiles``). ``split``: ``"tensor"``: key-value head blocks, FFN and vocabulary blocks
+    split across GPUs; ``"layers"``: decoder layer i of L on GPU floor(i * n_gpus / L), the prompt's
+    embedding on GPU 0 and the final norm and LM head on the last (a pipeline: only the hidden state crosses
+    GPUs). ``size``: a preset name or a ``LlamaConfig``. ``batch``: prompts of ``seq`` tokens each
+    (``llama_graph``); the token tile then divides ``seq``."""
     if isinstance(size, str):
         shape = LLAMA.get(size)
         if shape is None:
@@ -316,7 +355,7 @@ def llama_prefill(
         shape = size
     if batch < 1:
         raise ValueError(f"batch must be positive, got {batch}")
-    t = llama_tiles(shape, seq, n_gpus, dtype, tiles, n_layers, budget_nbytes, head)
+    t = llama_tiles(shape, seq, n_gpus, dtype, tiles, n_layers, budget_nbytes, head, split)
     if batch > 1 and seq % t["t"]:
         if tiles and "t" in tiles:
             raise ValueError(f"tile t={t['t']} must divide the prompt length {seq} when prompts are batched")
@@ -324,9 +363,9 @@ def llama_prefill(
         if "kv" in t:
             t["kv"] = max(t["t"], t["kv"] // t["t"] * t["t"])
     graph = llama_graph(shape, seq, dtype, n_layers, head, batch)
-    tg = lower(graph, Tiling(t, n_gpus=n_gpus, parallel="hftv"))
+    tg = lower(graph, split_tiling(t, n_gpus, split, shape.n_layers if n_layers is None else n_layers, "hftv"))
     name = shape.name or (f"llama-{size}" if isinstance(size, str) else "llama")
-    tg.meta.update(model=name, seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head=head,
+    tg.meta.update(model=name, seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head=head, split=split,
                    embed={"input": "x0", "table": "model.embed_tokens.weight"})  # fmt: skip
     return tg
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from turnip.autodiff import backward
-from turnip.graph import Graph, Tiling, lower
+from turnip.graph import Graph, lower
 from turnip.memgraph.plan import DTYPE_NBYTES
-from turnip.models import LlamaConfig, default_tiles
+from turnip.models import LlamaConfig, default_tiles, split_tiling
 from turnip.taskgraph import TaskGraph
 
 MODULES = ("q", "k", "v", "o", "gate", "up", "down")
@@ -120,9 +120,11 @@ def lora_graph(
     H, Hk, r, e, d, f = s.n_heads, s.kv_heads, s.group, s.dh, s.d_model, s.d_ffn
     n = batch * seq
     g = Graph(dtype=dtype)
-    x = g.input("x0", "td", (n, d))
-    targets = g.input("targets", "t", (n,), dtype="int32")
-    step = g.input("adam_step", "", (), dtype="fp32")
+    with g.layer_scope(-1):  # layers: -1 before the first decoder layer, L after the last (``Graph.layer_scope``)
+        x = g.input("x0", "td", (n, d))
+        step = g.input("adam_step", "", (), dtype="fp32")
+    with g.layer_scope(L):  # read by the loss
+        targets = g.input("targets", "t", (n,), dtype="int32")
     rope = s.rope_params()
     targets_set = set(lora.targets)
     adapters: list[Adapter] = []
@@ -154,6 +156,7 @@ def lora_graph(
         q_sub, q_w, o_w = "td,hred->thre", ("hred", (Hk, r, e, d)), ("dhre", (d, Hk, r, e))
     segments: list[list[int]] = []
     for i in range(L):
+        g.layer = i
         first = len(g.nodes)
         p = f"L{i}."
         h = g.rmsnorm(x, g.input(p + "attn_norm", "d", (d,)), eps=s.eps, name=p + "h")
@@ -173,6 +176,7 @@ def lora_graph(
         down = adapt(i, "down", m, g.einsum("tf,df->td", m, g.input(p + "w_down", "df", (d, f)), name=p + "down"))
         x = g.map("add_n", x, down, name=p + "x2")
         segments.append(list(range(first, len(g.nodes))))
+    g.layer = L
     hn = g.rmsnorm(x, g.input("final_norm", "d", (d,)), eps=s.eps, name="out")
     w = g.input("tok_embed" if s.tie_embeddings else "lm_head", "vd", (s.vocab, d))
     logits = g.einsum("td,vd->tv", hn, w, name="logits")
@@ -187,23 +191,29 @@ def lora_graph(
             raise ValueError(f"adapter {g.t(compute[c]).name} does not reach the loss")
         pm = compute[c]
         name = g.t(pm).name
-        gr = g.cast(grads[c], "fp32", alpha=1.0 / n_pred, name=name + ".grad")
         t = g.t(pm)
-        mm = g.map("adam_m", g.input(name + ".m", t.dims, t.shape, dtype="fp32"), gr, b1=lora.b1, name=name + ".m.new")
-        vv = g.map("adam_v", g.input(name + ".v", t.dims, t.shape, dtype="fp32"), gr, b2=lora.b2, name=name + ".v.new")
-        new = g.map("adam_p", pm, mm, vv, step, lr=lora.lr, b1=lora.b1, b2=lora.b2, eps=lora.eps, name=name + ".new")
+        with g.layer_scope(g.nodes[pm].layer):  # the adapter's gradient and update stay with its layer
+            gr = g.cast(grads[c], "fp32", alpha=1.0 / n_pred, name=name + ".grad")
+            m0 = g.input(name + ".m", t.dims, t.shape, dtype="fp32")
+            mm = g.map("adam_m", m0, gr, b1=lora.b1, name=name + ".m.new")
+            v0 = g.input(name + ".v", t.dims, t.shape, dtype="fp32")
+            vv = g.map("adam_v", v0, gr, b2=lora.b2, name=name + ".v.new")
+            new = g.map("adam_p", pm, mm, vv, step, lr=lora.lr, b1=lora.b1, b2=lora.b2, eps=lora.eps,
+                        name=name + ".new")  # fmt: skip
         outs += [gr, mm, vv, new]
     g.outputs = outs
     return g, adapters
 
 
 def train_tiles(cfg: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str, tiles: dict | None,
-                budget_nbytes: int | None) -> dict:  # fmt: skip
+                budget_nbytes: int | None, split: str = "tensor") -> dict:  # fmt: skip
     """Tiles of a training step: a sequence per token tile, the vocabulary whole (the loss reads whole rows
     of logits), key-value heads and FFN columns in one block per GPU (a step has many token tiles to
     overlap; fewer, larger blocks keep the plan small: 7B at 8 x 1K is 35K vertices), split further only
     where a block of FFN weights would pass an eighth of the budget (tiny models: two blocks, as their
-    prefill). Given tiles override, but ``t`` must stay ``seq``."""
+    prefill). The layers split tiles as one GPU does. Given tiles override, but ``t`` must stay ``seq``."""
+    if split == "layers":
+        n_gpus = 1
     if cfg.d_model <= 256:
         t = {k: v for k, v in default_tiles(cfg, seq, n_gpus, dtype, budget_nbytes).items() if k in ("h", "f")}
     else:
@@ -239,9 +249,11 @@ class TrainSpec:
 def lora_step(
     cfg: LlamaConfig, seq: int, batch: int = 1, n_gpus: int = 1, dtype: str = "fp16", tiles: dict | None = None,
     n_layers: int | None = None, budget_nbytes: int | None = None, lora: LoraConfig = LoraConfig(),
-    checkpoint: str = "auto",
+    checkpoint: str = "auto", split: str = "tensor",
 ) -> TaskGraph:  # fmt: skip
-    """The taskgraph of one LoRA training step (module doc)."""
+    """The taskgraph of one LoRA training step (module doc). ``split``: ``"tensor"``: sequences round-robin
+    over GPUs, each weight block on one GPU and sent to the others; ``"layers"``: decoder layer i of L on GPU
+    floor(i * n_gpus / L) with its backward, adapters and their updates, the loss and LM head on the last."""
     from turnip.models import check_llama_args
 
     lora.check()
@@ -249,14 +261,14 @@ def lora_step(
         raise ValueError(f"batch must be positive, got {batch}")
     if seq < 2:
         raise ValueError(f"training needs sequences of at least 2 tokens, got {seq}")
-    check_llama_args(cfg, seq, n_gpus, dtype, None, n_layers)
+    check_llama_args(cfg, seq, n_gpus, dtype, None, n_layers, split=split)
     L = cfg.n_layers if n_layers is None else n_layers
     ck = pick_checkpoint(checkpoint, cfg, batch * seq, L, dtype, budget_nbytes)
-    t = train_tiles(cfg, seq, batch, n_gpus, dtype, tiles, budget_nbytes)
+    t = train_tiles(cfg, seq, batch, n_gpus, dtype, tiles, budget_nbytes, split)
     g, adapters = lora_graph(cfg, seq, batch, dtype, n_layers, lora, ck)
-    tg = lower(g, Tiling(t, n_gpus=n_gpus, parallel="thf"))
+    tg = lower(g, split_tiling(t, n_gpus, split, L, "thf"))
     tg.meta.update(
-        model=cfg.name or "llama", seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head="train",
+        model=cfg.name or "llama", seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head="train", split=split,
         embed={"input": "x0", "table": "model.embed_tokens.weight"},
         train={"lora": asdict(lora) | {"targets": list(lora.targets)}, "checkpoint": ck, "n_layers": L,
                "predicted_tokens": batch * (seq - 1),
