@@ -67,25 +67,29 @@ def make_taskgraph(
     head: str | None = None,
     train=None,
     batch: int = 1,
+    split: str = "tensor",
 ) -> TaskGraph:
     """The taskgraph of a named model or a Hugging Face directory / config.json; LLaMA tiles default from
     the budget when it is given; ``head``: ``turnip.models.HEADS`` or auto (``resolve_head``); ``train``: a
     ``turnip.train.TrainSpec`` for one LoRA training step instead of a prefill; ``batch``: prompts of a
-    prefill."""
+    prefill; ``split``: across GPUs by tensor blocks or by layers (``turnip.models.SPLITS``; ``auto`` is
+    ``compile_model``'s)."""
     cfg = llama_config(model)
+    if split != "tensor" and cfg is None:
+        raise ValueError(f"split {split!r} applies to LLaMA models; {model} has a fixed placement")
     if train is not None:
         from turnip.train import lora_step
 
         if cfg is None:
             raise ValueError(f"training needs a LLaMA model, not {model!r}")
         return lora_step(cfg, seq, train.batch, gpus, dtype, tiles, n_layers, budget_nbytes, train.lora,
-                         train.checkpoint)  # fmt: skip
+                         train.checkpoint, split)  # fmt: skip
     if cfg is not None:
         hd = resolve_head(model, head)
         if batch > 1 and head in (None, "auto") and hd == "last":
             hd = "all"
         return llama_prefill(cfg, seq=seq, n_gpus=gpus, dtype=dtype, tiles=tiles, n_layers=n_layers,
-                             budget_nbytes=budget_nbytes, head=hd, batch=batch)
+                             budget_nbytes=budget_nbytes, head=hd, batch=batch, split=split)
     if model == "paper-matmul":
         return matmul_example()
     if model == "random":
@@ -132,9 +136,10 @@ class Estimate:
         return self.vertices > MAX_VERTICES or self.compile_s > MAX_COMPILE_S
 
 
-def _llama_vertices(s, seq: int, G: int, tiles: dict, L: int, head: str = "none") -> int:
+def _llama_vertices(s, seq: int, G: int, tiles: dict, L: int, head: str = "none", causal: bool = False) -> int:
     """Taskgraph vertices of a LLaMA prefill, counted per op the way ``turnip.graph`` lowers it (inputs,
-    kernels, ``sum_into``, ``concat``, ``sdpa``/``attn_combine``, transfers), in O(GPUs) time."""
+    kernels, ``sum_into``, ``concat``, ``sdpa``/``attn_combine``, transfers), in O(GPUs) time. ``causal``:
+    key ranges end at the query block (the layers split)."""
     tt = int(tiles.get("t", seq))
     T = -(-seq // tt)
     H = -(-s.kv_heads // int(tiles.get("h", s.kv_heads)))
@@ -162,6 +167,8 @@ def _llama_vertices(s, seq: int, G: int, tiles: dict, L: int, head: str = "none"
     combine = max(0, T - P)
     R = -(-T // P)
     concat = 0 if P == 1 else (R - 1) + (T - (R - 1) * P >= 2)
+    if causal:  # every prefix of a range that ends at a query block, where it has two blocks or more
+        concat = sum(max(0, min(P, T - r * P) - 1) for r in range(R))
     layer = (
         T + (g_t - 1)  # attention norm and its weight's copies
         + 3 * T * H + fan_out(H)  # q, k, v (one contracted block) and the normed rows sent to them
@@ -197,6 +204,7 @@ def estimate(
     head: str | None = None,
     train=None,
     batch: int = 1,
+    split: str = "tensor",
 ) -> Estimate:
     """The size of ``make_taskgraph(model, ...)`` without building it (exact for LLaMA; the other models
     are small; a training step is lowered to count it, about 1 s for 7B at 8 x 1K). Raises ``ValueError``
@@ -206,18 +214,24 @@ def estimate(
 
     if train is not None or batch > 1:  # counted by lowering it
         tg = make_taskgraph(model, seq, gpus, dtype, tiles, n_layers=n_layers, budget_nbytes=budget_nbytes,
-                            head=head, train=train, batch=batch)  # fmt: skip
+                            head=head, train=train, batch=batch, split=split)  # fmt: skip
         inputs = int(tg.nbytes[tg.kind == 0].sum())
         return Estimate(tg.n, dict(tg.meta["tiles"]), inputs)
 
     s = llama_config(model)
+    if split != "tensor" and s is None:
+        raise ValueError(f"split {split!r} applies to LLaMA models; {model} has a fixed placement")
     if s is not None:
         hd = resolve_head(model, head)
-        t = llama_tiles(s, seq, gpus, dtype, tiles, n_layers, budget_nbytes, hd)
+        t = llama_tiles(s, seq, gpus, dtype, tiles, n_layers, budget_nbytes, hd, split)
         L = s.n_layers if n_layers is None else n_layers
         d, nb = s.d_model, DTYPE_NBYTES[dtype]
         weights = s.weight_nbytes(nb, L, head=hd != "none")
-        return Estimate(_llama_vertices(s, seq, gpus, t, L, hd), t, weights + seq * d * nb)
+        if split == "layers":  # one GPU's vertices, and the hidden state's token tiles sent on at each boundary
+            n = _llama_vertices(s, seq, 1, t, L, hd, causal=True) + -(-seq // int(t.get("t", seq))) * (gpus - 1)
+        else:
+            n = _llama_vertices(s, seq, gpus, t, L, hd)
+        return Estimate(n, t, weights + seq * d * nb)
     if model == "paper-matmul":
         return Estimate(15, {}, 6 * 256)
     if model == "random":
@@ -245,6 +259,84 @@ def auto_workspace(budget: int, tg: TaskGraph | None = None) -> int:
     return ws // 256 * 256
 
 
+def pipeline_keys(tg: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
+    """(phase, token tile) per vertex of a layers-split taskgraph. Tile: the latest of the prompt's token
+    tiles (``x0``, ``targets`` blocks) the vertex depends on (weights: 0). Phase 1: the backward of a
+    training step (what depends on the loss's gradient, and what only the backward reads or nothing reads:
+    recomputed activations, Adam's moments), else 0. No vertex's (phase, tile) is below its dependencies'."""
+    n = tg.n
+    tile = np.zeros(n, dtype=np.int64)
+    phase = np.array([op == "xent_bwd" for op in tg.op], dtype=np.int64)
+    for name in ("x0", "targets"):
+        blocks = tg.meta.get("input_blocks", {}).get(name, (None, []))[1]
+        for i, (_, v) in enumerate(sorted(blocks, key=lambda b: tuple(b[0]))):
+            tile[int(v)] = i
+    users: list[list[int]] = [[] for _ in range(n)]
+    for v in range(n):
+        deps = tg.deps(v)
+        if len(deps):
+            tile[v] = max(tile[v], int(tile[deps].max()))
+            phase[v] = max(phase[v], int(phase[deps].max()))
+            for d in deps:
+                users[d].append(v)
+    if phase.any():
+        for v in range(n - 1, -1, -1):  # users come later: one pass in reverse
+            if not phase[v] and not tg.is_output[v] and all(phase[u] for u in users[v]):
+                phase[v] = 1
+    return phase, tile
+
+
+def pipeline_order(tg: TaskGraph) -> tuple[int, ...]:
+    """Order V for a layers split: by phase, then token tile (``pipeline_keys``), construction order within;
+    a topological order."""
+    phase, tile = pipeline_keys(tg)
+    return tuple(int(v) for v in np.lexsort((np.arange(tg.n), tile, phase)))
+
+
+def add_pipeline_edges(mg: MemGraph, tg: TaskGraph) -> int:
+    """Make each GPU of a layers split work through token tiles one after another: the kernels of tile j that
+    start a GPU's part of it (no kernel of the same GPU, phase and tile among their dependencies) wait for
+    the last kernel of tile j - 1 there (memory edges). Without them a GPU issues every ready tile at once and
+    runs them layer by layer, so its first tile reaches the next GPU only when it is nearly done. Edges
+    follow compile order (``pipeline_order``), so the graph stays acyclic. Returns the number added."""
+    from turnip.memgraph.plan import DEP_MEMORY, KIND_KERNEL, csr
+
+    phase, tile = pipeline_keys(tg)
+    kern = np.flatnonzero(mg.kind == KIND_KERNEL)
+    tv = mg.tg_vertex[kern]
+    key = {int(v): (int(tg.gpu[v]), int(phase[v]), int(tile[v])) for v in tv}
+    last: dict = {}  # (gpu, phase, tile) -> its last kernel in compile order
+    roots: dict = {}
+    for m, v in zip(kern.tolist(), tv.tolist(), strict=True):
+        k = key[v]
+        last[k] = m
+        if not any(key.get(int(d)) == k for d in tg.deps(v)):
+            roots.setdefault(k, []).append(m)
+    extra: dict[int, list[int]] = {}
+    prev: dict = {}
+    for k in sorted(last):
+        g, p, _ = k
+        if (g, p) in prev:
+            for m in roots.get(k, []):
+                extra.setdefault(m, []).append(prev[(g, p)])
+        prev[(g, p)] = last[k]
+    if not extra:
+        return 0
+    lists, kinds = [], []
+    mg_old_ptr = mg.dep_ptr
+    for v in range(mg.n):
+        old = mg.deps(v).tolist()
+        add = [u for u in extra.get(v, []) if u not in old]
+        lists.append(old + add)
+        kinds.append(mg.dep_kind[mg.dep_ptr[v] : mg.dep_ptr[v + 1]].tolist() + [DEP_MEMORY] * len(add))
+    mg.dep_ptr, mg.dep_src = csr(lists, mg.dep_src.dtype)
+    mg.dep_kind = np.fromiter((k for ks in kinds for k in ks), dtype=mg.dep_kind.dtype, count=len(mg.dep_src))
+    mg._succ = None
+    count = sum(len(lists[v]) - int(mg_old_ptr[v + 1] - mg_old_ptr[v]) for v in extra)
+    mg.stats["n_pipeline_edges"] = count
+    return count
+
+
 def build_with_resident(
     tg: TaskGraph, budget: int, config: BuildConfig | None = None, resident="0", progress=None, workspace="auto"
 ) -> MemGraph:
@@ -263,10 +355,15 @@ def build_with_resident(
             cfg = dataclasses.replace(cfg, keep_inputs=keep)
     ws = auto_workspace(budget, tg) if str(workspace) == "auto" else parse_nbytes(str(workspace))
     cfg = dataclasses.replace(cfg, workspace_nbytes=ws)
+    pipelined = tg.meta.get("split") == "layers" and tg.n_gpus > 1 and cfg.order is None
+    if pipelined:
+        cfg = dataclasses.replace(cfg, order=pipeline_order(tg))
 
     def build(nbytes: int) -> MemGraph:
         mg = build_memgraph(tg, budget, dataclasses.replace(cfg, resident_nbytes=nbytes), progress=progress)
         mg.stats["resident_limit_nbytes"] = nbytes  # per GPU: what rebuilds this plan (``resident=str(...)``)
+        if pipelined:
+            add_pipeline_edges(mg, tg)
         return mg
 
     if str(resident) != "auto":
@@ -292,6 +389,60 @@ def run_link_nbytes(mg: MemGraph) -> int:
     return int(mg.out_nbytes[moved].sum())
 
 
+SPLITS = ("tensor", "layers", "auto")
+SPLIT_PROFILE = "h100-calibrated"  # the machine whose predicted makespans pick the split of ``auto``
+
+
+def split_candidates(model: str, gpus: int, split: str = "auto", n_layers: int | None = None) -> list[str]:
+    """The splits to build: the one given, or for ``auto`` both where there is a choice (a LLaMA model on
+    several GPUs with at least as many layers as GPUs), else the tensor split."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if split != "auto":
+        return [split]
+    cfg = llama_config(model)
+    if gpus < 2 or cfg is None or (cfg.n_layers if n_layers is None else n_layers) < gpus:
+        return ["tensor"]
+    return ["tensor", "layers"]
+
+
+def predict_ms(mg: MemGraph, profile) -> float:
+    """The simulated makespan of one run of ``mg`` in ms (nondet, every duration at its mean)."""
+    from sim.engine import simulate
+
+    return simulate(mg, profile, "nondet", seed=0, mean_only=True).makespan_ns / 1e6
+
+
+def build_split(splits: list[str], lower, build, profile=None) -> tuple[TaskGraph, MemGraph]:
+    """The plan of the one split given, or of the split whose plan has the smallest predicted makespan
+    (``predict_ms`` on ``profile``, default ``SPLIT_PROFILE``): ``lower(split)`` gives a taskgraph,
+    ``build(tg)`` its memgraph. A split whose plan does not fit the budget is passed over (its message kept
+    in ``tg.meta["split_failed"]``) unless none fits. ``tg.meta["split_predicted_ms"]``: split -> ms."""
+    if len(splits) == 1:
+        tg = lower(splits[0])
+        return tg, build(tg)
+    from turnip.machine.profile import load_profile
+
+    name = profile or SPLIT_PROFILE
+    prof = load_profile(name) if isinstance(name, str) else name
+    plans, failed = {}, {}
+    for s in splits:
+        tg = lower(s)
+        try:
+            plans[s] = (tg, build(tg))
+        except BudgetError as e:
+            failed[s] = e
+    if not plans:
+        raise failed[splits[0]]
+    predicted = {s: round(predict_ms(mg, prof), 3) for s, (_, mg) in plans.items()}
+    best = min(predicted, key=predicted.get)
+    tg, mg = plans[best]
+    tg.meta.update(split_predicted_ms=predicted, split_profile=name if isinstance(name, str) else prof.name)
+    if failed:
+        tg.meta["split_failed"] = {s: str(e) for s, e in failed.items()}
+    return tg, mg
+
+
 def compile_model(
     model: str,
     seq: int = 4096,
@@ -305,8 +456,18 @@ def compile_model(
     resident="0",
     workspace="auto",
     train=None,
+    split: str = "tensor",
+    profile=None,
 ) -> tuple[TaskGraph, MemGraph]:
-    """Taskgraph and memgraph of a model (``train``: a ``turnip.train.TrainSpec`` for a LoRA training step)."""
+    """Taskgraph and memgraph of a model (``train``: a ``turnip.train.TrainSpec`` for a LoRA training step).
+    ``split``: tensor, layers, or auto (the CLI's default): on several GPUs both plans are built and the one
+    with the smaller predicted makespan on ``profile`` (a name or a ``MachineProfile``; default
+    ``SPLIT_PROFILE``) is kept (``build_split``)."""
     b = parse_nbytes(budget) if isinstance(budget, str) else budget
-    tg = make_taskgraph(model, seq, gpus, dtype, tiles, n_layers=n_layers, budget_nbytes=b, train=train)
-    return tg, build_with_resident(tg, b, config, resident, progress, workspace)
+    return build_split(
+        split_candidates(model, gpus, split, n_layers),
+        lambda s: make_taskgraph(model, seq, gpus, dtype, tiles, n_layers=n_layers, budget_nbytes=b, train=train,
+                                 split=s),
+        lambda tg: build_with_resident(tg, b, config, resident, progress, workspace),
+        profile,
+    )  # fmt: skip
