@@ -218,8 +218,17 @@ def add_train_flags(p, always: bool = False) -> None:
                    "the budget")  # fmt: skip
 
 
+def add_split_flag(p) -> None:
+    """``--split``: how a LLaMA model is split across GPUs (``turnip.compile.build_split``)."""
+    p.add_argument("--split", default="auto", choices=["tensor", "layers", "auto"],
+                   help="across GPUs: tensor (head, FFN and vocabulary blocks over all GPUs; every layer moves "
+                   "activations between them), layers (contiguous decoder layers per GPU, a pipeline: weights "
+                   "partitioned, only the hidden state crosses), auto: on several GPUs build both and keep the one "
+                   "the simulator predicts faster (on --profile where given, else h100-calibrated)")  # fmt: skip
+
+
 COMPILE_ONLY = ("model", "seq", "gpus", "budget", "dtype", "resident", "layers", "logits", "all_logits", "train",
-                *TRAIN_DEFAULTS, "batch")  # what a compiled plan fixes, in the order they are named
+                *TRAIN_DEFAULTS, "batch", "split")  # what a compiled plan fixes, in the order they are named
 
 
 def keep_defaults(p) -> None:
@@ -260,14 +269,15 @@ def train_spec(a):
 
 def guard(model: str, seq: int, gpus: int, dtype: str, tiles: dict | None, layers: int | None, budget: int,
           force: bool, extra_nbytes=None, quiet: bool = False, head: str | None = None, train=None,
-          batch: int = 1):  # fmt: skip
+          batch: int = 1, split: str = "tensor"):  # fmt: skip
     """Estimate what compiling would cost and refuse (exit 1) when it is too large, unless ``force``.
     Invalid model parameters are usage errors. Prints the estimate on stderr when the compile is long.
     ``extra_nbytes(estimate)``: host memory the command needs on top of the compile (a run's inputs)."""
     from turnip.compile import MAX_COMPILE_S, MAX_VERTICES, estimate
 
     try:
-        est = estimate(model, seq, gpus, dtype, tiles, layers, budget, head=head, train=train, batch=batch)
+        est = estimate(model, seq, gpus, dtype, tiles, layers, budget, head=head, train=train, batch=batch,
+                       split=split)  # fmt: skip
     except ValueError as e:
         raise CliError(f"{e}; see `turnip compile --help`", USAGE) from None
     need = est.host_nbytes + (extra_nbytes(est) if extra_nbytes else 0)

@@ -57,6 +57,7 @@ def register(sub) -> None:
         "attention); 'auto' = 1/256 of the budget, between 256 B and 1 MiB",
     )
     p.add_argument("--layers", type=ck.COUNT, default=None, help="compile only the first N layers")
+    ck.add_split_flag(p)
     p.add_argument("--verify", action="store_true", help="run the verifier on the result")
     p.add_argument("-o", "--output", help="write the plan here (.tplan)")
     p.add_argument("--force", action="store_true",
@@ -97,7 +98,25 @@ def summary(tg, mg) -> dict:
         "resident_input_nbytes": s["resident_input_nbytes"],
         "build_s": round(s["build_s"], 3),
         "vertices_per_s": round(tg.n / s["build_s"]) if tg is not None and s["build_s"] > 0 else None,
-    }
+    } | split_summary(tg)
+
+
+def split_summary(tg) -> dict:
+    """The split of a plan and, where it was chosen, every split's predicted makespan."""
+    meta = tg.meta if tg is not None else {}
+    keys = ("split", "split_predicted_ms", "split_profile", "split_failed")
+    return {k: meta[k] for k in keys if k in meta}
+
+
+def split_line(d: dict) -> str:
+    """'layers (predicted 48.1 ms; tensor 79.0 ms, on h100-calibrated)' from a ``split_summary``."""
+    s, pred = d.get("split", "tensor"), d.get("split_predicted_ms")
+    if not pred:
+        return s
+    others = "; ".join(f"{k} {v:.1f} ms" for k, v in pred.items() if k != s)
+    failed = "; ".join(f"{k} does not fit the budget" for k in d.get("split_failed", {}))
+    rest = "; ".join(x for x in (others, failed) if x)
+    return f"{s} (predicted {pred[s]:.1f} ms{'; ' + rest if rest else ''}, on {d['split_profile']})"
 
 
 def print_summary(d: dict) -> None:
@@ -120,6 +139,8 @@ def print_summary(d: dict) -> None:
         f"  host      {_sz(d['host_peak_nbytes'])} offload area, {_sz(d['host_input_nbytes'])} inputs; "
         f"{_sz(d['resident_input_nbytes'])} of inputs resident on the GPUs (loaded once)"
     )
+    if "split" in d:
+        print(f"  split     {split_line(d)}")
     print(f"  build     {d['build_s']} s ({d['vertices_per_s']} vertices/s)")
 
 
@@ -142,30 +163,54 @@ def compile_args(a, force: bool = False, extra_nbytes=None, budget_flag: str = "
     budget = ck.nbytes(a.budget, budget_flag, minimum=1)
     ck.nbytes(a.resident, "--resident", auto=True)
     ck.nbytes(getattr(a, "workspace", "auto"), "--workspace", auto=True)
+    split = getattr(a, "split", "tensor")  # auto: the tensor split's estimate (the larger plan)
     est = ck.guard(a.model, a.seq, a.gpus, a.dtype, tiles, layers, budget, force, extra_nbytes,
-                   head=getattr(a, "logits", None), train=ck.train_spec(a), batch=getattr(a, "batch", 1))
+                   head=getattr(a, "logits", None), train=ck.train_spec(a), batch=getattr(a, "batch", 1),
+                   split="tensor" if split == "auto" else split)  # fmt: skip
     return tiles, budget, est
 
 
-def build_plan(a, tiles, budget, est, config=None, seed: int = 0, label: str = "compile"):
-    """Lower (a heartbeat against the estimate) and build (a progress bar) the plan of checked arguments."""
-    from turnip.compile import build_with_resident, make_taskgraph
+def split_profile(a) -> str | None:
+    """The profile that picks the split of ``--split auto``: the command's ``--profile`` where one was given,
+    else None (``turnip.compile.SPLIT_PROFILE``)."""
+    prof = getattr(a, "profile", None)
+    return prof if prof is not None and prof != getattr(a, "compile_defaults", {}).get("profile") else None
+
+
+def build_plan(a, tiles, budget, est, config=None, seed: int = 0, label: str = "compile", announce: bool = True):
+    """Lower (a heartbeat against the estimate) and build (a progress bar) the plan of checked arguments;
+    with ``--split auto`` on several GPUs, the plans of both splits, keeping the one predicted faster
+    (``announce``: the choice is printed on stderr)."""
+    import sys
+
+    from turnip.compile import build_split, build_with_resident, make_taskgraph, split_candidates
     from turnip.memgraph.build import BudgetError
     from turnip.progress import Heartbeat, Progress
 
-    with Heartbeat(f"{label}: lowering ~{est.vertices:,} vertices", est.lower_s):
-        tg = make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles, seed=seed, n_layers=getattr(a, "layers", None),
-                            budget_nbytes=budget, head=getattr(a, "logits", None), train=ck.train_spec(a),
-                            batch=getattr(a, "batch", 1))  # fmt: skip
+    splits = split_candidates(a.model, a.gpus, getattr(a, "split", "tensor"), getattr(a, "layers", None))
+    which = lambda s: f" ({s} split)" if len(splits) > 1 else ""  # noqa: E731
+
+    def lower(s: str):
+        with Heartbeat(f"{label}: lowering ~{est.vertices:,} vertices{which(s)}", est.lower_s):
+            return make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles, seed=seed,
+                                  n_layers=getattr(a, "layers", None), budget_nbytes=budget,
+                                  head=getattr(a, "logits", None), train=ck.train_spec(a),
+                                  batch=getattr(a, "batch", 1), split=s)  # fmt: skip
+
+    def build(tg):
+        with Progress(tg.n, f"{label}: build{which(tg.meta.get('split', 'tensor'))}") as bar:
+            return build_with_resident(tg, budget, config, a.resident, progress=bar.update,
+                                       workspace=getattr(a, "workspace", "auto"))  # fmt: skip
+
     try:
-        with Progress(tg.n, f"{label}: build") as bar:
-            mg = build_with_resident(tg, budget, config, a.resident, progress=bar.update,
-                                     workspace=getattr(a, "workspace", "auto"))  # fmt: skip
+        tg, mg = build_split(splits, lower, build, split_profile(a))
     except BudgetError as e:
         hint = _tile_hint(e, est.tiles)
         if hint:
             raise BudgetError(f"{str(e).removesuffix('.')} ({hint}).") from e
         raise
+    if announce and len(splits) > 1:
+        print(f"{label}: split {split_line(split_summary(tg))}", file=sys.stderr)
     return tg, mg
 
 
@@ -198,7 +243,7 @@ def cmd_compile(a) -> int:
     ck.output_file(a.output, "-o")
     lb = ck.nbytes(a.lookahead_bytes, "--lookahead-bytes", minimum=1) if a.lookahead_bytes else None
     tiles, budget, est = compile_args(a, a.force)
-    tg, mg = build_plan(a, tiles, budget, est, BuildConfig(a.policy, a.lookahead, lb), seed=a.seed)
+    tg, mg = build_plan(a, tiles, budget, est, BuildConfig(a.policy, a.lookahead, lb), seed=a.seed, announce=False)
     d = summary(tg, mg)
     d["total_s"] = round(time.perf_counter() - t0, 3)
     if a.verify:

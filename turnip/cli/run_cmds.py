@@ -80,6 +80,7 @@ def register(sub) -> None:
     p.add_argument("--csv", metavar="OUT.csv", help="write one row per timed run (the simulator's columns)")
     p.add_argument("--force", action="store_true", help="compile --model even when it is very large")
     ck.add_train_flags(p)
+    ck.add_split_flag(p)
     p.set_defaults(func=cmd_run)
     ck.keep_defaults(p)
 

@@ -50,6 +50,7 @@ def register(sub) -> None:
     s.add_argument("--csv", metavar="OUT.csv",
                    help="write one row per run (makespan, lower bound, its host and host link factors)")
     ck.add_train_flags(s)  # for MODEL:SEQ:GPUS:BUDGET: a LoRA training step, SEQ tokens per sequence
+    ck.add_split_flag(s)  # for MODEL:SEQ:GPUS:BUDGET
     s.set_defaults(func=cmd_simulate)
     ck.keep_defaults(s)
 
@@ -112,11 +113,12 @@ def _plan(spec: str, force: bool, seed: int = 0, train: argparse.Namespace | Non
     and the rest; ``ck.add_train_flags``), which apply when PLAN is MODEL:SEQ:GPUS:BUDGET."""
     from pathlib import Path
 
-    from turnip.cli.compile_cmds import build_plan, compile_args, load_plan_arg
+    from turnip.cli.compile_cmds import build_plan, compile_args, load_plan_arg, split_profile
     from turnip.compile import MODELS
 
-    flags = {k: getattr(train, k) for k in ("train", "batch", "rank", "alpha", "targets", "lr", "checkpoint")
+    flags = {k: getattr(train, k) for k in ("train", "batch", "rank", "alpha", "targets", "lr", "checkpoint", "split")
              if train is not None and hasattr(train, k)}  # fmt: skip
+    flags["profile"] = split_profile(train) if train is not None else None  # --profile picks the split
     if Path(spec).is_file():
         if flags.get("train", "none") != "none":
             raise ck.CliError(f"--train applies to MODEL:SEQ:GPUS:BUDGET; {spec} is a compiled plan (compile it "
@@ -145,8 +147,8 @@ def _plan(spec: str, force: bool, seed: int = 0, train: argparse.Namespace | Non
     a = argparse.Namespace(model=model, seq=seq_n, gpus=gpus_n, budget=budget, dtype="fp16", tile=[], resident="auto",
                            **flags)  # fmt: skip
     tiles, nbytes, est = compile_args(a, force, budget_flag=f"BUDGET in {spec!r}")
-    mg = build_plan(a, tiles, nbytes, est, seed=seed)[1]
-    meta = {"model": model, "seq": seq_n, "gpus": gpus_n, "budget": budget}
+    tg, mg = build_plan(a, tiles, nbytes, est, seed=seed)
+    meta = {"model": model, "seq": seq_n, "gpus": gpus_n, "budget": budget, "split": tg.meta.get("split", "tensor")}
     if ck.train_spec(a) is not None:
         meta |= {"workload": "lora", "batch": a.batch}
     return mg, meta

@@ -40,6 +40,7 @@ def _add_args(p) -> None:
     p.add_argument("--gpus", type=ck.GPUS, default=1, help="GPUs (1..8)")
     p.add_argument("--dtype", default="fp16", choices=ck.DTYPES, help="compute dtype of the frozen model")
     p.add_argument("--layers", type=ck.COUNT, default=None, help="first N decoder layers only")
+    ck.add_split_flag(p)
     p.add_argument("--tile", action="append", default=[], metavar="DIM=SIZE", help="tile override: h or f")
     p.add_argument("--resident", default="auto", help="bytes of inputs kept on the GPU across steps, or 'auto'")
     p.add_argument("--workspace", default="auto", help="kernel scratch per stream slot (cuDNN attention backward)")
