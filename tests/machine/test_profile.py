@@ -16,7 +16,9 @@ def test_h100_preset_matches_shipped_file():
 def test_profile_files_round_trip(tmp_path):
     p = tmp_path / "m.toml"
     p.write_text(dump_toml(h100().replace(n_gpus=4, h2d_bytes_per_s=25e9)))
-    assert load_profile(p) == MachineProfile(n_gpus=4, h2d_bytes_per_s=25e9)
+    assert load_profile(p) == h100().replace(n_gpus=4, h2d_bytes_per_s=25e9)
+    assert load_profile(p).host_h2d_total_bytes_per_s == (54.8e9, 104.0e9, 145.5e9, 159.2e9)  # the preset's host
+    assert MachineProfile().host_both_total_bytes_per_s == ()  # a file without them: every link on its own
     j = tmp_path / "m.json"
     j.write_text('{"streams_per_gpu": 3}')
     assert load_profile(j).streams_per_gpu == 3
@@ -45,3 +47,44 @@ def test_kernel_calibration_sets_per_op_efficiency(tmp_path):
     prof = load_profile("h100").replace(kernel_calibration=str(cal))
     assert kernel_efficiency(mg, prof).tolist() == [0.5, 0.25, prof.kernel_efficiency]
     assert load_profile("h100-measured").kernel_calibration == "h100-kernels.csv"
+
+
+def test_host_totals_and_peaks_round_trip(tmp_path):
+    """The host's totals (tuples) and the peaks survive TOML and JSON; a list in a file loads as a tuple."""
+    from turnip.machine.profile import dump_json
+
+    p = h100().replace(host_h2d_total_bytes_per_s=(50e9, 90e9), host_d2h_total_bytes_per_s=(),
+                       host_both_total_bytes_per_s=(60e9,), peak_hbm_bytes_per_s=4.8e12)  # fmt: skip
+    for name, text in (("r.toml", dump_toml(p)), ("r.json", dump_json(p))):
+        f = tmp_path / name
+        f.write_text(text)
+        q = load_profile(f)
+        assert q == p and isinstance(q.host_h2d_total_bytes_per_s, tuple) and hash(q) == hash(p)
+    f = tmp_path / "t.toml"
+    f.write_text("[machine]\nhost_d2h_total_bytes_per_s = [55e9, 100e9, 120e9]\n")
+    assert load_profile(f).host_d2h_total_bytes_per_s == (55e9, 100e9, 120e9)
+    assert load_profile("h200-calibrated").host_h2d_total_bytes_per_s == ()  # unmeasured: every link on its own
+    assert load_profile("h200-calibrated").peak_hbm_bytes_per_s == 4.8e12
+    assert load_profile("h100-calibrated").host_both_total_bytes_per_s == (54.6e9, 108.6e9, 131.1e9, 138.1e9)
+
+
+@pytest.mark.parametrize(
+    "value", ["[1e9, -5.0]", "[1e9, 0]", "[inf]", "[nan]", "5e9", '"fast"', "[true]", '[1e9, "2e9"]']
+)
+def test_bad_host_totals_are_refused_in_one_line(tmp_path, value):
+    f = tmp_path / "bad.toml"
+    f.write_text(f"[machine]\nhost_h2d_total_bytes_per_s = {value}\n")
+    with pytest.raises(ValueError, match="host_h2d_total_bytes_per_s") as e:
+        load_profile(f)
+    assert str(f) in str(e.value) and "\n" not in str(e.value)
+    f.write_text("[machine]\npeak_fp16_flops_per_s = 0.0\n")
+    with pytest.raises(ValueError, match="peak_fp16_flops_per_s"):
+        load_profile(f)
+
+
+def test_host_total_at_a_number_of_gpus():
+    from turnip.machine.profile import host_total_bytes_per_s
+
+    t = (54.8e9, 104.0e9, 145.5e9)
+    assert [host_total_bytes_per_s(t, n) for n in range(1, 6)] == [None, 104.0e9, 145.5e9, 145.5e9, 145.5e9]
+    assert host_total_bytes_per_s((), 4) is None

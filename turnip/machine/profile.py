@@ -6,7 +6,10 @@ JSON profile may also carry measured tables (``kernels``, ``copies``: ``turnip.m
 replace the roofline x efficiency model for the vertices they cover. The file format is ``docs/profile.md``.
 
 Every figure of the ``h100`` preset comes from ``shared/FACTS.md`` (one H100 80GB, measured) except those
-marked "assumed" below, which nothing measured yet: change them in a profile file, not in code.
+marked "assumed" below, which nothing measured yet, and the ``peak_*`` datasheet figures: change them in a
+profile file, not in code. ``host_*_total_bytes_per_s`` (tuples: the host behind the GPUs' links, total rate
+by the number of GPUs copying at once) are () by default, every link on its own; the preset carries the
+four-H100 host's.
 """
 
 from __future__ import annotations
@@ -35,11 +38,23 @@ class MachineProfile:
     # turnip/machine/profiles/); ops it does not list keep kernel_efficiency
     kernel_calibration: str | None = None
     kernel_min_ns: int = 3_000  # assumed: smallest kernel
+    # datasheet peaks (H100 SXM, dense): no kernel beats them; the lower bound (``turnip.machine.bound``) uses
+    # them where the model's floors above (measured or roofline x efficiency) could be beaten
+    peak_fp16_flops_per_s: float = 989.4e12  # fp16 and bf16
+    peak_fp32_flops_per_s: float = 67e12
+    peak_hbm_bytes_per_s: float = 3.35e12
     # host link (PCIe), one per GPU; not fully duplex
     h2d_bytes_per_s: float = 54e9
     d2h_bytes_per_s: float = 55e9
     pcie_both_bytes_per_s: float = 84e9  # total when both directions run
     copy_latency_ns: int = 17_000  # 4 KiB host->device, p50
+    # the host behind the links: entry i is the total rate over all GPUs when i + 1 GPUs copy at once (host to
+    # GPU, GPU to host, both directions); the last entry holds beyond the end. Applied when 2 or more GPUs copy
+    # (one GPU's copies follow its own link's fields above; the first entry is informational). (): every GPU's
+    # link independent of the others. The h100 preset carries the four-H100 host's (FACTS.md, 2026-11-26)
+    host_h2d_total_bytes_per_s: tuple[float, ...] = ()
+    host_d2h_total_bytes_per_s: tuple[float, ...] = ()
+    host_both_total_bytes_per_s: tuple[float, ...] = ()
     # GPU<->GPU (NVLink; measured on the H200 pair)
     p2p_bytes_per_s: float = 390e9
     p2p_latency_ns: int = 10_000  # assumed
@@ -156,8 +171,25 @@ class MachineProfile:
 _SCALARS = tuple(f for f in dataclasses.fields(MachineProfile) if f.name != "tables")
 
 
+# the host link shared by four H100s (pinned copies, one stream per GPU, all at once; FACTS.md, 2026-11-26)
+H100_HOST_H2D = (54.8e9, 104.0e9, 145.5e9, 159.2e9)
+H100_HOST_D2H = (54.8e9, 106.7e9, 122.3e9, 123.9e9)
+H100_HOST_BOTH = (54.6e9, 108.6e9, 131.1e9, 138.1e9)
+HOST_TOTALS = ("host_h2d_total_bytes_per_s", "host_d2h_total_bytes_per_s", "host_both_total_bytes_per_s")
+
+
 def h100() -> MachineProfile:
-    return MachineProfile()
+    """The ``h100`` preset: the class defaults with the measured four-H100 host (``H100_HOST_*``)."""
+    return MachineProfile(host_h2d_total_bytes_per_s=H100_HOST_H2D, host_d2h_total_bytes_per_s=H100_HOST_D2H,
+                          host_both_total_bytes_per_s=H100_HOST_BOTH)  # fmt: skip
+
+
+def host_total_bytes_per_s(table: tuple[float, ...], n: int) -> float | None:
+    """The total rate of ``table`` (a ``host_*_total_bytes_per_s`` field) with ``n`` GPUs copying at once: its
+    entry n - 1, its last beyond its end; None for n < 2 or an empty table (no cap: each GPU's own link)."""
+    if n < 2 or not table:
+        return None
+    return table[min(n, len(table)) - 1]
 
 
 PRESETS = {"h100": h100}
@@ -179,6 +211,12 @@ def _check_values(p: Path, data: dict) -> None:
         if f.name not in data:
             continue
         v, default = data[f.name], f.default
+        if isinstance(default, tuple):
+            ok = isinstance(v, list | tuple) and all(not isinstance(x, bool) and isinstance(x, int | float) for x in v)
+            if not ok or not all(math.isfinite(x) and x > 0 for x in v):
+                raise ValueError(f"{p}: field {f.name} = {v!r} must be a list of finite numbers > 0 (total bytes "
+                                 "per second with 1, 2, ... GPUs copying at once)")  # fmt: skip
+            continue
         if isinstance(default, str) or default is None:
             ok = isinstance(v, str) or (default is None and v is None)
             if not ok:
@@ -273,6 +311,7 @@ def profile_from_data(data, p: str | Path = "<profile>") -> MachineProfile:
     if unknown:
         raise ValueError(f"{p}: unknown profile fields {sorted(unknown)}")
     _check_values(p, machine)
+    machine = {k: tuple(float(x) for x in v) if k in HOST_TOTALS else v for k, v in machine.items()}
     return MachineProfile(**machine, tables=tables)
 
 
@@ -289,7 +328,10 @@ def dump_toml(profile: MachineProfile) -> str:
     for k, v in profile.to_dict().items():
         if v is None:  # TOML has no null: an absent key loads as the default, None
             continue
-        lines.append(f"{k} = {json.dumps(v)}" if isinstance(v, str) else f"{k} = {v!r}")
+        if isinstance(v, tuple):
+            lines.append(f"{k} = [{', '.join(repr(x) for x in v)}]")
+        else:
+            lines.append(f"{k} = {json.dumps(v)}" if isinstance(v, str) else f"{k} = {v!r}")
     return "\n".join(lines) + "\n"
 
 
