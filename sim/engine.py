@@ -8,6 +8,11 @@ State it owns (virtual time in integer ns):
                       [v, bytes left, rate, last update ns, token]; both directions share the link: when
                       both run each gets its share of ``pcie_both_bytes_per_s``, and the survivor speeds up
                       again when the other finishes (stale completions are recognised by their token)
+  caps                the host behind the links (``MachineProfile.host_*_total_bytes_per_s``; None for one
+                      GPU or a profile without them): with 2 or more GPUs copying, every active host copy's
+                      rate is recomputed whenever one starts or ends (``_share``), scaled down so that each
+                      direction's total and, with both directions running, the total of all stay within the
+                      host's rate for that many GPUs
   copies_active[g]    copies touching GPU g now (kernels issued meanwhile are slowed and noisier)
   bucket[g]           GPU g's power bucket (ns at the power limit, as of bucket_t[g]): a kernel at full
                       clock spends its power over the limit's per ns, the bucket refills one per ns (less
@@ -29,7 +34,7 @@ import numpy as np
 
 from sim.timing import TimingModel
 from turnip.machine.costs import ENG_H2D, ENG_KERNEL, ENG_P2P, host_costs, link_rates
-from turnip.machine.profile import MachineProfile
+from turnip.machine.profile import MachineProfile, host_total_bytes_per_s
 from turnip.memgraph.plan import MemGraph
 from turnip.sched import Scheduler
 
@@ -149,6 +154,8 @@ class Simulation:
         self.link_factor = link = tm.link_factor(self.host_factor, d.link_z) if link is None else float(link)
         solo, shared = link_rates(prof)  # bytes per ns, this run's link ``link`` times slower
         self.rate_solo, self.rate_shared = tuple(x / link for x in solo), tuple(x / link for x in shared)
+        self.caps = host_caps(prof, g, link)
+        self._armed = None  # with caps: (the record whose end the one live timer waits for, that end's ns)
 
     # ------------------------------------------------------------------ driver loop
     def run(self) -> SimResult:
@@ -294,6 +301,10 @@ class Simulation:
         self.copies_active[g] += 1
         link = self.pcie[g]
         other = link[1 - d]
+        if self.caps is not None:  # the host's caps: every copy's rate may change
+            link[d] = [v, self.nbytes[v] * (self.f[v] if other is None else self.fc[v]), 0.0, now, 0]
+            self._share(now)
+            return
         if other is None:
             rec = [v, self.nbytes[v] * self.f[v], self.rate_solo[d], now, 0]
         else:
@@ -320,11 +331,73 @@ class Simulation:
         link[d] = None
         self.copies_active[g] -= 1
         other = link[1 - d]
-        if other is not None:
+        if self.caps is not None:
+            self._armed = None  # it was this copy's
+            self._share(now)
+        elif other is not None:
             self._reschedule(other, now, self.rate_solo[1 - d], g, 1 - d)
         tail = self.prof.copy_latency_ns + self.stall[v]
         self.end[v] = now + tail
         self._deliver(v, tail)
+
+    def _share(self, now: int) -> None:
+        """Every active host copy's rate under the host's caps: its GPU's solo rate for its direction (the shared
+        rate when its GPU copies both ways), each direction's copies scaled down to the host's total for the GPUs
+        copying that way, then, with both directions running on 2 or more GPUs, all of them to the host's total
+        both ways. One timer is set, for the copy that ends first at these rates."""
+        solo, shared, caps = self.rate_solo, self.rate_shared, self.caps
+        act = []  # (record, GPU, direction, its GPU's rate)
+        sum_h = sum_d = 0.0
+        n_h = n_d = n_any = 0
+        for g, (h, o) in enumerate(self.pcie):
+            if h is not None and o is not None:
+                act += ((h, g, 0, shared[0]), (o, g, 1, shared[1]))
+                sum_h, sum_d, n_h, n_d, n_any = sum_h + shared[0], sum_d + shared[1], n_h + 1, n_d + 1, n_any + 1
+            elif h is not None:
+                act.append((h, g, 0, solo[0]))
+                sum_h, n_h, n_any = sum_h + solo[0], n_h + 1, n_any + 1
+            elif o is not None:
+                act.append((o, g, 1, solo[1]))
+                sum_d, n_d, n_any = sum_d + solo[1], n_d + 1, n_any + 1
+        cap_h, cap_d = caps[0][n_h], caps[1][n_d]
+        k = (cap_h / sum_h if cap_h is not None and sum_h > cap_h else 1.0,
+             cap_d / sum_d if cap_d is not None and sum_d > cap_d else 1.0)  # fmt: skip
+        cap, tot = caps[2][n_any], sum_h * k[0] + sum_d * k[1]
+        if n_h and n_d and cap is not None and tot > cap:
+            k = (k[0] * cap / tot, k[1] * cap / tot)
+        # one timer, for the copy that ends first (a timer per copy would be set again at every change)
+        first, first_ns = None, math.inf
+        for rec, g, d, base in act:
+            r = base * k[d]
+            if r != rec[2]:
+                rec[1] -= rec[2] * (now - rec[3])
+                rec[2], rec[3] = r, now
+            end = rec[3] + max(0, math.ceil(rec[1] / r - 1e-6))
+            if end < first_ns:
+                first, first_ns = (rec, g, d), end
+        armed = self._armed
+        if first is None or (armed is not None and armed[0] is first[0] and armed[1] == first_ns):
+            return  # the timer set stands
+        if armed is not None:
+            armed[0][4] = 0  # stale
+        self._token += 1
+        first[0][4] = self._token
+        self._armed = (first[0], first_ns)
+        ev = self.env.timeout(max(0, first_ns - now), (first[1], first[2], self._token))
+        ev.callbacks.append(self._on_bytes_through)
+
+
+def host_caps(prof: MachineProfile, n_gpus: int, link: float = 1.0) -> tuple[list, list, list] | None:
+    """The host's total rates in bytes per ns (h2d, d2h, both directions), each a list over the number of GPUs
+    copying at once, 0 to ``n_gpus`` (None: no cap, below 2 GPUs or without the profile's table), a run's host
+    link ``link`` times slower; None when no cap can apply (one GPU, or a profile without the tables): the
+    simulator then runs each GPU's link on its own."""
+    tables = (prof.host_h2d_total_bytes_per_s, prof.host_d2h_total_bytes_per_s, prof.host_both_total_bytes_per_s)
+    if n_gpus < 2 or not any(tables):
+        return None
+    at = lambda t, n: None if (c := host_total_bytes_per_s(t, n)) is None else c / 1e9 / link  # noqa: E731
+    h, d, b = ([at(t, n) for n in range(n_gpus + 1)] for t in tables)
+    return h, d, b
 
 
 def plan_bound(tm: TimingModel, host: float = 1.0, link: float = 1.0) -> dict:
@@ -338,6 +411,16 @@ def plan_bound(tm: TimingModel, host: float = 1.0, link: float = 1.0) -> dict:
     if getattr(tm, "_bound", None) is None:
         tm._bound = lower_bound(tm)
     return tm._bound
+
+
+def plan_estimate(tm: TimingModel) -> int:
+    """The plan's floor estimate (``turnip.machine.bound.floor_estimate``: model floors, host costs, each GPU's
+    host link on its own), computed once per timing model: where the power model starts a run."""
+    from turnip.machine.bound import floor_estimate
+
+    if getattr(tm, "_estimate", None) is None:
+        tm._estimate = floor_estimate(tm)["estimate_ns"]
+    return tm._estimate
 
 
 def power_limited(prof: MachineProfile) -> bool:
@@ -391,11 +474,11 @@ STEADY_TOL = 0.005  # a start level within this fraction of the makespan of wher
 
 
 def _steady_guess(mg: MemGraph, prof: MachineProfile, tm: TimingModel) -> list[float]:
-    """A first guess at each GPU's bucket level where runs back to back start: full when the run's lower bound
-    and the gap between runs leave more time than its kernels' energy at the limit (a GEMM's is its flops
-    over its class's rate), else what the gap refills."""
+    """A first guess at each GPU's bucket level where runs back to back start: full when the run's floor estimate
+    (``plan_estimate``) and the gap between runs leave more time than its kernels' energy at the limit (a GEMM's
+    is its flops over its class's rate), else what the gap refills."""
     pm = power_model(mg, prof, tm)
-    t = (plan_bound(tm)["lower_bound_ns"] + prof.run_gap_ns) * (1.0 - prof.power_idle_weight)
+    t = (plan_estimate(tm) + prof.run_gap_ns) * (1.0 - prof.power_idle_weight)
     if prof.power_slow_gemm > 0.0:  # shared clock: in debt, half the window (its throttle settles within a run)
         return [pm.cap if t > e else -0.5 * prof.power_window_s * 1e9 for e in pm.energy]
     return [pm.cap if t > e else min(pm.cap, float(prof.run_gap_ns)) for e in pm.energy]

@@ -3,7 +3,7 @@ import pytest
 
 from sim import fastest_run, simulate
 from sim.timing import TimingModel
-from turnip.machine.bound import lower_bound
+from turnip.machine.bound import floor_estimate, lower_bound
 from turnip.machine.profile import h100
 from turnip.memgraph.timeline import memory_timeline, peak_bytes
 from turnip.sched import POLICIES
@@ -19,7 +19,7 @@ EXACT = h100().replace(
     copy_launch_ns=1000, completion_ns=500,
     kernel_slowdown_with_copies=1.0, kernel_excess_mean=0.0, kernel_contended_excess_mean=0.0,
     h2d_excess_mean=0.0, h2d_contended_excess_mean=0.0, d2h_excess_mean=0.0, d2h_contended_excess_mean=0.0,
-    p2p_excess_mean=0.0, stall_prob=0.0,
+    p2p_excess_mean=0.0, stall_prob=0.0, peak_fp16_flops_per_s=1e9, peak_hbm_bytes_per_s=1e18,
 )  # fmt: skip
 
 
@@ -33,7 +33,8 @@ def run_policy(mg, policy, seed=0, mean_only=False, prof=None):
 def test_chain_makespan_by_hand():
     r = simulate(chain(3, flops=1000), EXACT, mean_only=True)
     assert r.makespan_ns == 3 * (1000 + 1000 + 500)
-    assert r.lower_bound_ns == r.makespan_ns  # critical path counts launch and completion
+    assert floor_estimate(TimingModel(chain(3, flops=1000), EXACT))["estimate_ns"] == r.makespan_ns  # host costs in
+    assert r.lower_bound_ns == r.bound["critical_path_ns"] == 3 * 1000  # the bound: the kernels alone
 
 
 def test_a_completion_costs_its_handling_and_more_per_command_it_hands_back():
@@ -46,9 +47,11 @@ def test_a_completion_costs_its_handling_and_more_per_command_it_hands_back():
     # k0 issued 1000, ends 2000, seen 2500, handled until 3200; k1 issued 4200, k2 5200 (one engine: ends 6200)
     assert r.issue_ns.tolist() == [1000, 4200, 5200] and r.done_ns.tolist() == [2500, 5700, 6700]
     assert r.host_cost_ns().tolist() == [1700, 1300, 1300]
-    b = lower_bound(TimingModel(mg, prof))
-    assert b["critical_path_ns"] == 1000 + 1000 + 500 + 500 + 1000 + 1000 + 500  # one hand-over: 300 + 200
-    assert b["host_ns"] == 3000 + 3 * 300 + 2 * 200 - 300 and 0 < b["lower_bound_ns"] <= r.makespan_ns
+    b, est = lower_bound(TimingModel(mg, prof)), floor_estimate(TimingModel(mg, prof))
+    assert est["critical_path_ns"] == 1000 + 1000 + 500 + 500 + 1000 + 1000 + 500  # one hand-over: 300 + 200
+    assert b["critical_path_ns"] == 2000  # two kernels one after the other, no host costs
+    assert b["host_ns"] == est["host_ns"] == 3000 + 3 * 300 + 2 * 200 - 300
+    assert b["lower_bound_ns"] == 3000 <= r.makespan_ns  # one engine: three kernels
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -74,11 +77,12 @@ def test_kernels_reading_only_resident_inputs_go_at_the_start():
         mg.params[v]["resident"] = True
     prof = EXACT.replace(handle_ns=1000, handle_per_cmd_ns=100_000)
     r = simulate(mg, prof, mean_only=True)
-    b = lower_bound(TimingModel(mg, prof))
+    b, est = lower_bound(TimingModel(mg, prof)), floor_estimate(TimingModel(mg, prof))
     assert (r.handle_ns[8:] - 1000).sum() == 3 * 100_000  # three commands handed back in the run
     # issue and handling of the 8 kernels (the last only seen) and the three commands handed back
-    assert b["host_ns"] == 8 * 1000 + 8 * 1000 - 1000 + 3 * 100_000
-    assert b["critical_path_ns"] == 1000 + 1000 + 500  # one kernel's launch, run and completion
+    assert b["host_ns"] == est["host_ns"] == 8 * 1000 + 8 * 1000 - 1000 + 3 * 100_000
+    assert est["critical_path_ns"] == 1000 + 1000 + 500  # one kernel's launch, run and completion
+    assert b["critical_path_ns"] == 1000 and b["kernel_ns"] == 8 * 1000  # resident inputs cost nothing
     assert b["lower_bound_ns"] <= r.makespan_ns
 
 
@@ -197,8 +201,12 @@ def test_chain_without_variance_det_equals_nondet():
 def test_bound_parts():
     mg = chain(4, flops=1000)
     b = lower_bound(TimingModel(mg, EXACT))
-    assert b["kernel_ns"] == 4000 and b["host_ns"] == 4000 and b["link_ns"] == 0
-    assert b["lower_bound_ns"] == max(b["critical_path_ns"], b["kernel_ns"], b["host_ns"])
+    assert b["kernel_ns"] == b["critical_path_ns"] == 4000 and b["host_ns"] == 4000 and b["link_ns"] == 0
+    assert b["lower_bound_ns"] == max(b["critical_path_ns"], b["kernel_ns"], b["link_ns"])  # host_ns: reported
+    fast = lower_bound(TimingModel(mg, EXACT.replace(peak_fp16_flops_per_s=4e9)))  # a kernel may beat the model
+    assert fast["kernel_ns"] == fast["lower_bound_ns"] == 1000
+    est = floor_estimate(TimingModel(mg, EXACT))
+    assert est["estimate_ns"] == max(est["critical_path_ns"], est["kernel_ns"], est["host_ns"]) > 4000
 
 
 def test_random_graph_memory_within_budget():

@@ -1,11 +1,18 @@
-"""Lower bound on a plan's makespan: max(critical path, per-GPU kernel time, per-link transfer time).
+"""A plan's lower bound, and the floor estimate its simulator starts from.
 
-Built from floor durations (no noise, no contention: ``turnip.machine.costs``), so it holds for every
-simulated run, and for real runs as far as the profile's floors hold on the hardware. The critical path
-counts each vertex's host launch, completion latency and handling; ``host_ns`` is the launch and handling
-cost of all commands (one host thread issues and handles them one after another). A host link carries each
-copy's ``link_nbytes`` (its bytes, or with a measured copy table the bytes its floor moves at the link's
-rate).
+``lower_bound``: a makespan no run beats, simulated or real: max(critical path, busiest GPU's kernel time, busiest
+link). Each kernel counts the least of its model floor (``turnip.machine.costs``: a measured table or roofline /
+efficiency, as the simulator draws it) and the datasheet roofline (flops at the dtype's peak, bytes touched at the
+peak HBM rate: ``MachineProfile.peak_*``), so neither a kernel faster than its table nor one above the assumed
+efficiency breaks it. Copies count their bytes at the links' peak rates (a host copy the fewer of its bytes and
+``link_nbytes``, the bytes its measured floor moves at the link's rate), and the host behind the links
+(``MachineProfile.host_*_total_bytes_per_s``) bounds the plan's host copies as a whole. The critical path is of
+those floors alone: no latencies, no host costs. ``host_ns`` (issuing and handling every command at the
+profile's median costs) is reported beside it and not in the max: a faster host beats the medians.
+
+``floor_estimate``: the estimate the simulator's power model starts a run from (``sim.engine._steady_guess``):
+max(critical path of model floors + launch + completion + handling, per-GPU kernel floors, per-GPU link,
+host busy time), each GPU's host link independent. An estimate, not a bound: runs beat it by a few percent.
 """
 
 from __future__ import annotations
@@ -13,15 +20,89 @@ from __future__ import annotations
 import numpy as np
 
 from turnip.machine.costs import ENG_D2H, ENG_H2D, ENG_KERNEL, ENG_P2P, VertexCosts, host_busy_ns, host_costs
+from turnip.machine.profile import MachineProfile, host_total_bytes_per_s
 from turnip.sched.priority import critical_path_ns
 
 
 def lower_bound(costs: VertexCosts, host: float = 1.0, link: float = 1.0) -> dict[str, int]:
-    """The bound and its parts (all ns): ``critical_path_ns``, ``kernel_ns`` (busiest GPU),
-    ``link_ns`` (busiest host link or GPU<->GPU link), ``host_ns`` (issuing and handling all commands).
-    ``costs`` is a ``VertexCosts`` (the simulator's ``TimingModel`` is one); ``host``: a run's host speed
-    factor (``MachineProfile.host_excess_sd``), which scales every host cost of that run; ``link``: its host
-    link time factor (a host<->GPU copy's time less its latency, times it)."""
+    """The bound and its parts (all ns): ``critical_path_ns``, ``kernel_ns`` (busiest GPU), ``link_ns``
+    (busiest host link, the host's links together, or busiest GPU<->GPU link), ``host_ns`` (issuing and
+    handling all commands at the profile's host costs: reported, not in ``lower_bound_ns``). ``costs`` is a
+    ``VertexCosts`` (the simulator's ``TimingModel`` is one); ``host``: a run's host speed factor, which scales
+    ``host_ns``; ``link``: its host link time factor (host<->GPU copies push their bytes ``link`` times
+    slower)."""
+    mg, p = costs.mg, costs.prof
+    e, g = costs.eng, mg.gpu.astype(np.int64)
+    gpus = max(mg.n_gpus, 1)
+    floor = bound_floor_ns(costs, link)
+    kern = np.bincount(g[e == ENG_KERNEL], floor[e == ENG_KERNEL], minlength=gpus)
+    nb = np.minimum(np.asarray(costs.link_nbytes, dtype=np.float64), costs.nbytes)
+    h2d = np.bincount(g[e == ENG_H2D], nb[e == ENG_H2D], minlength=gpus)
+    d2h = np.bincount(g[e == ENG_D2H], nb[e == ENG_D2H], minlength=gpus)
+    r_h, r_d, r_all = host_rates(p, 1)
+    per_gpu = np.maximum.reduce([h2d / r_h, d2h / r_d, (h2d + d2h) / r_all])
+    r_h, r_d, r_all = host_rates(p, gpus)
+    host_wide = max(h2d.sum() / r_h, d2h.sum() / r_d, (h2d.sum() + d2h.sum()) / r_all)
+    alone = costs.alone_ns()  # GPU<->GPU: each pair's copies one after another, at their floors as today
+    sel = e == ENG_P2P
+    pair = mg.src_gpu.astype(np.int64) * gpus + g
+    p2p = np.bincount(pair[sel], alone[sel].astype(np.float64), minlength=gpus * gpus)
+    parts = {
+        "critical_path_ns": int(critical_path_ns(mg, floor).max(initial=0)),
+        "kernel_ns": int(kern.max(initial=0)),
+        "link_ns": int(max(max(per_gpu.max(initial=0), host_wide) * 1e9 * link, p2p.max(initial=0))),
+        "host_ns": host_ns(costs, host),
+    }
+    parts["lower_bound_ns"] = max(parts["critical_path_ns"], parts["kernel_ns"], parts["link_ns"])
+    return parts
+
+
+def bound_floor_ns(costs: VertexCosts, link: float = 1.0) -> np.ndarray:
+    """Per vertex, the least time any run gives it (int64 ns, rounded down): a kernel the smaller of its model
+    floor (``VertexCosts.floor_ns``) and its datasheet roofline; a host copy its bytes (``link_nbytes`` where
+    fewer) at its direction's rate, ``link`` times slower; a GPU<->GPU copy its bytes at ``p2p_bytes_per_s``
+    or its measured floor where less; a resident input 0. No latencies."""
+    mg, p, e = costs.mg, costs.prof, costs.eng
+    peak = np.array([p.peak_fp32_flops_per_s if d == "fp32" else p.peak_fp16_flops_per_s for d in mg.dtype])
+    roof = np.maximum(np.asarray(mg.flops, dtype=np.float64) / peak, mg.io_nbytes() / p.peak_hbm_bytes_per_s) * 1e9
+    model = costs.alone_ns() * np.minimum(costs.overlap, 1.0)
+    out = np.minimum(model, roof)
+    nb = np.minimum(np.asarray(costs.link_nbytes, dtype=np.float64), costs.nbytes)
+    out = np.where(e == ENG_H2D, nb * 1e9 * link / p.h2d_bytes_per_s, out)
+    out = np.where(e == ENG_D2H, nb * 1e9 * link / p.d2h_bytes_per_s, out)
+    p2p = np.minimum(costs.nbytes * 1e9 / p.p2p_bytes_per_s, costs.copy_floor_ns)
+    out = np.where(e == ENG_P2P, p2p, out)
+    out[costs.preloaded] = 0.0
+    return np.floor(np.maximum(out, 0.0)).astype(np.int64)
+
+
+def host_rates(p: MachineProfile, gpus: int) -> tuple[float, float, float]:
+    """The highest total host link rates (bytes per s: host to GPU, GPU to host, both ways together) that any
+    number of GPUs up to ``gpus`` reaches: one GPU's link rates, or ``gpus`` links' up to the host's most
+    (``MachineProfile.host_*_total_bytes_per_s``, entries 2 to ``gpus``)."""
+    one = max(p.h2d_bytes_per_s, p.d2h_bytes_per_s, min(p.pcie_both_bytes_per_s, p.h2d_bytes_per_s + p.d2h_bytes_per_s))
+
+    def most(table: tuple[float, ...], each: float) -> float:
+        caps = [host_total_bytes_per_s(table, n) for n in range(2, gpus + 1)] if table else []
+        return max(each, min(gpus * each, max(caps, default=float("inf"))))
+
+    h, d = most(p.host_h2d_total_bytes_per_s, p.h2d_bytes_per_s), most(p.host_d2h_total_bytes_per_s, p.d2h_bytes_per_s)
+    return h, d, max(h, d, min(most(p.host_both_total_bytes_per_s, one), h + d))
+
+
+def host_ns(costs: VertexCosts, host: float = 1.0) -> int:
+    """The host thread's time to issue every command and handle every completion but the last (that one is only
+    seen) at the profile's costs, ``host`` times slower."""
+    h = host_costs(costs, host)
+    return host_busy_ns(costs, host) - (h.handle if (~costs.preloaded).any() else 0)
+
+
+def floor_estimate(costs: VertexCosts, host: float = 1.0, link: float = 1.0) -> dict[str, int]:
+    """An estimate of the plan's makespan and its parts (ns): ``critical_path_ns`` (model floors plus each
+    vertex's launch, start latency, completion and handling), ``kernel_ns`` (busiest GPU's model floors),
+    ``link_ns`` (busiest host link on its own, or GPU<->GPU link), ``host_ns``, and ``estimate_ns``, their max.
+    Not a bound: kernels beat their model floors and hosts their median costs. ``host``, ``link``: as for
+    ``lower_bound``."""
     mg, p = costs.mg, costs.prof
     floor = costs.floor_ns()
     e, g = costs.eng, mg.gpu.astype(np.int64)
@@ -40,7 +121,6 @@ def lower_bound(costs: VertexCosts, host: float = 1.0, link: float = 1.0) -> dic
     sel = e == ENG_P2P
     p2p = np.bincount(pair[sel], floor[sel].astype(np.float64), minlength=gpus * gpus)
     h = host_costs(costs, host)  # as the simulator charges them
-    host_ns = host_busy_ns(costs, host) - (h.handle if (~costs.preloaded).any() else 0)  # the last is only seen
     start = np.where(e == ENG_KERNEL, p.kernel_start_latency_ns, 0)
     # a chain waits for each hand-over: the completion that issues the next vertex hands back at least it
     handle = h.handle + h.handle_per_cmd
@@ -50,15 +130,15 @@ def lower_bound(costs: VertexCosts, host: float = 1.0, link: float = 1.0) -> dic
         "critical_path_ns": int(max(0, critical_path_ns(mg, per_vertex).max(initial=0) - handle)),  # last: seen
         "kernel_ns": int(kern.max(initial=0)),
         "link_ns": int(max(pcie.max(initial=0) * 1e9 * link, p2p.max(initial=0))),
-        "host_ns": host_ns,
+        "host_ns": host_ns(costs, host),
     }
-    parts["lower_bound_ns"] = max(parts.values())
+    parts["estimate_ns"] = max(parts.values())
     return parts
 
 
 def plan_bound(mg, profile="h100") -> dict[str, int]:
     """``lower_bound`` of ``mg`` on a profile (a ``MachineProfile``, or a name or path for ``load_profile``)."""
-    from turnip.machine.profile import MachineProfile, load_profile
+    from turnip.machine.profile import load_profile
 
     prof = profile if isinstance(profile, MachineProfile) else load_profile(profile)
     return lower_bound(VertexCosts(mg, prof))
