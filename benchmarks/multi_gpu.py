@@ -29,12 +29,14 @@ from pathlib import Path
 import numpy as np
 
 
-def prefill_row(a, seq: int, budget: str, gpus: int, split: str) -> list[dict]:
+def prefill_row(a, seq: int, budget: str, gpus: int, split: str, batch: int = 1) -> list[dict]:
     from turnip.compile import compile_model
     from turnip.machine.bound import plan_bound
     from turnip.runtime import execute, open_loaded
 
     kw = {"split": split} if split != "default" else {}
+    if batch > 1:
+        kw["batch"] = batch
     t0 = time.perf_counter()
     b = "60GiB" if budget == "none" else budget
     tg, mg = compile_model(a.model, seq=seq, gpus=gpus, budget=b, resident="auto", n_layers=a.layers, **kw)
@@ -42,7 +44,7 @@ def prefill_row(a, seq: int, budget: str, gpus: int, split: str) -> list[dict]:
     bound = plan_bound(mg, a.profile)
     t0 = time.perf_counter()
     rows = []
-    with open_loaded("cuda", tg, mg, seed=a.seed) as be:
+    with open_loaded("cuda", tg, mg, seed=a.seed, graph_events=a.graph_events) as be:
         t_load = time.perf_counter() - t0
         outs = {}
         for policy in a.policies:
@@ -58,7 +60,8 @@ def prefill_row(a, seq: int, budget: str, gpus: int, split: str) -> list[dict]:
                 execute(mg, be, policy, seed=999, device_times=False)
                 again = be.read_outputs()
                 same = all(np.array_equal(got[t], again[t]) for t in got)
-            rows.append({"workload": "prefill", "model": a.model, "seq": seq, "budget": budget, "gpus": gpus,
+            rows.append({"workload": "prefill", "model": a.model, "seq": seq, "batch": batch, "budget": budget,
+                         "gpus": gpus,
                          "split": tg.meta.get("split", split), "policy": policy, "ms_median": ms[len(ms) // 2],
                          "ms_min": ms[0], "bound_ms": bound["lower_bound_ns"] / 1e6,
                          "bound_parts": ";".join(f"{k}={v / 1e6:.2f}" for k, v in bound.items()),
@@ -105,12 +108,25 @@ def _fmt(r: dict) -> str:
             f"{r['policy']:8s} {ms}{extra}{rep} rc {r['rc']}")  # fmt: skip
 
 
+def _write(path: Path, rows: list[dict]) -> None:
+    """Every row so far (written after each configuration: a run stopped at its limit keeps what it measured)."""
+    if not rows:
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llama-7b")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--rows", nargs="*", default=["4096:none", "4096:6GiB"], help="prefill SEQ:BUDGET rows")
+    ap.add_argument("--rows", nargs="*", default=["4096:none", "4096:6GiB"],
+                    help="prefill SEQ:BUDGET or SEQxBATCH:BUDGET rows")
+    ap.add_argument("--graph-events", action="store_true", help="end events recorded inside the graphs")
     ap.add_argument("--lora", nargs="*", default=[], help="LoRA BATCHxSEQ:BUDGET rows")
     ap.add_argument("--splits", nargs="+", default=["default"], help="default, tensor, layers, auto")
     ap.add_argument("--policies", nargs="+", default=["nondet", "det"])
@@ -124,30 +140,28 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="")
     a = ap.parse_args(argv)
     rows: list[dict] = []
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
     visible = int(os.environ.get("TURNIP_GPUS", "0")) or None
     for spec in a.rows:
-        seq, budget = spec.split(":")
+        shape, budget = spec.split(":")
+        seq, _, batch = shape.partition("x")
         for g in a.gpus:
             if visible and g > visible:
                 continue
             for split in a.splits if g > 1 else ["default"]:
                 try:
-                    rows += prefill_row(a, int(seq), budget, g, split)
+                    rows += prefill_row(a, int(seq), budget, g, split, int(batch or 1))
                 except Exception as e:  # noqa: BLE001 - one failed configuration does not end the session
                     print(f"prefill {seq}:{budget} {g} GPUs {split}: {type(e).__name__}: {e}", flush=True)
+                _write(out / f"multi_gpu{a.tag}.csv", rows)
     for spec in a.lora:
         for g in a.gpus:
             for split in a.splits if g > 1 else ["default"]:
                 rows.append(lora_row(a, spec, g, split))
+                _write(out / f"multi_gpu{a.tag}.csv", rows)
     if not rows:
         return 1
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / f"multi_gpu{a.tag}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
     print("\n| workload | seq | budget | GPUs | split | policy | ms | / 1 GPU | bound / ms | rc |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     one = {(r["workload"], r["seq"], r["budget"], r.get("batch"), r["policy"]): r["ms_median"] for r in rows
