@@ -5,15 +5,13 @@ handed to its members in compile order (the default, bitwise reproducible) again
 
 Plans: 4K and 16K tokens on 1, 2, 4 and 8 GPUs, without a budget (60GiB) and at 6GiB (``--quick``: 4K on 4
 GPUs). Per plan it prints the lock groups' largest membership (ordering changes nothing below 3 members: one
-add per group), the mean ``nondet`` makespan over ``--runs`` seeds with ordered sums, and, where
-``sim.engine.simulate`` takes ``ordered_sums=``, the same with unordered sums and the ordered/unordered ratio
-(else ``n/a``: the simulator then runs ordered sums only, the scheduler's default).
+add per group), the mean ``nondet`` makespan over ``--runs`` seeds with ordered and with unordered sums, and
+their ratio.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import statistics
 import time
 
@@ -28,21 +26,16 @@ PLANS = [(seq, gpus, budget) for seq in (4096, 16384) for gpus in (1, 2, 4, 8) f
 QUICK = [(4096, 4, "60GiB"), (4096, 4, "6GiB")]
 
 
-def takes_ordered_sums() -> bool:
-    """Whether the simulator passes ``ordered_sums`` on to its ``Scheduler``."""
-    return "ordered_sums" in inspect.signature(simulate).parameters
-
-
 def largest_group(mg) -> int:
     """Members of the largest sum-into lock group (0: none)."""
     lock = mg.lock_group[mg.lock_group >= 0]
     return int(np.bincount(lock).max()) if lock.size else 0
 
 
-def mean_makespan_ms(mg, prof, tm, runs: int, ordered_sums: bool | None) -> float:
-    """Mean ``nondet`` makespan (ms) over seeds 0..runs-1; ``ordered_sums=None``: the simulator's default."""
-    kw = {} if ordered_sums is None else {"ordered_sums": ordered_sums}
-    return statistics.fmean(simulate(mg, prof, "nondet", s, False, tm, **kw).makespan_ns for s in range(runs)) / 1e6
+def mean_makespan_ms(mg, prof, tm, runs: int, ordered_sums: bool) -> float:
+    """Mean ``nondet`` makespan (ms) over seeds 0..runs-1."""
+    runs_ns = (simulate(mg, prof, "nondet", s, False, tm, ordered_sums=ordered_sums).makespan_ns for s in range(runs))
+    return statistics.fmean(runs_ns) / 1e6
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -53,7 +46,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--model", default="llama-7b", help="model (default llama-7b)")
     a = ap.parse_args(argv)
     prof = load_profile(a.profile)
-    both = takes_ordered_sums()
     rows = []
     print(f"{'plan':<28}{'vertices':>10}{'group':>7}{'ordered ms':>12}{'unordered ms':>14}{'ratio':>8}")
     for seq, gpus, budget in QUICK if a.quick else PLANS:
@@ -61,11 +53,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         mg = compile_model(a.model, seq, gpus, budget)[1]
         build_s = time.perf_counter() - t0
         tm = TimingModel(mg, prof)
-        ordered = mean_makespan_ms(mg, prof, tm, a.runs, True if both else None)
-        unordered = mean_makespan_ms(mg, prof, tm, a.runs, False) if both else None
+        ordered = mean_makespan_ms(mg, prof, tm, a.runs, True)
+        unordered = mean_makespan_ms(mg, prof, tm, a.runs, False)
         name = f"{a.model}/{seq // 1024}K/{gpus}g/{budget}"
-        un = f"{unordered:>14.2f}{ordered / unordered:>8.3f}" if unordered else f"{'n/a':>14}{'n/a':>8}"
-        print(f"{name:<28}{mg.n:>10,}{largest_group(mg):>7}{ordered:>12.2f}{un}   (compiled in {build_s:.1f} s)")
+        print(f"{name:<28}{mg.n:>10,}{largest_group(mg):>7}{ordered:>12.2f}{unordered:>14.2f}"
+              f"{ordered / unordered:>8.3f}   (compiled in {build_s:.1f} s)")
         rows.append({"plan": name, "vertices": mg.n, "largest_group": largest_group(mg), "ordered_ms": ordered,
                      "unordered_ms": unordered})  # fmt: skip
     return rows

@@ -95,6 +95,7 @@ class Simulation:
         power_level: list[float] | None = None,
         host: float | None = None,
         link: float | None = None,
+        ordered_sums: bool = True,
     ):
         """``order``: the recorded issue order ``det-replay`` replays (``turnip.sched.replay``);
         ``power_level``: each GPU's power bucket at the start (ns; None: empty; ``simulate`` starts a run in
@@ -115,7 +116,7 @@ class Simulation:
         self.tm = tm = tm or TimingModel(mg, prof)
         self.env = simpy.Environment()
         dur = tm.mean_ns() if policy == "nondet-cp" else None
-        self.core = Scheduler(mg, policy, prof.streams_per_gpu, dur_ns=dur, order=order)
+        self.core = Scheduler(mg, policy, prof.streams_per_gpu, dur_ns=dur, order=order, ordered_sums=ordered_sums)
         d = tm.draws(None if mean_only else np.random.default_rng(seed))
         self.f, self.fc, self.stall = d.factor.tolist(), d.factor_contended.tolist(), d.stall_ns.tolist()
         self.eng = tm.eng.tolist()
@@ -495,24 +496,27 @@ def simulate(
     power_full: bool = False,
     host: float | None = None,
     link: float | None = None,
+    ordered_sums: bool = True,
 ) -> SimResult:
     """Simulate one run. Same arguments → same result. ``det-replay`` needs ``order`` (``fastest_run``).
     ``host``: the run's host speed factor (every host cost times it; a host twice as slow: 2), in place of
     the one drawn from the profile's ``host_excess_sd``; ``link``: the run's host link time factor (copies
     between host and GPU push their bytes that many times slower: 1.25 for a link at 80% of the profile's), in
-    place of the one drawn from ``link_excess_sd``.
+    place of the one drawn from ``link_excess_sd``; ``ordered_sums``: as the runtime's (``turnip.sched.Scheduler``:
+    each sum-into group's partials added in compile order; False: in the order they finish).
     Under a power limit the run starts where runs back to back (``prof.run_gap_ns`` apart) leave the power
     bucket: from a first guess (``_steady_guess``) the run is repeated from where the last left it until the
     start level settles (``STEADY_TOL``; ``STEADY_PASSES`` at most; a run no kernel of which was slowed and
     that leaves every bucket fuller is settled: more would change nothing); ``power_full``: the GPUs start
     rested instead (their bucket full)."""
     if not power_limited(prof):
-        return Simulation(mg, prof, policy, seed, mean_only, tm, order, host=host, link=link).run()
+        return Simulation(mg, prof, policy, seed, mean_only, tm, order, host=host, link=link,
+                          ordered_sums=ordered_sums).run()
     tm = tm or TimingModel(mg, prof)
     level = [power_model(mg, prof, tm).cap] * mg.n_gpus if power_full else _steady_guess(mg, prof, tm)
     wall = 0.0
     for _ in range(STEADY_PASSES):
-        s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level, host, link)
+        s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level, host, link, ordered_sums)
         res = s.run()
         wall += res.wall_s
         nxt = s.end_levels(prof.run_gap_ns)
