@@ -48,6 +48,7 @@ class SweepConfig:
     trace: dict = field(default_factory=lambda: {"model": "llama-7b", "seq": 4096, "gpus": 1, "budget": "tight"})
     workloads: tuple[str, ...] = ("prefill",)  # WORKLOADS
     train_batch: int = 1  # sequences per LoRA training step (workload lora)
+    split: str = "auto"  # across GPUs: tensor, layers, or auto (the plan predicted faster on ``profile``)
 
     @staticmethod
     def from_toml(path: str | Path, **overrides) -> SweepConfig:
@@ -63,7 +64,8 @@ class SweepConfig:
         """One dict per configuration; a training step's also has ``batch``."""
         return [
             {"model": m, "seq": s, "gpus": g, "budget": b, "budget_nbytes": _nbytes(v), "workload": w,
-             "resident": str(self.resident)} | ({"batch": self.train_batch} if w == "lora" else {})
+             "resident": str(self.resident), "split": self.split, "split_profile": self.profile}
+            | ({"batch": self.train_batch} if w == "lora" else {})
             for m in self.models
             for s in self.seqs
             for g in self.gpus
@@ -105,7 +107,11 @@ def plan_path(out: Path, p: dict) -> Path:
 
     res = "" if str(p.get("resident", "0")) == "0" else f"_r{p['resident']}"
     work = "" if p.get("workload", "prefill") == "prefill" else f"_{p['workload']}-b{p['batch']}"
-    name = f"{p['model']}_{p['seq']}_{p['gpus']}g_{p['budget_nbytes']}{res}{work}_{compiler_fingerprint()}.tplan"
+    split = p.get("split", "tensor")
+    split = "" if split == "tensor" or p["gpus"] < 2 else f"_{split}" + (
+        f"-{Path(str(p.get('split_profile'))).stem}" if split == "auto" else "")
+    name = (f"{p['model']}_{p['seq']}_{p['gpus']}g_{p['budget_nbytes']}{res}{work}{split}_"
+            f"{compiler_fingerprint()}.tplan")  # fmt: skip
     return out / "plans" / name
 
 
@@ -120,7 +126,9 @@ def _compile(args) -> tuple[dict, float, str | None]:
     t0 = time.perf_counter()
     try:
         tg, mg = compile_model(p["model"], p["seq"], p["gpus"], p["budget_nbytes"], resident=p.get("resident", "0"),
-                               train=train_spec(p))  # fmt: skip
+                               train=train_spec(p), split=p.get("split", "tensor"),
+                               profile=p.get("split_profile"))  # fmt: skip
+        mg.stats["split"] = tg.meta.get("split", "tensor")  # what auto chose: the runs' rows say it
     except Exception as e:  # a budget too small for the plan: reported, the sweep goes on
         return p, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
     save_plan(path, mg)
@@ -161,6 +169,7 @@ def _run(task) -> tuple[dict, dict | None, object]:
     r = simulate(mg, _PROFILE, policy, seed, mean_only, tm, None if replay is None else replay[1])
     tr = r.trace(mg, p)
     row = {k: p[k] for k in ("model", "seq", "gpus", "budget", "budget_nbytes", "workload")}
+    row["split"] = mg.stats.get("split", "tensor")
     row |= {"policy": policy, "seed": seed, "mean_only": mean_only, "lower_bound_ns": r.lower_bound_ns}
     row |= run_metrics(tr.spans, mg.n_gpus)
     row |= {f"bound_{k}": v for k, v in r.bound.items() if k != "lower_bound_ns"}

@@ -86,6 +86,10 @@ def register(sub) -> None:
                    help="inputs kept on the GPU across runs: auto (a quarter of the budget when the plan still "
                    "compiles and moves no more host-link bytes per run than none, as `turnip run`) or a size per GPU; "
                    "0 streams every input (default auto)")
+    a.add_argument("--split", choices=["tensor", "layers", "auto"],
+                   help="how each multi-GPU configuration is split across GPUs: by tensor blocks, by layers, or auto: "
+                   "the plan the simulator predicts faster on --profile (default auto; runs.csv's split column "
+                   "says which)")
     a.add_argument("--no-mean-only", action="store_true", help="skip the noise-free runs")
     a.add_argument("--profile", help="machine profile (default h100)")
     a.add_argument("--jobs", type=ck.COUNT, default=None, help="processes (default: all cores)")
@@ -328,7 +332,8 @@ def cmd_ablate(a) -> int:
             budgets[name] = size
     over = {"models": a.models, "seqs": a.seqs, "gpus": a.gpus, "budgets": budgets, "policies": a.policies,
             "seeds": a.seeds, "profile": a.profile, "mean_only": False if a.no_mean_only else None,
-            "resident": a.resident, "workloads": a.workloads, "train_batch": a.train_batch}  # fmt: skip
+            "resident": a.resident, "workloads": a.workloads, "train_batch": a.train_batch,
+            "split": a.split}  # fmt: skip
     ck.output_dir(a.out, "--out")
     given_trace = {}  # the config file's [ablate.trace], which must name a configuration of the grid
     if a.config:
