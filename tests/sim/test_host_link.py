@@ -162,4 +162,6 @@ def test_the_bound_holds_behind_the_calibrated_host():
         for seed in range(3):
             r = simulate(mg, prof, "nondet", seed)
             assert 0 < r.lower_bound_ns <= r.makespan_ns, r.bound
-            assert r.bound["link_ns"] > lower_bound(own, link=r.link_factor)["link_ns"]  # the host's, not a link's
+            own_ns = lower_bound(own, link=r.link_factor)["link_ns"]
+            # the host's, not a link's: two of its GPUs load at full speed (109.5 GB/s), four do not (169.5)
+            assert r.bound["link_ns"] > own_ns if n_gpus == 4 else r.bound["link_ns"] >= own_ns
