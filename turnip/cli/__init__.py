@@ -56,6 +56,15 @@ def format_nbytes(n) -> str:
     return f"{int(n)} B"
 
 
+def format_bound(bound: dict, digits: int = 2) -> str:
+    """A lower bound's parts in ms, the host's apart: it is reported beside the bound, not in it
+    (``turnip.machine.bound.lower_bound``: a faster host beats the profile's median costs)."""
+    parts = ", ".join(f"{k.removesuffix('_ns')} {v / 1e6:.{digits}f}" for k, v in bound.items()
+                      if k not in ("lower_bound_ns", "host_ns"))  # fmt: skip
+    host = f"; host {bound['host_ns'] / 1e6:.{digits}f}, not in the bound" if "host_ns" in bound else ""
+    return parts + host
+
+
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
     """Help that shows each flag's default, except where there is none to show (None, False) or the help
     text already says it."""

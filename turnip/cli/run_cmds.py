@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from turnip.cli import DefaultsHelp
+from turnip.cli import DefaultsHelp, format_bound
 from turnip.cli import args as ck
 from turnip.cli import format_nbytes as _sz
 
@@ -488,9 +488,12 @@ def _report(rows: list[dict], bound: dict, res, resident_nbytes: int = 0, traini
     hc = res.host_cost_ns()[res.issue_ns > 0] / 1e3  # issued vertices (not resident inputs)
     print(f"host cost / vertex   median {np.median(hc):.1f} us, p90 {np.percentile(hc, 90):.1f} us "
           "(issue + completion handling)")  # fmt: skip
-    parts = ", ".join(f"{k[:-3]} {v / 1e6:.2f}" for k, v in bound.items() if k != "lower_bound_ns")
+    parts = format_bound(bound)
     if profile is None:
         print(f"lower bound          {lb:.3f} ms ({parts}); efficiency {lb / np.median(ms):.3f}")
+        if ms.min() < lb:
+            print(f"warning: a run took {ms.min():.3f} ms, less than its lower bound: the bound or the profile is "
+                  "wrong there; please report it with this output")  # fmt: skip
     else:  # the bound describes a GPU machine, not this CPU run: no efficiency
         print(f"lower bound          {lb:.3f} ms on the {profile} profile ({parts}), for reference: this run is on "
               "the CPU backend")  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from turnip.cli import DefaultsHelp
+from turnip.cli import DefaultsHelp, format_bound
 from turnip.cli import args as ck
 
 POLICY_HELP = (
@@ -209,7 +209,7 @@ def cmd_simulate(a) -> int:
     drawn = a.runs > 1 and not a.mean_only and (
         (a.host_factor is None and prof.host_excess_sd > 0) or (a.link_factor is None and prof.link_excess_sd > 0))
     which = " (run 1's: each run's host and host link factors are drawn)" if drawn else ""
-    parts = ", ".join(f"{k.removesuffix('_ns')} {v / 1e6:.1f}" for k, v in first.bound.items() if k != "lower_bound_ns")
+    parts = format_bound(first.bound, 1)
     print(f"lower bound {first.lower_bound_ns / 1e6:.3f} ms{which} ({parts})")
     print(f"efficiency {eff:.3f}; simulated {rate} vertices/s")
     if a.trace:
