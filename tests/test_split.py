@@ -164,3 +164,13 @@ def test_7b_layers_split_has_fewer_vertices_than_the_tensor_split_on_4_gpus():
     t, l4 = (make_taskgraph("llama-7b", 1024, 4, n_layers=4, train=TrainSpec(4), split=s, **kw).n
              for s in ("tensor", "layers"))  # fmt: skip
     assert l4 < t / 2
+
+
+def test_compile_model_prefills_a_batch():
+    """``compile_model(batch=B)``: B prompts of ``seq`` tokens in one plan, as `turnip compile --batch` builds."""
+    from turnip.compile import compile_model
+    from turnip.memgraph.verify import verify
+
+    tg, mg = compile_model("llama-tiny", seq=64, gpus=2, budget="64MiB", batch=3)
+    assert tg.meta["batch"] == 3 and verify(mg, tg) == []
+    assert tg.meta["output_blocks"]["out"][0] == (3 * 64, 64)

@@ -458,8 +458,10 @@ def compile_model(
     train=None,
     split: str = "tensor",
     profile=None,
+    batch: int = 1,
 ) -> tuple[TaskGraph, MemGraph]:
-    """Taskgraph and memgraph of a model (``train``: a ``turnip.train.TrainSpec`` for a LoRA training step).
+    """Taskgraph and memgraph of a model (``train``: a ``turnip.train.TrainSpec`` for a LoRA training step;
+    ``batch``: prompts of ``seq`` tokens prefilled together, as ``make_taskgraph``).
     ``split``: tensor, layers, or auto (the CLI's default): on several GPUs both plans are built and the one
     with the smaller predicted makespan on ``profile`` (a name or a ``MachineProfile``; default
     ``SPLIT_PROFILE``) is kept (``build_split``)."""
@@ -467,7 +469,7 @@ def compile_model(
     return build_split(
         split_candidates(model, gpus, split, n_layers),
         lambda s: make_taskgraph(model, seq, gpus, dtype, tiles, n_layers=n_layers, budget_nbytes=b, train=train,
-                                 split=s),
+                                 split=s, batch=batch),
         lambda tg: build_with_resident(tg, b, config, resident, progress, workspace),
         profile,
     )  # fmt: skip
