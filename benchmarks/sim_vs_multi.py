@@ -1,0 +1,89 @@
+"""The simulator against measured multi-GPU prefills: each row of a ``benchmarks/multi_gpu.py`` CSV compiled
+again (the same model, prompt, batch, GPUs, budget, split and ``--resident auto``: compiling is deterministic)
+and simulated ``--runs`` times per policy on ``--profile``; the error of the mean simulated makespan against
+the measured median, and the simulated nondet/det ratio against the measured one.
+
+    python benchmarks/sim_vs_multi.py benchmarks/results/multi_gpu/prefill_h100x4.csv --profile h100-calibrated
+    python benchmarks/sim_vs_multi.py CSV --links probe.json   # the host link totals of another measurement
+
+``--links FILE.json``: host link totals (``turnip.linkprobe`` output, the profile's three
+``host_*_total_bytes_per_s`` fields) in place of the profile's; ``--independent-links``: none (every GPU its
+own link, as before the host was modelled). Writes ``--out`` (CSV) when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+from pathlib import Path
+
+
+def simulate_row(r: dict, prof, runs: int, cache: dict) -> float:
+    """Mean simulated makespan (ms) of the measured row ``r`` (compiled once per configuration)."""
+    from sim.engine import simulate
+    from sim.timing import TimingModel
+    from turnip.compile import compile_model
+
+    budget = "60GiB" if r["budget"] == "none" else r["budget"]
+    key = (r["model"], r["seq"], r.get("batch", "1") or "1", r["gpus"], budget, r["split"])
+    if key not in cache:
+        kw = {"split": r["split"]} if r["split"] not in ("", "default") else {}
+        if int(key[2]) > 1:
+            kw["batch"] = int(key[2])
+        mg = compile_model(r["model"], seq=int(r["seq"]), gpus=int(r["gpus"]), budget=budget, resident="auto", **kw)[1]
+        if int(r.get("vertices") or mg.n) != mg.n:
+            raise ValueError(f"{key}: compiled {mg.n} vertices, the measured plan had {r['vertices']}")
+        cache[key] = (mg, TimingModel(mg, prof))
+    mg, tm = cache[key]
+    return statistics.fmean(simulate(mg, prof, r["policy"], s, False, tm).makespan_ns for s in range(runs)) / 1e6
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("csv", help="a benchmarks/multi_gpu.py CSV (prefill rows)")
+    ap.add_argument("--profile", default="h100-calibrated")
+    ap.add_argument("--links", help="host link totals JSON (turnip.linkprobe --json) in place of the profile's")
+    ap.add_argument("--independent-links", action="store_true", help="no host caps: every GPU its own link")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--out", help="write the rows with their simulated times here (CSV)")
+    a = ap.parse_args(argv)
+    from turnip.machine.profile import load_profile
+
+    prof = load_profile(a.profile)
+    if a.links:
+        prof = prof.replace(**{k: tuple(v) for k, v in json.loads(Path(a.links).read_text()).items()})
+    if a.independent_links:
+        prof = prof.replace(host_h2d_total_bytes_per_s=(), host_d2h_total_bytes_per_s=(), host_both_total_bytes_per_s=())
+    rows = [r for r in csv.DictReader(open(a.csv)) if r["workload"] == "prefill" and r.get("ms_median")]
+    cache: dict = {}
+    for r in rows:
+        r["sim_ms"] = simulate_row(r, prof, a.runs, cache)
+        r["error"] = r["sim_ms"] / float(r["ms_median"]) - 1
+    by = {(r["seq"], r["budget"], r["gpus"], r["split"], r["policy"]): r for r in rows}
+    print("| prompt | budget | GPUs | split | nondet measured / simulated | error | det error | nondet/det measured / sim |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (seq, budget, gpus, split, policy), r in by.items():
+        if policy != "nondet":
+            continue
+        d = by.get((seq, budget, gpus, split, "det"))
+        det = f"{d['error']:+.1%}" if d else "-"
+        ratio = (f"{float(r['ms_median']) / float(d['ms_median']):.2f} / {r['sim_ms'] / d['sim_ms']:.2f}" if d
+                 else "-")  # fmt: skip
+        print(f"| {int(seq) // 1024}K | {budget} | {gpus} | {split} | {float(r['ms_median']):.1f} / {r['sim_ms']:.1f} "
+              f"| {r['error']:+.1%} | {det} | {ratio} |")  # fmt: skip
+    within = sum(abs(r["error"]) <= 0.05 for r in rows)
+    print(f"\n{within} of {len(rows)} cells within +-5%; mean |error| "
+          f"{statistics.fmean(abs(r['error']) for r in rows):.1%} ({a.profile}"
+          f"{', links ' + a.links if a.links else ''}{', independent links' if a.independent_links else ''})")
+    if a.out:
+        with open(a.out, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
