@@ -14,7 +14,6 @@ the Python stack on SIGABRT). A clean process prints every marker and exits 0.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import subprocess
 import sys
@@ -54,10 +53,9 @@ def cmd_cmds(a) -> int:
             print("   stderr: " + tail[-1500:], flush=True)
             print("   stdout: " + " | ".join(p.stdout.strip().splitlines()[-3:]), flush=True)
     if a.out:
-        with open(a.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        from multi_gpu import write_csv  # a sibling script
+
+        write_csv(a.out, rows)
     return 0
 
 

@@ -108,8 +108,9 @@ def _fmt(r: dict) -> str:
             f"{r['policy']:8s} {ms}{extra}{rep} rc {r['rc']}")  # fmt: skip
 
 
-def _write(path: Path, rows: list[dict]) -> None:
-    """Every row so far (written after each configuration: a run stopped at its limit keeps what it measured)."""
+def write_csv(path, rows: list[dict]) -> None:
+    """``rows`` as a CSV with every key any row has (here after each configuration: a run stopped at its limit
+    keeps what it measured; the other multi-GPU scripts write theirs with it too)."""
     if not rows:
         return
     keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -154,12 +155,12 @@ def main(argv=None) -> int:
                     rows += prefill_row(a, int(seq), budget, g, split, int(batch or 1))
                 except Exception as e:  # noqa: BLE001 - one failed configuration does not end the session
                     print(f"prefill {seq}:{budget} {g} GPUs {split}: {type(e).__name__}: {e}", flush=True)
-                _write(out / f"multi_gpu{a.tag}.csv", rows)
+                write_csv(out / f"multi_gpu{a.tag}.csv", rows)
     for spec in a.lora:
         for g in a.gpus:
             for split in a.splits if g > 1 else ["default"]:
                 rows.append(lora_row(a, spec, g, split))
-                _write(out / f"multi_gpu{a.tag}.csv", rows)
+                write_csv(out / f"multi_gpu{a.tag}.csv", rows)
     if not rows:
         return 1
     print("\n| workload | seq | budget | GPUs | split | policy | ms | / 1 GPU | bound / ms | rc |")

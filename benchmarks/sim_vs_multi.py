@@ -55,14 +55,15 @@ def main(argv=None) -> int:
     if a.links:
         prof = prof.replace(**{k: tuple(v) for k, v in json.loads(Path(a.links).read_text()).items()})
     if a.independent_links:
-        prof = prof.replace(host_h2d_total_bytes_per_s=(), host_d2h_total_bytes_per_s=(), host_both_total_bytes_per_s=())
+        prof = prof.replace(**{f"host_{k}_total_bytes_per_s": () for k in ("h2d", "d2h", "both")})
     rows = [r for r in csv.DictReader(open(a.csv)) if r["workload"] == "prefill" and r.get("ms_median")]
     cache: dict = {}
     for r in rows:
         r["sim_ms"] = simulate_row(r, prof, a.runs, cache)
         r["error"] = r["sim_ms"] / float(r["ms_median"]) - 1
     by = {(r["seq"], r["budget"], r["gpus"], r["split"], r["policy"]): r for r in rows}
-    print("| prompt | budget | GPUs | split | nondet measured / simulated | error | det error | nondet/det measured / sim |")
+    print("| prompt | budget | GPUs | split | nondet measured / simulated | error | det error "
+          "| nondet/det measured / sim |")
     print("|---|---|---|---|---|---|---|---|")
     for (seq, budget, gpus, split, policy), r in by.items():
         if policy != "nondet":
@@ -78,10 +79,9 @@ def main(argv=None) -> int:
           f"{statistics.fmean(abs(r['error']) for r in rows):.1%} ({a.profile}"
           f"{', links ' + a.links if a.links else ''}{', independent links' if a.independent_links else ''})")
     if a.out:
-        with open(a.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        from multi_gpu import write_csv  # a sibling script
+
+        write_csv(a.out, rows)
     return 0
 
 
