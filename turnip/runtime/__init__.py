@@ -12,7 +12,7 @@ pinned host memory). Importing this package needs numpy only; backends import th
 from __future__ import annotations
 
 from turnip.runtime.driver import RunResult, execute
-from turnip.runtime.errors import BackendError, RuntimeStall, VertexFailed
+from turnip.runtime.errors import BackendError, PlanError, RuntimeStall, VertexFailed
 
 BACKENDS = ("cpu", "cuda")
 
@@ -20,7 +20,11 @@ BACKENDS = ("cpu", "cuda")
 def open_backend(name: str, mg, streams_per_gpu: int = 5, **options):
     """Load plan ``mg`` on backend ``name`` ('cpu' or 'cuda'): allocate its memory, build every view and
     closure. ``options`` go to the backend (cpu: ``chaos``, ``chaos_max_s``, ``poison``; cuda: ``devices``,
-    ``gemm``, ``fast``, ``bound``, ``device_start``)."""
+    ``gemm``, ``fast``, ``bound``, ``device_start``). The plan is checked first (``plancheck.check_plan``,
+    ``PlanError`` naming the first offending vertex), before any backend library is imported."""
+    from turnip.runtime.plancheck import check_plan
+
+    check_plan(mg)
     if name == "cpu":
         from turnip.runtime.cpu import CpuBackend
 
@@ -47,5 +51,5 @@ def open_loaded(name: str, tg, mg, streams_per_gpu: int = 5, seed: int = 0, **op
     return be
 
 
-__all__ = ["BACKENDS", "BackendError", "RunResult", "RuntimeStall", "VertexFailed", "execute", "open_backend",
-           "open_loaded"]  # fmt: skip
+__all__ = ["BACKENDS", "BackendError", "PlanError", "RunResult", "RuntimeStall", "VertexFailed", "execute",
+           "open_backend", "open_loaded"]  # fmt: skip

@@ -12,6 +12,8 @@ run, so a vertex that reads bytes nothing wrote in this run gives NaN. Chaos (``
 probability ``p`` a vertex sleeps a random time (up to ``chaos_max_s``) before running and/or before
 reporting its completion, drawn per run from ``begin_run(seed)``. Different seeds give different valid
 orders, so a memgraph with a missing dependency or an overlapping address gives wrong numbers here.
+Every arena and host region lies between two guard regions of a fixed pattern that no view covers
+(``guards_intact`` checks them).
 
 Invariants: a slot's queue holds at most one vertex (the scheduler gives a slot to one vertex until its
 completion); ``_n_in_flight`` counts submitted vertices whose completion the loop has not read.
@@ -32,6 +34,9 @@ from turnip.runtime.errors import VertexFailed
 from turnip.runtime.layout import HOST_INPUT, input_vertices, output_sources, plan_layout
 from turnip.runtime.weights import NP_OF
 
+GUARD_NBYTES = 4096  # before and after every arena and host region
+GUARD_BYTE = 0xA5
+
 
 class CpuBackend:
     name = "cpu"
@@ -49,6 +54,7 @@ class CpuBackend:
         self.allocations = 0
         self.views_built = 0
         self.lay = lay = plan_layout(mg)
+        self._whole: list[np.ndarray] = []  # each allocation with its guard regions
         self.arenas = [self._alloc(int(b)) for b in mg.budget_nbytes]
         self.host = [self._alloc(lay.host_input_nbytes), self._alloc(lay.host_offload_nbytes)]
         self._buf = {}
@@ -73,8 +79,18 @@ class CpuBackend:
 
     # ------------------------------------------------------------------ plan load
     def _alloc(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` zeros between two guard regions of ``GUARD_NBYTES`` filled with ``GUARD_BYTE`` (outside
+        the returned view: every view the kernels use lies within it)."""
         self.allocations += 1
-        return np.zeros(nbytes, dtype=np.uint8)
+        whole = np.zeros(nbytes + 2 * GUARD_NBYTES, dtype=np.uint8)  # pages of zeros mapped lazily, as before
+        whole[:GUARD_NBYTES] = whole[GUARD_NBYTES + nbytes :] = GUARD_BYTE
+        self._whole.append(whole)
+        return whole[GUARD_NBYTES : GUARD_NBYTES + nbytes]
+
+    def guards_intact(self) -> bool:
+        """No byte before or after an arena or host region was written (a test checks it after runs)."""
+        return all((w[:GUARD_NBYTES] == GUARD_BYTE).all() and (w[len(w) - GUARD_NBYTES :] == GUARD_BYTE).all()
+                   for w in self._whole)  # fmt: skip
 
     def _view(self, mem: np.ndarray, off: int, v: int) -> np.ndarray:
         self.views_built += 1
@@ -263,7 +279,7 @@ class CpuBackend:
             q.put(None)
         for t in self._threads:
             t.join()
-        self.arenas, self.host, self._buf, self._fn = [], [], {}, []
+        self.arenas, self.host, self._buf, self._fn, self._whole = [], [], {}, [], []
 
     def __enter__(self):
         return self

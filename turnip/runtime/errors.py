@@ -23,3 +23,13 @@ class RuntimeStall(RuntimeError):
 
 class BackendError(RuntimeError):
     """A backend could not be set up (no device, a plan that does not fit, missing inputs...)."""
+
+
+class PlanError(ValueError):
+    """A plan fails the checks made before it is loaded (``turnip.runtime.plancheck``): it could crash the
+    runtime or make it write outside its memory. Names the first offending vertex (``v``, its ``label``; -1
+    and the plan for a header field) and the ``field`` at fault."""
+
+    def __init__(self, v: int, label: str, field: str, why: str):
+        self.v, self.label, self.field, self.why = v, label, field, why
+        super().__init__(f"{label}: {field} {why}")
