@@ -12,7 +12,7 @@ Errors (one path for every subcommand, in ``main``):
   while writing. argparse's own errors (unknown flag, ``--runs x``, an invalid choice) raise
   ``SystemExit(2)`` after the usage line, as argparse does; everything else is *returned* by ``main``.
 - Commands raise ``CliError(message, code)`` for what they check themselves; ``as_cli_error`` maps the
-  library's typed exceptions (``BudgetError``, ``PlanFormatError``, ``BackendError``, ``VertexFailed``,
+  library's typed exceptions (``BudgetError``, ``PlanFormatError``, ``PlanError``, ``BackendError``, ``VertexFailed``,
   ``RuntimeStall``, ``CudaError``, ``MemoryError``, ``ImportError`` of a missing package, ``OSError``) to
   one in one place.
 - ``turnip --debug COMMAND ...`` (or ``--debug`` after the command) prints the traceback of an expected
@@ -118,13 +118,16 @@ def as_cli_error(e: BaseException) -> CliError | None:
         return e
     from turnip.memgraph.build import BudgetError
     from turnip.memgraph.io import PlanFormatError
-    from turnip.runtime.errors import BackendError, RuntimeStall, VertexFailed
+    from turnip.runtime.errors import BackendError, PlanError, RuntimeStall, VertexFailed
 
     if isinstance(e, BudgetError):  # "<what>. <advice>." -> "<what>; <advice>."
         what, sep, todo = _one_line(e).rpartition(". ")
         if sep and todo:
             return CliError(f"{what}; {todo[0].lower()}{todo[1:]}", FAILED)
         return CliError(f"{_one_line(e)}; raise --budget or use smaller tiles (--tile t=...)", FAILED)
+    if isinstance(e, PlanError):
+        return CliError(f"the plan fails the checks made before loading it: {_one_line(e)}; compile it again "
+                        "(`turnip compile -o`)", USAGE)  # fmt: skip
     if isinstance(e, PlanFormatError):
         return CliError(f"{_one_line(e)}; pass a plan written by `turnip compile -o` (compile it again if it "
                         "came from another version)", USAGE)  # fmt: skip

@@ -70,7 +70,9 @@ def register(sub) -> None:
         "verify",
         help="check a plan file for cycles, lost dependencies and races",
         description="Independent verification of a saved plan: acyclic, every taskgraph dependency "
-        "kept or replaced by offload->reload, no race under any valid order, writes in bounds.",
+        "kept or replaced by offload->reload, no race under any valid order, writes in bounds. A plan that fails "
+        "the checks every backend makes before loading it (array types, ranges, shapes, bounds) is reported by "
+        "the first of them as a [load] violation, without verifying further.",
     )
     v.add_argument("plan", help="plan file written by `turnip compile -o`")
     v.add_argument("--json", action="store_true", help="print the violations as JSON")
@@ -269,20 +271,42 @@ def cmd_compile(a) -> int:
 
 
 def load_plan_arg(path: str, what: str = "plan"):
-    """A plan file named on the command line: (memgraph, taskgraph or None); usage errors if it is not one."""
+    """A plan file named on the command line: (memgraph, taskgraph or None), past the load checks; usage
+    errors if it is not one (``PlanFormatError``) or fails them (``PlanError``; ``turnip.cli.as_cli_error``)."""
+    mg, tg, problems, _ = read_plan(path, what, verify=False)
+    if problems:
+        raise problems[0]
+    return mg, tg
+
+
+def read_plan(path: str, what: str = "plan", verify: bool = True):
+    """Read a plan file and report its problems, for ``turnip verify`` and ``turnip run``: (memgraph,
+    taskgraph or None, problems, verify_s). ``problems`` is empty for a plan safe to run, else the first
+    failed load check (a ``PlanError``, ``turnip.runtime.plancheck``: the verifier is not run on such a plan),
+    else the verifier's violations (``verify``; ``verify_s`` is its time). A file that is not a plan raises
+    ``PlanFormatError`` naming it."""
     from turnip.memgraph.io import load_plan
+    from turnip.runtime.errors import PlanError
+    from turnip.runtime.plancheck import check_plan
 
     ck.input_file(path, what, "pass a plan written by `turnip compile -o`")
-    return load_plan(path)  # PlanFormatError: a usage error naming the problem (turnip.cli.as_cli_error)
+    mg, tg = load_plan(path)  # PlanFormatError: a usage error naming the problem (turnip.cli.as_cli_error)
+    try:
+        check_plan(mg, tg)
+    except PlanError as e:
+        return mg, tg, [e], 0.0
+    if not verify:
+        return mg, tg, [], 0.0
+    t0 = time.perf_counter()
+    vs = verify_with_progress(mg, tg)
+    return mg, tg, vs, time.perf_counter() - t0
 
 
 def cmd_verify(a) -> int:
-    mg, tg = load_plan_arg(a.plan)
-    t0 = time.perf_counter()
-    vs = verify_with_progress(mg, tg)
-    dt = time.perf_counter() - t0
+    mg, tg, vs, dt = read_plan(a.plan)
+    vs = [f"[load] {v}" if isinstance(v, Exception) else str(v) for v in vs]
     if a.json:
-        print(json.dumps({"plan": a.plan, "vertices": mg.n, "violations": [str(v) for v in vs], "verify_s": dt}))
+        print(json.dumps({"plan": a.plan, "vertices": mg.n, "violations": vs, "verify_s": dt}))
     else:
         print(f"{a.plan}: {mg.n} vertices, {'ok' if not vs else f'{len(vs)} violations'} ({dt:.2f} s)")
         for v in vs[:50]:

@@ -29,7 +29,11 @@ def register(sub) -> None:
         "vertex and the plan's lower bound next to the measured time.",
         formatter_class=DefaultsHelp,
     )
-    p.add_argument("plan", nargs="?", metavar="PLAN", help="plan file (default: compile --model ...)")
+    p.add_argument("plan", nargs="?", metavar="PLAN", help="plan file (default: compile --model ...); it is "
+                   "checked and verified (`turnip verify`) before it is loaded")  # fmt: skip
+    p.add_argument("--no-verify", action="store_true",
+                   help="PLAN: skip the verifier (races, lost dependencies), for plans you made yourself; the "
+                   "cheap checks that keep the runtime in its memory are always made")  # fmt: skip
     p.add_argument("--model", default="llama-tiny", type=ck.model, metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--seq", type=ck.COUNT, default=64, help="prompt length in tokens (random ids; a --prompt sets it)")
     p.add_argument("--prompt", metavar="TEXT", help="prompt text, tokenized with the model directory's tokenizer.json")
@@ -86,13 +90,21 @@ def register(sub) -> None:
 
 
 def _plan(a):
-    if a.plan:
-        from turnip.cli.compile_cmds import load_plan_arg
+    import sys
 
-        mg, tg = load_plan_arg(a.plan)
+    if a.plan:
+        from turnip.cli.compile_cmds import read_plan
+
+        mg, tg, problems, verify_s = read_plan(a.plan, verify=not a.no_verify)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ck.CliError(f"{a.plan} is not safe to run: {problems[0]}{more}; `turnip verify {a.plan}` lists "
+                              "its problems: compile the plan again", ck.USAGE)  # fmt: skip
         if tg is None:
             raise ck.CliError(f"{a.plan} holds no taskgraph, which a run needs; compile it again with "
                               "`turnip compile -o`", ck.USAGE)  # fmt: skip
+        if verify_s >= 1.0:
+            print(f"verified {a.plan} in {verify_s:.1f} s (--no-verify skips it)", file=sys.stderr)
         return tg, mg, {"plan": a.plan, "model": tg.meta.get("model", "?")}
     from turnip.cli.compile_cmds import build_plan, compile_args
 
@@ -293,6 +305,9 @@ def _check_args(a) -> None:
                           "--tile or compile the plan again with them", ck.USAGE)  # fmt: skip
     if a.plan:
         ck.unused_flags(a, plan_file=a.plan)
+    elif a.no_verify:
+        raise ck.CliError("--no-verify applies to a plan file (a plan compiled here is not verified); drop it",
+                          ck.USAGE)  # fmt: skip
 
 
 def cmd_run(a) -> int:
