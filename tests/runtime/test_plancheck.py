@@ -140,3 +140,16 @@ def test_a_cycle_and_bad_params_are_refused(plans):
     check_plan(mg)  # well typed, but not what the taskgraph says
     with pytest.raises(PlanError, match="differs from taskgraph vertex"):
         check_plan(mg, tg)
+
+
+def test_an_offload_of_another_tensors_buffer_is_caught_by_both():
+    """Found by the fuzz test: an offload reading a same-shaped buffer of another tensor passed both."""
+    from turnip.memgraph.plan import KIND_OFFLOAD
+
+    tg, mg = compile_model("llama-tiny", seq=16, dtype="fp32", n_layers=1, budget="40KiB", workspace="0")
+    v = int(np.flatnonzero(mg.kind == KIND_OFFLOAD)[0])
+    i = int(mg.in_ptr[v])
+    mg.in_idx[i] = next(b for b in range(v) if mg.shape[b] == mg.shape[mg.in_idx[i]] and mg.tensor[b] != mg.tensor[v])
+    assert any("offloads a buffer of another tensor" in str(x) for x in verify(mg, tg))
+    with pytest.raises(PlanError, match="not its own tensor"):
+        check_plan(mg)

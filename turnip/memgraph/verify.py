@@ -6,8 +6,8 @@ Checks, each reported as a ``Violation``:
   dataflow   every writer of a buffer happens before every reader of it; in-place writers after its creator
   taskgraph  every taskgraph vertex appears once, reads buffers of the right tensors, and every taskgraph
              dependency on a computed tensor is kept (directly or through offload→reload)
-  host       a reload of a computed tensor depends on an offload of that tensor to the same host bytes,
-             and host copies of different tensors never overlap
+  host       a reload of a computed tensor depends on an offload of that tensor to the same host bytes, an
+             offload copies a buffer of its own tensor, and host copies of different tensors never overlap
   race       buffers sharing bytes on one GPU are ordered: every access of the earlier one happens before
              the later one is created — so no valid order can interleave them (interval sweep over
              buffers in topological order of their creators, plus reachability)
@@ -192,6 +192,8 @@ def _check_host(mg, reach, add):
         key = (t in inputs, t)
         if slots.setdefault(key, (off, nb)) != (off, nb):
             add("host", [v], f"{mg.label(v)} uses host bytes {off}+{nb}, tensor's copy is at {slots[key]}")
+        if mg.kind[v] == KIND_OFFLOAD and any(mg.tensor[b] != t for b in mg.reads(v)):
+            add("host", [v], f"{mg.label(v)} offloads a buffer of another tensor ({mg.reads(v).tolist()})")
         if mg.kind[v] == KIND_RELOAD and t not in inputs:
             srcs = [int(d) for d in mg.deps(v) if mg.kind[d] == KIND_OFFLOAD and mg.tensor[d] == t]
             if not srcs:

@@ -12,12 +12,15 @@ pass over the per-vertex lists (op, params, shape, dtype).
   memory     every GPU write inside its arena and below the workspace reserved at its top; every host copy
              inside its host region (the regions of ``layout.plan_layout``)
   reads      CSR in range; each names a vertex that creates a buffer on the GPU the reader reads from; copies
-             move a buffer of their own shape and dtype; a kernel's operands give its shape (``ops.check_shapes``)
+             move a buffer of their shape and dtype (an offload, of its own tensor); a kernel's operands give
+             its shape (``ops.check_shapes``)
   deps       CSR in range, acyclic (Kahn's algorithm when an edge points backwards)
   locks      a vertex is in a lock group iff it is a sum-into, and the group is its accumulator tensor
   outputs    in range, once each, each a buffer or a host copy
-  taskgraph  (when given) well formed (``TaskGraph.validate``); each vertex the shape and dtype of its tensor and
-             the op and params of its taskgraph vertex; inputs the taskgraph's inputs, outputs its outputs
+  taskgraph  (when given) arrays and CSR in range, index order topological, shapes and dtypes giving nbytes (the
+             rest of ``TaskGraph.validate``, which costs 30 times more, follows for the vertices in the memgraph
+             from the checks above and below); each vertex the shape and dtype of its tensor and the op and params
+             of its taskgraph vertex; inputs the taskgraph's inputs, outputs its outputs
 Races, dataflow order and lost dependencies are the verifier's (``turnip.memgraph.verify``).
 """
 
@@ -54,9 +57,9 @@ _FLAG = frozenset({"causal", "partial", "inverse", "resident"})
 _TEXT = frozenset({"subscripts", "src"})
 
 
-def check_plan(mg: MemGraph, tg=None, tg_validated: bool = False) -> None:
+def check_plan(mg: MemGraph, tg=None) -> None:
     """Raise ``PlanError`` at the first thing in ``mg`` (and ``tg``, its taskgraph, if given) that the runtime
-    cannot load safely. ``tg_validated``: ``tg.validate()`` passed already on this unchanged taskgraph."""
+    cannot load safely."""
     _header(mg)
     expect = _vertices(mg)
     _memory(mg, expect)
@@ -64,7 +67,7 @@ def check_plan(mg: MemGraph, tg=None, tg_validated: bool = False) -> None:
     _deps(mg)
     _locks_outputs(mg)
     if tg is not None:
-        _taskgraph(mg, tg, tg_validated)
+        _taskgraph(mg, tg)
 
 
 def _fail(mg, v: int, field: str, why: str):
@@ -293,6 +296,8 @@ def _reads(mg) -> None:
         k, r = int(kind[v]), ii[ip[v] : ip[v + 1]]
         if k in (KIND_OFFLOAD, KIND_TRANSFER):
             b = r[0]
+            if k == KIND_OFFLOAD and mg.tensor[b] != mg.tensor[v]:
+                _fail(mg, v, "in_idx", f"offloads buffer {b} of tensor {int(mg.tensor[b])}, not its own tensor")
             if tuple(mg.shape[b]) != tuple(mg.shape[v]) or mg.dtype[b] != mg.dtype[v]:
                 _fail(mg, v, "shape", f"{tuple(mg.shape[v])} {mg.dtype[v]} copies buffer {b} of "
                       f"{tuple(mg.shape[b])} {mg.dtype[b]}")  # fmt: skip
@@ -374,9 +379,7 @@ def _locks_outputs(mg) -> None:
         _fail(mg, int(out[_first(bad)]), "outputs", "names a sum-into, which creates no buffer")
 
 
-def _taskgraph(mg, tg, validated: bool) -> None:
-    from turnip.taskgraph import TaskGraphError
-
+def _taskgraph(mg, tg) -> None:
     def fail(field: str, why: str):
         raise PlanError(-1, "taskgraph", field, why)
 
@@ -398,11 +401,26 @@ def _taskgraph(mg, tg, validated: bool) -> None:
         fail("arg_ptr", "is not a CSR over the taskgraph's vertices")
     if ((tg.acc < -1) | (tg.acc >= nt)).any():
         fail("acc", "names a vertex out of range")
-    try:
-        if not validated:
-            tg.validate()
-    except (TaskGraphError, ArithmeticError, TypeError, ValueError, KeyError, IndexError) as e:
-        fail("vertices", f"{type(e).__name__}: {e}")
+    owner = np.repeat(np.arange(nt), np.diff(p))
+    if (a >= owner).any():  # a taskgraph's index order is topological: this is its acyclicity
+        fail("arg_idx", f"vertex {int(owner[_first(a >= owner)])} reads a tensor made after it")
+    if ((tg.kind < 0) | (tg.kind > KIND_TRANSFER)).any() or ((tg.gpu < 0) | (tg.gpu >= tg.n_gpus)).any():
+        fail("kind", "or gpu out of range")
+    for t in range(nt):
+        op, s, dt = tg.op[t], tg.shape[t], tg.dtype[t]
+        if (
+            not isinstance(dt, str)
+            or dt not in DTYPE_NBYTES
+            or not isinstance(s, tuple | list)
+            or not all(_is_int(x) and x >= 1 for x in s)
+            or not isinstance(op, str)
+            or not isinstance(tg.params[t], dict)
+        ):
+            fail(
+                "vertices", f"vertex {t} ({str(tg.name[t])[:60]}): op {op!r}, shape {s!r} or dtype {dt!r} is malformed"
+            )
+        if tg.nbytes[t] != (0 if op == "sum_into" else math.prod(s) * DTYPE_NBYTES[dt]):
+            fail("nbytes", f"of vertex {t} is {tg.nbytes[t]}, not what shape {tuple(s)} {dt} makes")
     for name, lo in (("tensor", 0), ("tg_vertex", -1)):
         x = getattr(mg, name)
         bad = (x < lo) | (x >= nt)
