@@ -3,7 +3,7 @@ again (the same model, prompt, batch, GPUs, budget, split and ``--resident auto`
 and simulated ``--runs`` times per policy on ``--profile``; the error of the mean simulated makespan against
 the measured median, and the simulated nondet/det ratio against the measured one.
 
-    python benchmarks/sim_vs_multi.py benchmarks/results/multi_gpu/prefill_h100x4.csv --profile h100-calibrated
+    python benchmarks/sim_vs_multi.py benchmarks/results/multi_gpu/prefill_7b_h100x4.csv --profile h100-calibrated
     python benchmarks/sim_vs_multi.py CSV --links probe.json   # the host link totals of another measurement
 
 ``--links FILE.json``: host link totals (``turnip.linkprobe`` output, the profile's three
