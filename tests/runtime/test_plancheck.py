@@ -153,3 +153,21 @@ def test_an_offload_of_another_tensors_buffer_is_caught_by_both():
     assert any("offloads a buffer of another tensor" in str(x) for x in verify(mg, tg))
     with pytest.raises(PlanError, match="not its own tensor"):
         check_plan(mg)
+
+
+def test_adam_decay_rates_outside_zero_to_one_are_refused():
+    """b1, b2 in [0, 1) and eps >= 0: outside, Adam's bias corrections divide by zero or take a square root
+    of a negative number (NaN parameters after one step)."""
+    from turnip.compile import compile_model
+    from turnip.train import LoraConfig, TrainSpec
+
+    tg, mg = compile_model("llama-tiny", seq=16, budget="64MiB", dtype="fp32",
+                           train=TrainSpec(1, LoraConfig(2), "off"))  # fmt: skip
+    check_plan(mg, tg)
+    v = next(v for v in range(mg.n) if mg.op[v] == "adam_p")
+    for key, bad in (("b2", 1.5), ("b1", -0.1), ("b2", 1.0), ("eps", -1e-8)):
+        good = mg.params[v][key]
+        mg.params[v][key] = bad
+        with pytest.raises(PlanError, match=key):
+            check_plan(mg)
+        mg.params[v][key] = good

@@ -51,6 +51,7 @@ PER_VERTEX = ("kind", "gpu", "src_gpu", "tensor", "tg_vertex", "out_offset", "ou
 # the parameters the kernels read (turnip.reference, cuda_kernels) and what each must be
 _REAL = frozenset({"scale", "eps", "theta", "alpha", "b1", "b2", "lr", "rope_factor", "rope_low", "rope_high",
                    "rope_orig"})  # fmt: skip
+_UNIT = frozenset({"b1", "b2"})  # and in [0, 1)
 _POSITIVE = frozenset({"tk", "tq", "h", "dh", "r", "n_out", "itemsize"})
 _COUNT = frozenset({"q_off", "k_off", "pos_off", "start", "stop"})
 _FLAG = frozenset({"causal", "partial", "inverse", "resident"})
@@ -204,6 +205,10 @@ def _param_problem(p: dict) -> str | None:
             ok = (k == "rope_factor" and x is None) or (
                 isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x))  # fmt: skip
             want = "a finite number"
+            if ok and k in _UNIT and not 0 <= x < 1:  # Adam's decay rates: 1 - b^step is a divisor, sqrt'ed for b2
+                ok, want = False, "in [0, 1)"
+            elif ok and k == "eps" and x < 0:
+                ok, want = False, "a number >= 0"
         elif k in _POSITIVE or k in _COUNT:
             ok = _is_int(x) and x >= (1 if k in _POSITIVE else 0) and x <= MAX_NBYTES
             want = "an integer >= 1" if k in _POSITIVE else "an integer >= 0"
