@@ -5,10 +5,12 @@
 #   bash benchmarks/multi_gpu_checks.sh OUT tests    # GPU tests on every GPU (1, 2, 4)
 #   bash benchmarks/multi_gpu_checks.sh OUT prefill  # 7B prefill on 1, 2, 4 GPUs: splits, policies, reproducibility
 #   bash benchmarks/multi_gpu_checks.sh OUT lora     # 7B LoRA steps on 1, 2, 4 GPUs, exit codes
+#   bash benchmarks/multi_gpu_checks.sh OUT paper    # LLaMA-65B against HF Accelerate on 4 GPUs (long: pick rows)
+#   bash benchmarks/multi_gpu_checks.sh OUT tampered # tampered plan files under compute-sanitizer: refused
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
-what=${2:?diag, tests, prefill or lora}
+what=${2:?diag, tests, prefill, lora, paper or tampered}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import simpy, cudnn" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -42,6 +44,13 @@ prefill)
 lora)
     timeout 560 python3 benchmarks/multi_gpu.py --gpus 1 2 4 --rows --lora ${LORA:-8x1024:16GiB} \
         --splits ${SPLITS:-tensor layers} --out "$out" --tag _lora 2>&1 | tee "$out/lora.log" | tail -30
+    ;;
+paper)
+    timeout 590 python3 benchmarks/paper_scale.py --gpus "$ngpu" ${PAPER:-} --out "$out" 2>&1 | tee "$out/paper.log" | tail -30
+    ;;
+tampered)
+    python3 benchmarks/tampered_plans.py make "$out/plans" && timeout 400 python3 benchmarks/tampered_plans.py check \
+        "$out/plans" 2>&1 | tee "$out/tampered.log"
     ;;
 *)
     echo "unknown step $what" >&2
