@@ -14,38 +14,30 @@ makespans over every plan (absolute, not squared: one plan the model cannot foll
 field the plans do not pin down stays at its starting value: ties go to it. Under the shared clock
 (``power_slow_gemm`` > 0) the fraction is ``power_clock_draw``; measured (``calibration.power``) it is kept
 and only the factors are fitted, and attention's rate follows its measured draw (``attn_draw``).
+
+The plans are rebuilt from their rows by ``turnip.calplans`` (what ``turnip.calibrate`` measured); the
+measuring side never imports this module: the CLI hands ``fit_gpu_effects`` to ``turnip.calibrate.calibrate``.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
 
-def _plan_of(row: dict):
-    """The ``turnip.calibrate.KernelPlan`` a recorded plan row describes (a config file by its name, looked up
-    in ``benchmarks/configs``)."""
-    from turnip.calibrate import KernelPlan
-
-    model = row["model"]
-    if model.endswith(".json"):
-        model = str(Path(__file__).resolve().parent.parent / "benchmarks" / "configs" / model)
-    return KernelPlan(model, int(row["seq"]), dict(row["tiles"]), int(row.get("layers", 1)), row.get("head", "none"),
-                      int(row.get("batch", 0)))  # fmt: skip
-
-
 def recorded_plans(doc: dict) -> list[tuple[object, float, str, float | None]]:
     """(memgraph, median measured nondet makespan ns, label, median idle ns between its runs or None) of every
     recorded plan of a profile document."""
-    from turnip.calibrate import plan_graph
+    from turnip.calplans import plan_graph, recorded_plan
 
     out = []
     for row in doc.get("calibration", {}).get("plans", []):
         ms = row.get("nondet_ms")
         if not ms:
             continue
-        p = _plan_of(row)
+        p = recorded_plan(row)
         _tg, mg = plan_graph(p, row.get("dtype", "fp16"))
         label = f"{Path(p.model).stem} {f'{p.batch}x' if p.batch else ''}{p.seq} L{p.layers}"
         gap = row.get("gap_ms")
@@ -187,3 +179,17 @@ def fit_gpu_effects(doc: dict, log=print, plans=None) -> dict:
         f"{out['power_attn_flops_rate'] / TF:.0f} of {peak['attention'] / TF:.0f} TFLOP/s: mean |log error| "
         f"{err(start):.3f} -> {err(x):.3f} over {len(plans)} plans")  # fmt: skip
     return out | {"power_duty": 1.0}
+
+
+def refit(path: str, log=print) -> dict:
+    """A profile document ``turnip calibrate`` wrote, its concurrency factor and power limit fitted again
+    (``fit_gpu_effects``) to the plan makespans it recorded (``turnip calibrate --refit``); loads it first, so
+    a bad file is a one-line error."""
+    from turnip.machine.profile import load_profile
+
+    load_profile(path)
+    doc = json.loads(Path(path).read_text())
+    if not doc.get("calibration", {}).get("plans") or not any(p.get("nondet_ms") for p in doc["calibration"]["plans"]):
+        raise ValueError(f"{path}: records no plan makespans to fit to (written by an older `turnip calibrate`?)")
+    doc["machine"] |= fit_gpu_effects(doc, log=log)
+    return doc

@@ -88,3 +88,29 @@ def test_refit_good_profile_still_runs(tmp_path, monkeypatch):
     rc, stdout, err = call(["calibrate", "--refit", str(CALIBRATED), "-o", str(out)])
     assert rc == 0 and err == "" and "refitted from" in stdout
     assert load_profile(out).name == "refitted"
+
+
+def test_calibrate_hands_the_simulators_fit_to_the_measuring(tmp_path, monkeypatch):
+    """The measuring (``turnip.calibrate``) never imports the simulator: the CLI passes it ``sim.fit``'s fit
+    (the measurements themselves stubbed: they need a GPU)."""
+    import sim.fit
+    import turnip.calibrate
+    import turnip.cli.run_cmds
+
+    fields = ("h2d_bytes_per_s", "d2h_bytes_per_s", "pcie_both_bytes_per_s", "copy_latency_ns", "gemm_launch_ns",
+              "attn_launch_ns", "kernel_launch_ns", "copy_launch_ns", "completion_ns")  # fmt: skip
+    got = {}
+
+    def measured(dtypes, quick, **kw):
+        got.update(kw)
+        doc = {"machine": dict.fromkeys(fields, 1.0), "kernels": [], "copies": [], "calibration": {"seconds": 1}}
+        doc["machine"] |= kw["fit"](doc, log=print)
+        return doc
+
+    monkeypatch.setattr(turnip.cli.run_cmds, "_cuda_preflight", lambda *a, **k: None)
+    monkeypatch.setattr(turnip.calibrate, "calibrate", measured)
+    monkeypatch.setattr(sim.fit, "fit_gpu_effects", lambda doc, log=print: {"name": "fitted"})
+    out = tmp_path / "p.json"
+    rc, _stdout, err = call(["calibrate", "-o", str(out)])
+    assert rc == 0 and err == "", err
+    assert json.loads(out.read_text())["machine"]["name"] == "fitted"

@@ -29,9 +29,10 @@ Measurements, all through the code a real run uses:
   copies' issue cost.
 - **GPU-wide effects**: each plan's makespans back to back on every stream slot after SUSTAIN_S seconds of
   it, and the host's idle time between two of them (``calibration.plans``, ``run_gap_ns``);
-  ``sim.fit.fit_gpu_effects`` fits the concurrency factor and the flop rates GEMMs and attention sustain at
-  the power limit (one fraction of each class's best full-clock rate) to them (``turnip calibrate --refit``
-  does it again from the file).
+  ``sim.fit.fit_gpu_effects`` (passed in by the CLI: measuring never imports the simulator) fits the
+  concurrency factor and the flop rates GEMMs and attention sustain at the power limit (one fraction of each
+  class's best full-clock rate) to them (``turnip calibrate --refit``, ``sim.fit.refit``, does it again from
+  the file). The plans and their graphs are ``turnip.calplans``' (the fit replays them too).
 
 The profile is JSON: ``machine`` (scalar fields of ``MachineProfile``, the host and link figures measured
 here), ``kernels`` and ``copies`` (the tables). Plans used for validation (``benchmarks/sim_vs_real.py``)
@@ -45,59 +46,14 @@ import platform
 import time
 import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
+
+from turnip.calplans import KernelPlan, kernel_plans, plan_graph
 
 GiB = 1 << 30
 REST_S = 0.25  # seconds idle before each run timed for the kernel tables (clocks back at full speed)
 SUSTAIN_S = 1.0  # seconds of back-to-back nondet runs before the timed ones (the power limit's steady state)
-
-
-@dataclass(frozen=True)
-class KernelPlan:
-    """One calibration plan: a model (preset or config path), prompt length, tiles, layers, LM head."""
-
-    model: str
-    seq: int
-    tiles: dict
-    layers: int = 1
-    head: str = "none"
-    batch: int = 0  # > 0: a LoRA training step of this many sequences of ``seq`` tokens (rank 16, q,k,v,ffn)
-
-
-def kernel_plans(quick: bool = False) -> list[KernelPlan]:
-    """Prompt lengths and tiles chosen apart from the validation grid's defaults (1K..32K, default tiles):
-    token tiles 512..8192, head blocks of 4..16 heads, FFN blocks of 1376..5504 columns, key ranges split or
-    whole, grouped-query layers (LLaMA-3-8B shapes) and LM heads."""
-    gqa = str(Path(__file__).resolve().parent.parent / "benchmarks" / "configs" / "llama3-8b.json")
-    plans = [
-        KernelPlan("llama-7b", 3072, {"t": 512, "h": 8, "f": 1376}),
-        KernelPlan("llama-7b", 6144, {"t": 1536, "h": 16, "f": 2752}),
-        KernelPlan("llama-7b", 12288, {"t": 3072, "h": 16, "f": 5504}),
-        KernelPlan("llama-7b", 12288, {"t": 6144, "h": 4, "f": 5504, "kv": 6144}),
-        KernelPlan("llama-7b", 24576, {"t": 8192, "h": 8, "f": 2752}),
-        # attention over 7K-query tiles of every head against up to 28K keys (the largest attention and FFN
-        # kernels; about 40% of its time is attention: what attention sustains at the power limit)
-        KernelPlan("llama-7b", 28672, {"t": 7168, "h": 32, "f": 11008}),
-        KernelPlan("llama-7b", 2560, {"t": 2560, "h": 16, "f": 11008}, head="last"),
-    ]
-    if Path(gqa).exists():
-        plans += [KernelPlan(gqa, 6144, {"t": 2048, "h": 4, "f": 7168, "v": 32064}, head="last"),
-                  KernelPlan(gqa, 20480, {"t": 5120, "h": 4, "f": 3584})]  # fmt: skip
-    # training steps (their backward ops, LoRA's small GEMMs, the loss, Adam) at sequence lengths and head/FFN
-    # blocks apart from the training benchmark's (1K and 4K sequences, whole heads and FFN)
-    # (two layers: the second's backward goes through the frozen projections to the first's input; one long
-    # sequence: attention's backward at the tile sizes long training sequences use)
-    # eight layers: long enough on every stream slot to hold the GPU at its power limit
-    plans.append(KernelPlan("llama-7b", 6144, {"t": 3072, "h": 16, "f": 5504}, layers=8))
-    plans += [KernelPlan("llama-7b", 1536, {"h": 16, "f": 5504}, layers=2, batch=3),
-              KernelPlan("llama-7b", 2560, {"h": 8, "f": 2752}, layers=2, batch=2),
-              KernelPlan("llama-7b", 6144, {"h": 16, "f": 5504}, layers=2, batch=1)]  # fmt: skip
-    if quick:  # every other plan, always with the two that hold the GPU at its power limit (attention, 8 layers)
-        return [p for i, p in enumerate(plans) if i % 2 == 0 or p.seq == 28672 or p.layers == 8]
-    return plans
 
 
 def _kernel_samples(mg, runs, into: dict) -> dict:
@@ -301,20 +257,6 @@ def host_fields(host: dict) -> dict:
 def launch_rows(host: dict) -> list[dict]:
     """The profile's ``launch`` table: median issue time per kernel op."""
     return [{"op": op, "ns": _med(xs), "n": len(xs)} for op, xs in sorted(host.get("op", {}).items())]
-
-
-def plan_graph(p: KernelPlan, dtype: str = "fp16"):
-    """The calibration plan's taskgraph and memgraph: every weight resident, room for the rest."""
-    from turnip.compile import build_with_resident, make_taskgraph
-
-    train = None
-    if p.batch:
-        from turnip.train import TrainSpec
-
-        train = TrainSpec(p.batch, checkpoint="on")
-    tg = make_taskgraph(p.model, p.seq, 1, dtype, p.tiles, n_layers=p.layers, head=p.head, train=train)
-    inputs = int(sum(int(np.prod(tg.shape[v])) for v in np.flatnonzero(tg.kind == 0))) * 4
-    return tg, build_with_resident(tg, 3 * inputs + (4 << 30), None, str(inputs + (1 << 20)))
 
 
 def measure_kernels(plans: list[KernelPlan], dtype: str = "fp16", repeat: int = 3, progress=None,
@@ -874,10 +816,12 @@ def host_link_totals(log=print) -> dict:
 
 
 def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=print,
-              power_loops: bool = True, p2p: bool = False) -> dict:  # fmt: skip
+              power_loops: bool = True, p2p: bool = False, *, fit) -> dict:  # fmt: skip
     """Run every measurement; returns the profile document. ``power_loops``: measure the shared clock
     (``measure_power``) and use that model; without, the power bucket's rates are fitted alone. ``p2p``: time
-    peer copies too (``measure_p2p``, two GPUs)."""
+    peer copies too (``measure_p2p``, two GPUs). ``fit(doc, log=log)``: the machine fields of the GPU-wide
+    effects fitted to the document's recorded plans (``sim.fit.fit_gpu_effects``, which simulates them: the
+    caller passes it in, measuring does not import the simulator)."""
     t0 = time.perf_counter()
     plans = kernel_plans(quick)
     kernels: list[dict] = []
@@ -953,25 +897,8 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
     if power is not None:
         doc["calibration"]["power"] = power
         doc["machine"] |= {k: power[k] for k in POWER_FIELDS if k in power} | {"power_window_s": 0.01}
-    from sim.fit import fit_gpu_effects
-
-    doc["machine"] |= fit_gpu_effects(doc, log=log)
+    doc["machine"] |= fit(doc, log=log)
     doc["calibration"]["seconds"] = round(time.perf_counter() - t0, 1)
-    return doc
-
-
-def refit(path: str, log=print) -> dict:
-    """A profile document ``calibrate`` wrote, its concurrency factor and power limit fitted again
-    (``sim.fit.fit_gpu_effects``) to the plan makespans it recorded; loads it first, so a bad file is a
-    one-line error."""
-    from sim.fit import fit_gpu_effects
-    from turnip.machine.profile import load_profile
-
-    load_profile(path)
-    doc = json.loads(Path(path).read_text())
-    if not doc.get("calibration", {}).get("plans") or not any(p.get("nondet_ms") for p in doc["calibration"]["plans"]):
-        raise ValueError(f"{path}: records no plan makespans to fit to (written by an older `turnip calibrate`?)")
-    doc["machine"] |= fit_gpu_effects(doc, log=log)
     return doc
 
 

@@ -207,7 +207,7 @@ def test_profiles_set_one_power_model():
 
 
 def test_refit_needs_recorded_plans(tmp_path):
-    from turnip.calibrate import refit
+    from sim.fit import refit
 
     p = tmp_path / "old.json"
     p.write_text(json.dumps({"format": "turnip-profile", "version": 1, "machine": {}, "calibration": {"plans": []}}))

@@ -1,4 +1,8 @@
-"""``turnip calibrate``: measure this GPU into a machine profile for the simulator."""
+"""``turnip calibrate``: measure this GPU into a machine profile for the simulator.
+
+The measuring (``turnip.calibrate``) and the fit of the GPU-wide effects, which simulates the recorded plans
+(``sim.fit``), meet here: this layer passes the fit to the measuring, which never imports the simulator.
+"""
 
 from __future__ import annotations
 
@@ -46,14 +50,16 @@ def cmd_calibrate(a) -> int:
     _json_output(a.output)
     ck.output_file(a.output, "--output")
     if a.refit:
-        from turnip.calibrate import refit
+        from sim.fit import refit
 
         _refit_input(a.refit)
         write_profile(refit(a.refit), a.output)
         print(f"profile   {a.output}: refitted from {a.refit}")
         return 0
     _cuda_preflight("turnip calibrate", "or simulate with a shipped profile (--profile h100-calibrated)")
-    doc = calibrate(tuple(a.dtypes), a.quick, progress_factory=Progress, p2p=a.p2p)
+    from sim.fit import fit_gpu_effects  # the fit simulates the recorded plans: measuring never imports sim
+
+    doc = calibrate(tuple(a.dtypes), a.quick, progress_factory=Progress, p2p=a.p2p, fit=fit_gpu_effects)
     write_profile(doc, a.output)
     m = doc["machine"]
     print(f"profile   {a.output}: {len(doc['kernels'])} kernel points, {len(doc['copies'])} copy points, "
@@ -81,7 +87,7 @@ def _json_output(path: str) -> None:
 
 def _refit_input(path: str) -> None:
     """``CliError`` (usage), before the fit, unless ``path`` is a JSON profile with the plan makespans that
-    ``turnip.calibrate.refit`` fits to (``calibration.plans``, which only ``turnip calibrate`` writes: TOML
+    ``sim.fit.refit`` fits to (``calibration.plans``, which only ``turnip calibrate`` writes: TOML
     profiles and the shipped presets hold fitted fields, not measurements)."""
     from turnip.machine.profile import load_profile
 
