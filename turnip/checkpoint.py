@@ -7,7 +7,9 @@ no file stays open or mapped between calls. ``read`` gives one tensor in its own
 rows of a 2-D tensor picked by token ids (reading only those rows), ``iter_inputs(tg, ids)`` the
 taskgraph's logical inputs (``turnip.runtime.weights``: Hugging Face tensors reshaped, ``x0`` gathered
 from the embedding table) in file order, converted to the compute dtype, holding at most one tensor, its
-converted copy and a float32 chunk at a time.
+converted copy and a float32 chunk at a time. ``iter_weights(tg, path)`` and ``load_weights`` are its fronts
+by path. This module owns reading weights into a plan's inputs; it uses ``turnip.runtime.weights``' names,
+layouts and dtypes, which never imports it back.
 
 Invariants checked when opening: every tensor the index names lies in a shard whose header lists it; every
 header entry's byte range matches its dtype and shape and lies inside its file. Every problem is a
@@ -362,6 +364,20 @@ def _parse_header(file: Path) -> list[TensorHeader]:
                                   f"{size} bytes (incomplete download?)")  # fmt: skip
         out.append(TensorHeader(name, code, shape, file, 8 + n + a, b - a))
     return out
+
+
+def iter_weights(tg, path: str | Path, ids=None, seed: int = 0, only=None):
+    """The logical inputs of ``tg`` from one ``.safetensors`` file (our names or Hugging Face LLaMA names) or
+    a Hugging Face model directory, one tensor at a time in the compute dtype, for ``write_streaming``
+    (``turnip.runtime.weights``; ``Checkpoint.iter_inputs``). ``x0`` is the embedding table's rows of ``ids``
+    (random ids of ``seed`` when None), or the file's own ``x0`` when it has one and no ids are given.
+    ``n_heads`` is not needed any more (shapes come from ``tg``); ``only``: just these logical names."""
+    yield from Checkpoint(path).iter_inputs(tg, ids, seed, only)
+
+
+def load_weights(tg, path: str | Path, ids=None, seed: int = 0) -> dict[str, np.ndarray]:
+    """``iter_weights`` as a dict (every tensor in memory at once: for tests and ``--check``)."""
+    return dict(iter_weights(tg, path, ids, seed))
 
 
 def write_checkpoint(

@@ -6,13 +6,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from turnip.checkpoint import Checkpoint
+from turnip.checkpoint import Checkpoint, load_weights
 from turnip.models import llama_prefill
 from turnip.runtime.weights import (
     from_hf,
     hf_name,
     hf_shape,
-    load_weights,
     logical_inputs,
     random_inputs_for,
     tile_inputs,
@@ -99,9 +98,10 @@ def test_hugging_face_names_and_layouts(tmp_path, model):
 def test_streamed_weights_equal_the_dict_of_weights(tmp_path):
     """write_streaming fills the host input region exactly as write_inputs of all tiles at once, from random
     inputs and from a Hugging Face-named safetensors file read one tensor at a time."""
+    from turnip.checkpoint import iter_weights
     from turnip.compile import build_with_resident
     from turnip.runtime import open_backend
-    from turnip.runtime.weights import iter_random_inputs, iter_weights, write_streaming
+    from turnip.runtime.weights import iter_random_inputs, write_streaming
 
     tg = llama_prefill("tiny", 64)
     mg = build_with_resident(tg, 1 << 20)

@@ -8,8 +8,9 @@
   header length, JSON header of ``dtype``/``shape``/``data_offsets``, raw little-endian data; bfloat16 as
   BF16); ``turnip.checkpoint.Checkpoint`` reads such files.
 - ``hf_name`` / ``hf_shape`` / ``from_hf``: Hugging Face LLaMA names and layouts to ours (below).
-- ``iter_weights(tg, path)``: a single ``.safetensors`` file with either set of names, one tensor at a time
-  (``turnip.checkpoint.Checkpoint`` reads it; it also reads sharded Hugging Face model directories).
+- Reading weight files into these logical inputs is ``turnip.checkpoint``'s (``Checkpoint.iter_inputs``,
+  ``iter_weights``, ``load_weights``: a ``.safetensors`` file with either set of names, or a sharded Hugging
+  Face model directory), which uses the names, layouts and dtypes here; this module never imports it.
 - ``tile_inputs(tg, logical)``: {taskgraph input tensor: tile} as views, ready for ``write_inputs``.
 - ``write_random_inputs(backend, tg, seed)``: what ``write_streaming`` of ``iter_random_inputs`` writes, the
   same bytes, filled by a thread pool straight into the backend's host input region (``RandomInputs``: such a
@@ -382,19 +383,3 @@ def from_hf(ours: str, w, shape):
     if tuple(w.shape) != want:
         raise ValueError(f"{hf_name(ours)} (for {ours}): shape {tuple(w.shape)}, the model expects {want}")
     return w.reshape(tuple(shape))
-
-
-def iter_weights(tg, path: str | Path, ids=None, seed: int = 0, only=None):
-    """The logical inputs of ``tg`` from one ``.safetensors`` file (our names or Hugging Face LLaMA names) or
-    a Hugging Face model directory, one tensor at a time in the compute dtype, for ``write_streaming``
-    (``turnip.checkpoint.Checkpoint.iter_inputs``). ``x0`` is the embedding table's rows of ``ids`` (random
-    ids of ``seed`` when None), or the file's own ``x0`` when it has one and no ids are given. ``n_heads``
-    is not needed any more (shapes come from ``tg``); ``only``: just these logical names."""
-    from turnip.checkpoint import Checkpoint
-
-    yield from Checkpoint(path).iter_inputs(tg, ids, seed, only)
-
-
-def load_weights(tg, path: str | Path, ids=None, seed: int = 0) -> dict[str, np.ndarray]:
-    """``iter_weights`` as a dict (every tensor in memory at once: for tests and ``--check``)."""
-    return dict(iter_weights(tg, path, ids, seed))
