@@ -30,6 +30,7 @@ import numpy as np
 from cuda_kernels import codegen as cg
 from cuda_kernels._numba import Compiled, array_type, scalar_type
 from cuda_kernels.launch import LibCall, launch_raw
+from cuda_kernels.standalone import standalone_context
 
 _CONSTS = "    ZERO = np.float32(0.0)\n    NEG_INF = np.float32(-math.inf)"
 _KERNEL_DTYPE = {"fp16": np.float16, "fp32": np.float32, "bf16": np.uint16}  # bf16 as its bits
@@ -134,8 +135,6 @@ def build(in_shapes, out_shape, dtype: str, params: dict, opts: dict):
             return g.bind(_ptr(out), *(_ptr(x) for x in ins))
 
         def run(stream, out, ins):
-            from cuda_kernels.kernels import standalone_context
-
             bind(out, ins)(standalone_context(stream, g.ws_nbytes, "cudnn"))
 
         return "cudnn", run, 0, bind

@@ -45,6 +45,7 @@ from cuda_kernels._build import (  # noqa: F401 - DTYPES, _BF16, _bits: also thi
 from cuda_kernels._numba import Compiled, scalar_type
 from cuda_kernels.fast import rope_params
 from cuda_kernels.launch import LibCall, launch_raw
+from cuda_kernels.standalone import standalone_context  # also this module's interface
 from cuda_kernels.train_ops import _adam_scalars, _cast, _cols, _rmsnorm_bwd, _xent
 
 GEMM_MODES = ("auto", "cublas", "cublaslt", "numba")
@@ -252,33 +253,6 @@ def _split_partial(x, tq: int, h: int, dh: int):
 def _dummy_lse(out):
     """A (1, 1) float32 view, never written (the non-partial kernel stores no log-sum-exp)."""
     return out.reshape(-1)[: 4 // out.dtype.itemsize].view(np.float32).reshape(1, 1)
-
-
-_STANDALONE_CTX: dict = {}
-
-
-def standalone_context(stream, ws_nbytes: int, lib: str | None = None):
-    """A ``StreamContext`` for library calls on a numba stream outside the runtime (tests and benchmarks):
-    a workspace of its own and, when ``lib`` names one, that library's handle bound to the stream; cached
-    per stream."""
-    from cuda_kernels._numba import cuda
-    from cuda_kernels.launch import StreamContext
-
-    hit = _STANDALONE_CTX.get(id(stream))
-    if hit is None or hit[0] is not stream or hit[1].ws_nbytes < ws_nbytes:
-        ws = cuda().device_array(max(256, ws_nbytes), dtype=np.uint8)
-        ctx = StreamContext(int(stream.handle), _ptr(ws), ws.size, {}, stream)
-        hit = _STANDALONE_CTX[id(stream)] = (stream, ctx, ws)
-    ctx = hit[1]
-    if lib == "cudnn" and "cudnn" not in ctx.handles:
-        from cuda_kernels import cudnn_sdpa
-
-        ctx.handles["cudnn"] = cudnn_sdpa.create_handle(int(stream.handle))
-    elif lib == "cublaslt" and "cublaslt" not in ctx.handles:
-        from cuda_kernels.cublaslt import lt_handle_create
-
-        ctx.handles["cublaslt"] = lt_handle_create()
-    return ctx
 
 
 def _sdpa_bwd(in_shapes, out_shape, dtype, params, opts):
