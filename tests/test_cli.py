@@ -120,8 +120,8 @@ def test_simulate_with_a_slower_host_or_link(tmp_path, capsys, plan, flag, f, sa
 def test_check_of_a_training_step_allows_adam_sign_flips_and_nothing_more(capsys):
     """``run --train lora --check``: an Adam step moves each parameter by about lr x sign(gradient), so a
     near-zero gradient whose sign rounding flips lands 2 lr away; a few such elements pass (seed 3 has one or
-    two, by BLAS, at up to 1.94 lr), more than 1% of them, or any one further off, fail, as does any other output beyond the
-    tolerance (named)."""
+    two, by BLAS, at up to 1.94 lr), more than 1% of them, or any one further off, fail, as does any other output
+    beyond the tolerance (named)."""
     import re
     from types import SimpleNamespace
 
