@@ -156,12 +156,6 @@ class CpuBackend:
                     if self.lay.resident[v]:
                         _Copy(self.buf(v), self._host_view(v))()
 
-    def _load_resident(self) -> None:
-        for t, vs in self._inputs.items():
-            for v in vs:
-                if self.lay.resident[v] and t in self._written:
-                    _Copy(self.buf(v), self._host_view(v))()
-
     def read_outputs(self, only=None) -> dict[int, np.ndarray]:
         out = {}
         for t, o, on_host in output_sources(self.mg):
@@ -196,7 +190,7 @@ class CpuBackend:
             for a in self.arenas:
                 a.fill(0xFF)
             self.host[1].fill(0xFF)
-            self._load_resident()
+            self.load_resident(list(self._written))  # the resident inputs again, from their host copies
         while not self._done.empty():  # stale completions of an aborted run
             self._done.get_nowait()
 
