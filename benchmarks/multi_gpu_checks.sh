@@ -7,10 +7,11 @@
 #   bash benchmarks/multi_gpu_checks.sh OUT lora     # 7B LoRA steps on 1, 2, 4 GPUs, exit codes
 #   bash benchmarks/multi_gpu_checks.sh OUT paper    # LLaMA-65B against HF Accelerate on 4 GPUs (long: pick rows)
 #   bash benchmarks/multi_gpu_checks.sh OUT tampered # tampered plan files under compute-sanitizer: refused
+#   bash benchmarks/multi_gpu_checks.sh OUT dispatch # host dispatch variants on 1, 2, 4 GPUs (benchmarks/dispatch.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
-what=${2:?diag, tests, prefill, lora, paper or tampered}
+what=${2:?diag, tests, prefill, lora, paper, dispatch or tampered}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import simpy, cudnn" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -47,6 +48,10 @@ lora)
     ;;
 paper)
     timeout 590 python3 benchmarks/paper_scale.py --gpus "$ngpu" ${PAPER:-} --out "$out" 2>&1 | tee "$out/paper.log" | tail -30
+    ;;
+dispatch)
+    timeout 560 python3 benchmarks/dispatch.py --rows ${ROWS:-4096:none:1 4096:none:2 4096:none:4 16384:none:4} \
+        --out "$out" 2>&1 | tee "$out/dispatch.log" | grep -v "^ *[0-9].* GPU .*base" | tail -60
     ;;
 tampered)
     python3 benchmarks/tampered_plans.py make "$out/plans" && timeout 400 python3 benchmarks/tampered_plans.py check \

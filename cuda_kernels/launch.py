@@ -61,13 +61,17 @@ def raw_launch(func: int, grid, block, params: list, shmem: int = 0) -> RawLaunc
 @dataclass(slots=True)
 class StreamContext:
     """Per stream slot state a ``LibCall`` may use: raw stream, workspace inside the plan's arena, and
-    library handles bound to this stream (created once by the runtime, on first need at plan load)."""
+    library handles bound to this stream (created once by the runtime, on first need at plan load).
+    ``handle_stream``: where the handles are bound to another stream than ``stream`` (a capture, ``capture``),
+    that stream; a call whose library binds its handle to a stream (cuDNN) moves it to ``stream`` for the
+    call and back after it."""
 
     stream: int  # CUstream as an int
     ws_ptr: int = 0  # this slot's workspace (device pointer) and its size
     ws_nbytes: int = 0
     handles: dict = field(default_factory=dict)  # library name -> handle bound to ``stream``
     numba_stream: object = None
+    handle_stream: int = 0
 
 
 class LibCall:
@@ -155,7 +159,7 @@ def capture(bound, ctx: StreamContext, stream: int, event: int = 0) -> int:
         if isinstance(bound, RawLaunch):
             _check(launch_raw(bound, stream), "cuLaunchKernel (capture)")
         else:
-            bound(StreamContext(stream, ctx.ws_ptr, ctx.ws_nbytes, ctx.handles, ctx.numba_stream))
+            bound(StreamContext(stream, ctx.ws_ptr, ctx.ws_nbytes, ctx.handles, ctx.numba_stream, ctx.stream))
         if event:
             _check(lib.cuEventRecordWithFlags(event, stream, EVENT_RECORD_EXTERNAL), "cuEventRecordWithFlags")
     except Exception as e:  # noqa: BLE001 - end the capture whatever happened, then report

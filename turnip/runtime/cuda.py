@@ -18,9 +18,11 @@ compiles nothing:
               pointers of its copy; an end event
               (and a start event with ``device_start=True``)
 A run enqueues the work with one driver call per vertex (``cuGraphLaunch``, ``cuLaunchKernel``, a copy),
-records its end event, and the driver loop polls end events (``cuEventQuery``, about 1 µs; no host
-callbacks: numba's ``add_callback`` is broken on the lent machines). ``bound=False`` launches through
-numba launchers instead (slower, for comparison).
+records its end event, and the driver loop polls end events (``cuEventQuery``, about 1 µs from Python;
+``native_poll=True``: one compiled scan over every in-flight event, ``turnip.runtime._poll``; no host
+callbacks: numba's ``add_callback`` is broken on the lent machines). ``lib_graphs=True`` captures library
+calls that use their slot's workspace (cuDNN attention) as well, one graph per slot. ``bound=False``
+launches through numba launchers instead (slower, for comparison).
 Sum-into groups are serialised by the scheduler's lock: the next writer launches only after the previous
 one's end event was seen. Resident inputs are loaded by ``write_inputs``; the scheduler counts
 them done before a run starts (were one issued, it would be a no-op).
@@ -52,7 +54,8 @@ class CudaBackend:
 
     def __init__(self, mg: MemGraph, streams_per_gpu: int = 5, devices: list[int] | None = None,
                  gemm: str = "auto", fast: bool = True, bound: bool = True, graphs: bool = True,
-                 graph_events: bool = False, device_start: bool = False):  # fmt: skip
+                 graph_events: bool = False, device_start: bool = False, lib_graphs: bool = False,
+                 native_poll: bool = False):  # fmt: skip
         from cuda_kernels._numba import cuda as numba_cuda
         from cuda_kernels.launch import driver as launch_driver
 
@@ -63,6 +66,7 @@ class CudaBackend:
         self.mg, self.k, self.gemm, self.fast, self.bound = mg, streams_per_gpu, gemm, fast, bound
         self.graphs = graphs and bound
         self.graph_events = graph_events and self.graphs and not device_start  # end event inside the graph
+        self.lib_graphs = lib_graphs and self.graphs  # library calls using their slot's workspace (cuDNN) captured too
         self._graph_execs: list[int] = []
         self._cap_streams: list[int] = []
         self.capture_failures: list[str] = []
@@ -137,6 +141,13 @@ class CudaBackend:
             drv.check(drv.cuStreamSynchronize(cs), "synchronizing graph uploads")
         self._ref_host_ns = [0] * G
         self._in_flight: list[int] = []
+        self._fl = None
+        if native_poll:  # in flight at most: a vertex per compute stream, copy stream and peer link
+            from turnip.runtime._poll import InFlight
+
+            self._fl = InFlight(G * (streams_per_gpu + 2 + G) + 8, self.ev1)
+            self.poll = self._poll_native
+        self._track = self._in_flight.append if self._fl is None else self._fl.add
         self._inputs = input_vertices(mg)
         self._written: set[int] = set()
 
@@ -236,18 +247,20 @@ class CudaBackend:
                                        f"plan reserves {self.ws_slot} per stream slot: recompile with a larger "
                                        "workspace")  # fmt: skip
                 self._handles(g, b.lib)
-            if self.graphs and (isinstance(b, RawLaunch) or b.capturable and b.ws_nbytes == 0):
+            raw = isinstance(b, RawLaunch)
+            if self.graphs and (raw or b.capturable and (b.ws_nbytes == 0 or self.lib_graphs)):
                 from cuda_kernels.launch import capture
 
                 try:
                     ev = self.ev1[v] if self.graph_events else 0
                     tag = "G" if ev else "g"
-                    if isinstance(b, RawLaunch) or b.lib is None:
+                    if raw or b.lib is None and b.ws_nbytes == 0:
                         ex = capture(b, self.sctx[g][0], self._cap_streams[g], ev)
                         self._graph_execs.append(ex)
                         return (tag, ex, b)
-                    # a library call uses its slot's handle, which may keep scratch of its own: one graph
-                    # per slot, so that a handle only ever runs on its own stream (as direct calls do)
+                    # a library call uses its slot's handle, which may keep scratch of its own, and its
+                    # slot's workspace: one graph per slot, so that a handle and a workspace only ever serve
+                    # their own stream (as direct calls do)
                     execs = [capture(b, ctx, self._cap_streams[g], ev) for ctx in self.sctx[g]]
                     self._graph_execs.extend(execs)
                     return (tag + "s", execs, b)
@@ -368,6 +381,8 @@ class CudaBackend:
                 pass
             self._ref_host_ns[g] = time.perf_counter_ns()
         self._in_flight.clear()
+        if self._fl is not None:
+            self._fl.clear()
 
     def set_device_start(self, on: bool) -> None:
         """Record a start event before each vertex from the next run on (``on``), or not (runs then cost the
@@ -390,7 +405,7 @@ class CudaBackend:
             r = self._graph_launch(w[1] if tag == "G" else w[1][s], self.hstreams[g][s])
             if r:
                 raise VertexFailed(v, self.mg.label(v), CudaError(f"cuGraphLaunch: {self.drv.error_name(r)}"))
-            self._in_flight.append(v)
+            self._track(v)
             return
         drv = self.drv
         if tag == "g" or tag == "gs":
@@ -436,7 +451,7 @@ class CudaBackend:
             r = drv.cuEventRecord(self.ev1[v], h)
         if r != SUCCESS:
             raise VertexFailed(v, self.mg.label(v), CudaError(f"cuEventRecord: {drv.error_name(r)}"))
-        self._in_flight.append(v)
+        self._track(v)
 
     def poll(self, timeout_s: float) -> list[int]:
         query, ev1, fl = self.drv.cuEventQuery, self.ev1, self._in_flight
@@ -462,8 +477,23 @@ class CudaBackend:
             elif t > deadline:
                 return []
 
+    def _poll_native(self, timeout_s: float) -> list[int]:
+        """``poll`` with the event queries in compiled code (``turnip.runtime._poll``)."""
+        scan, deadline = self._fl.scan, 0
+        while True:
+            done, bad, code = scan()
+            if done:
+                return done
+            if bad >= 0:
+                raise VertexFailed(bad, self.mg.label(bad), CudaError(self.drv.error_name(code)))
+            t = time.perf_counter_ns()
+            if not deadline:
+                deadline = t + int(timeout_s * 1e9)
+            elif t > deadline:
+                return []
+
     def in_flight(self) -> list[int]:
-        return list(self._in_flight)
+        return list(self._in_flight) if self._fl is None else self._fl.tolist()
 
     def abort(self) -> None:
         """Wait for everything enqueued to finish (errors ignored); forget the in-flight vertices."""
@@ -472,6 +502,8 @@ class CudaBackend:
             self.drv.cuCtxSynchronize()
         self.cur = -1
         self._in_flight.clear()
+        if self._fl is not None:
+            self._fl.clear()
 
     def end_run(self, t0_ns: int) -> tuple[np.ndarray, np.ndarray]:
         """Device start/end of every vertex from its events (-1 where the driver gives no time: the loop

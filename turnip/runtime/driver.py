@@ -40,6 +40,7 @@ class RunResult:
     stream: np.ndarray = field(repr=False)
     handle_ns: np.ndarray = field(repr=False)  # host time spent on each vertex's completion
     order: list = field(repr=False, default_factory=list)  # commands in issue order
+    poll_ns: int = 0  # host time spent polling for completions (found or not), over the run
 
     def host_cost_ns(self) -> np.ndarray:
         """Host time per dispatched vertex: issuing its command plus handling its completion."""
@@ -123,9 +124,12 @@ def execute(
     try:
         issue_all(sched.handle(RunStarted(0)))
         last = clock()
+        poll_ns = 0
         while not sched.finished:
+            t = clock()
             vs = poll(min(0.05, stall_s))
             now = clock()
+            poll_ns += now - t
             if not vs:
                 if now - last > stall_ns:
                     raise RuntimeStall((now - last) / 1e9, [mg.label(u) for u in backend.in_flight()],
@@ -170,4 +174,5 @@ def execute(
         stream=arr(stream),
         handle_ns=arr(handle),
         order=order,
+        poll_ns=poll_ns,
     )
