@@ -5,10 +5,11 @@
 
 The tampered copies (checksums recomputed, so only the checks can catch them): a kernel's output moved to
 10^9 (outside its arena), a copy's size doubled, a host offset past its region, a vertex on GPU 7 of a
-one-GPU plan, an edge to a vertex that does not exist. ``check`` runs ``turnip run PLAN --backend cuda``
-under ``compute-sanitizer --tool memcheck`` (plain where the tool is missing): the good plan must run clean,
-each tampered one must end in one ``error:`` line with exit 2 and the sanitizer must report no error (nothing
-launched). Prints one line per plan and exits 1 if any plan does otherwise.
+one-GPU plan, an edge to a vertex that does not exist. ``check`` runs ``turnip run PLAN --backend cuda``, then
+the same under ``compute-sanitizer --tool memcheck`` (where the tool is found): the good plan must exit 0 and
+run clean; each tampered one must end in one ``error:`` line with exit 2, and under the sanitizer make no CUDA
+call at all ("terminated before first instrumented API call": refused before the first driver call) or
+report no error. Prints one line per plan and exits 1 if any plan does otherwise.
 """
 
 from __future__ import annotations
@@ -62,16 +63,23 @@ def check(out: Path) -> int:
     san = shutil.which("compute-sanitizer")
     bad = 0
     for plan in sorted(out.glob("*.tplan")):
+        good = plan.stem == "good"
         cmd = [sys.executable, "-c", CLI, "run", str(plan), "--backend", "cuda", "--repeat", "1"]
-        if san:
-            cmd = [san, "--tool", "memcheck", "--error-exitcode", "99", *cmd]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
-        good = plan.stem == "good"
         ok = p.returncode == 0 if good else (p.returncode == 2 and len(err) == 1 and "Traceback" not in p.stderr)
-        ok = ok and "ERROR SUMMARY: 0 errors" in p.stdout + p.stderr if san else ok
+        verdict = ""
+        if san:  # again under the sanitizer: no memory error; a refused plan makes no CUDA call at all
+            s = subprocess.run([san, "--tool", "memcheck", "--error-exitcode", "99", *cmd], capture_output=True,
+                               text=True, timeout=600)  # fmt: skip
+            text = s.stdout + s.stderr
+            untouched = "terminated before first instrumented API call" in text
+            clean = "ERROR SUMMARY: 0 errors" in text
+            verdict = "no CUDA call" if untouched else "0 errors" if clean else "sanitizer: errors or no summary"
+            ok = ok and (clean and s.returncode == 0 if good else untouched or clean)
         bad += not ok
-        print(f"{plan.name:28s} exit {p.returncode:3d} {'ok' if ok else 'FAILED'}  {err[0] if err else ''}")
+        line = err[0] if err else ''
+        print(f"{plan.name:28s} exit {p.returncode:3d} {'ok' if ok else 'FAILED'}  [{verdict}]  {line}")
         if not ok:
             print("   " + " | ".join((p.stdout + p.stderr).strip().splitlines()[-6:]))
     print(f"compute-sanitizer: {san or 'not found (plain runs)'}")
