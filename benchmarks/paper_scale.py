@@ -38,8 +38,9 @@ def shape(spec: str) -> tuple[int, int]:
 
 def random_offloaded_llama(cfg, gpus: int, budget_nbytes: int | None, seed: int):
     """A ``LlamaForCausalLM`` of transformers config ``cfg`` dispatched by Accelerate over ``gpus`` GPUs with
-    ``budget_nbytes`` each (None: no limit) and the rest in CPU memory; weights 0.02 * N(0, 1), norms
-    1 + 0.1 * N(0, 1), made on the device each parameter lives on (never the whole model on one)."""
+    ``budget_nbytes`` each (None: no limit) and the rest in CPU memory; weights 0.02 * N(0, 1) (slices of one
+    pool of such values), norms 1 + 0.1 * N(0, 1), each put on the device it lives on (never the whole model on
+    one)."""
     import torch
     from accelerate import dispatch_model, infer_auto_device_map, init_empty_weights
     from accelerate.utils import set_module_tensor_to_device
@@ -63,11 +64,20 @@ def random_offloaded_llama(cfg, gpus: int, budget_nbytes: int | None, seed: int)
                 return device_map[key]
         return 0 if gpus else "cpu"
 
-    for name, p in list(model.named_parameters()):
-        x = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-        x = 1 + 0.1 * x if name.endswith("norm.weight") else 0.02 * x
+    # one pool of random values, each weight a slice of it at a random offset: drawing 130 GB of normals one
+    # value at a time would take minutes; weights in CPU memory are copies (their own memory, as loaded ones)
+    params = list(model.named_parameters())
+    pool = (0.02 * torch.randn(max(p.numel() for _, p in params) + 65536, generator=gen)).to(torch.float16)
+    offsets = torch.randint(0, 65536, (len(params),), generator=gen).tolist()
+    for (name, p), off in zip(params, offsets, strict=True):
         dev = placed(name)
-        set_module_tensor_to_device(model, name, "cpu" if dev == "disk" else dev, value=x.to(torch.float16))
+        dev = "cpu" if dev == "disk" else dev
+        if name.endswith("norm.weight"):
+            x = (1 + 0.1 * torch.randn(p.shape, generator=gen)).to(torch.float16)
+        else:
+            x = pool[off : off + p.numel()].view(p.shape)
+            x = x.clone() if dev == "cpu" else x
+        set_module_tensor_to_device(model, name, dev, value=x)
     for name, b in list(model.named_buffers()):  # rotary inverse frequencies: on their module's device
         dev = placed(name)
         set_module_tensor_to_device(model, name, "cpu" if dev == "disk" else dev, value=b)
