@@ -103,6 +103,16 @@ def _simple(n_in: int, expr: str, scalars: Callable | None = None, pre: tuple = 
             def view(out, ins, n=n):
                 return out.reshape(n), [x.reshape(n) if x.ndim else x.reshape(1) for x in ins]
 
+        elif len(out_shape) > 3 and all(s == out_shape[len(out_shape) - len(s) :] for s in in_shapes if s):
+            m = min(len(s) for s in in_shapes if s)  # inputs are trailing parts (a bias): their dims merge
+            tail = int(np.prod(out_shape[-m:], dtype=np.int64))
+            in_shapes = [(*s[:-m], tail) if s else () for s in in_shapes]
+            out_shape = (*out_shape[:-m], tail)
+
+            def view(out, ins, o=out_shape, ss=tuple(in_shapes)):
+                xs = [x.reshape(sh) if x.ndim else x.reshape(1) for x, sh in zip(ins, ss, strict=True)]
+                return out.reshape(o), xs
+
         nd = len(out_shape)
         shapes = [s or (1,) for s in in_shapes]
         loads = [cg.load(k, cg.broadcast_index(s, out_shape), bf) for k, s in enumerate(shapes)]

@@ -203,16 +203,19 @@ def _tree_sum(block: int, arrays: tuple[str, ...]) -> list[str]:
     return L + ["        cuda.syncthreads()", "        s //= 2"]
 
 
-def rmsnorm_source(ndim: int, block: int, bf16: bool = False) -> str:
+def rmsnorm_source(ndim: int, block: int, bf16: bool = False, offset: bool = False) -> str:
     """One block per row of the last axis: ``kern(out, x, w, eps)``, a shared-memory tree reduction of
-    the sum of squares (no warp shuffles, so the simulator runs it), then the scaled row."""
+    the sum of squares (no warp shuffles, so the simulator runs it), then the scaled row. ``offset``:
+    ``kern(out, x, w, eps, off)`` scales by ``w + off`` (Gemma's norms)."""
     if ndim not in (2, 3):
         raise ValueError(f"row kernels need rank 2 or 3, got rank {ndim}")
     xi = "a, b, j" if ndim == 3 else "b, j"
-    L = ["def kern(out, x, w, eps):", _CONSTS.rstrip("\n"), f"    sh = cuda.shared.array({block}, np.float32)",
+    L = [f"def kern(out, x, w, eps{', off' if offset else ''}):", _CONSTS.rstrip("\n"),
+         f"    sh = cuda.shared.array({block}, np.float32)",
          "    row = cuda.blockIdx.x"]
     L += ["    a = row // x.shape[1]", "    b = row % x.shape[1]"] if ndim == 3 else ["    b = row"]
     U = unroll()
+    wj = f"({ld('w[j]', bf16)} + off)" if offset else ld("w[j]", bf16)
     L += ["    t = cuda.threadIdx.x", f"    n = x.shape[{ndim - 1}]", "    acc = ZERO", "    j0 = t",
           "    while j0 < n:"]
     for u in range(U):
@@ -221,7 +224,7 @@ def rmsnorm_source(ndim: int, block: int, bf16: bool = False) -> str:
     L += [f"        acc = acc + w{u}" for u in range(U)]
     L += [f"        j0 += {block * U}", "    sh[t] = acc", *_tree_sum(block, ("sh",)),
           "    r = ONE / math.sqrt(sh[0] / np.float32(n) + eps)", "    j = t", "    while j < n:",
-          f"        out[{xi}] = {st(ld(f'x[{xi}]', bf16) + ' * r * ' + ld('w[j]', bf16), bf16)}",
+          f"        out[{xi}] = {st(ld(f'x[{xi}]', bf16) + ' * r * ' + wj, bf16)}",
           f"        j += {block}"]
     return "\n".join(L) + "\n"
 
@@ -326,24 +329,27 @@ def softmax_row_source(block: int, backward: bool, bf16: bool = False) -> str:
     return "\n".join(L) + "\n"
 
 
-def sdpa_source(dh: int, partial: bool, group: int = 1, bf16: bool = False) -> str:
+def sdpa_source(dh: int, partial: bool, group: int = 1, bf16: bool = False, softcap: bool = False) -> str:
     """Fused causal attention, the portable (and simulator) path: one thread per (query row, head),
     online softmax over the visible keys, the row's output accumulated in ``dh`` float32 registers.
-    ``kern(o, lse, q, k, v, scale, diag, tk)``: query i sees keys j < min(tk, diag + 1 + i) (``diag`` =
-    q_off - k_off when causal, else tk); grid (ceil(tq / block), h). Query head hh reads key/value head
-    hh // ``group`` (grouped-query attention; q, o (tq, h, dh), k, v (tk, h / group, dh)). Correct, not
-    fast: the GPU's fast path is cuDNN (``cuda_kernels.cudnn_sdpa``)."""
+    ``kern(o, lse, q, k, v, scale, diag, tk, window, cap)``: query i sees keys max(0, diag + 1 + i - window)
+    <= j < min(tk, diag + 1 + i) (``diag`` = q_off - k_off when causal, else tk; ``window``: the sliding
+    window, or a number beyond any key range); grid (ceil(tq / block), h). ``softcap``: scores s become
+    cap tanh(s / cap). Query head hh reads key/value head hh // ``group`` (grouped-query attention; q, o
+    (tq, h, dh), k, v (tk, h / group, dh)). Correct, not fast: the GPU's fast path is cuDNN
+    (``cuda_kernels.cudnn_sdpa``)."""
     kv = "hh" if group == 1 else "kh"
-    L = ["def kern(o, lse, q, k, v, scale, diag, tk):", _CONSTS.rstrip("\n"),
+    L = ["def kern(o, lse, q, k, v, scale, diag, tk, window, cap):", _CONSTS.rstrip("\n"),
          "    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x", "    hh = cuda.blockIdx.y",
          *([] if group == 1 else [f"    kh = hh // {group}"]),
          "    if i < q.shape[0]:", f"        acc = cuda.local.array({dh}, np.float32)",
          f"        for d in range({dh}):", "            acc[d] = ZERO",
          "        m = NEG_INF", "        l = ZERO", "        nvis = diag + 1 + i", "        if nvis > tk:",
-         "            nvis = tk", "        for j in range(nvis):", "            s = ZERO",
-         f"            for d in range({dh}):",
+         "            nvis = tk", "        lo = diag + 1 + i - window", "        if lo < 0:", "            lo = 0",
+         "        for j in range(lo, nvis):", "            s = ZERO", f"            for d in range({dh}):",
          f"                s += {ld('q[i, hh, d]', bf16)} * {ld(f'k[j, {kv}, d]', bf16)}",
-         "            s = s * scale", "            if s > m:", "                c = math.exp(m - s)",
+         "            s = s * scale", *(["            s = cap * math.tanh(s / cap)"] if softcap else []),
+         "            if s > m:", "                c = math.exp(m - s)",
          "                l = l * c", f"                for d in range({dh}):",
          "                    acc[d] = acc[d] * c",
          "                m = s", "            p = math.exp(s - m)", "            l += p",

@@ -878,9 +878,9 @@ def _build(op: str, in_shapes, out_shape, dtype: str, params: dict | None) -> Fa
         if op == "scale" and "alpha" not in params:
             return None
         return fk
-    if op == "rmsnorm":
+    if op == "rmsnorm":  # weights offset (Gemma's 1 + w): the numba row kernel takes it
         ok = (len(in_shapes) == 2 and len(out_shape) >= 1 and in_shapes[0] == out_shape
-              and in_shapes[1] == (out_shape[-1],))
+              and in_shapes[1] == (out_shape[-1],) and not params.get("offset"))
         return fk if ok else None
     if op == "rotary":
         if params.get("inverse", False):  # rotary's backward (minus the angle): the numba kernel takes it

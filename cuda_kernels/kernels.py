@@ -201,8 +201,11 @@ def _sdpa(in_shapes, out_shape, dtype, params, opts):
           f"output {out_shape} does not match q {in_shapes[0]} (partial={partial})")
     lse_off = n_o * np.dtype(DTYPES[dtype]).itemsize
     scale = float(params["scale"])
+    window, cap = int(params.get("window", 0)), float(params.get("softcap", 0.0))
+    _need(window >= 0 and cap >= 0 and (not window or params.get("causal", True)),
+          f"window {window} and softcap {cap} must be >= 0, a window only on causal attention")
     g = None
-    if cudnn_sdpa.supports(tq, tk, h, dh, dtype, params, hk):
+    if not cap and not window and cudnn_sdpa.supports(tq, tk, h, dh, dtype, params, hk):
         mode = cudnn_sdpa.mask_mode(tq, tk, params)
         try:
             g = cudnn_sdpa.CudnnSdpa(tq, tk, tk_all, h, dh, dtype, scale, mode, partial, hk)
@@ -226,10 +229,12 @@ def _sdpa(in_shapes, out_shape, dtype, params, opts):
     diag = int(params["q_off"]) - int(params["k_off"]) if params.get("causal", True) else tk
     block = cg.block_for(tq, 128)
     types = [_arr(dtype, 3), _arr("fp32", 2), _arr(dtype, 3), _arr(dtype, 3), _arr(dtype, 3),
-             scalar_type("f4"), scalar_type("i8"), scalar_type("i8")]
+             scalar_type("f4"), scalar_type("i8"), scalar_type("i8"), scalar_type("i8"), scalar_type("f4")]
     bf = dtype == "bf16"
-    k = Compiled(cg.jit(cg.sdpa_source(dh, partial, h // hk, bf)), types, (-(-tq // block), h), (block,))
-    s32 = np.float32(scale)
+    src = cg.sdpa_source(dh, partial, h // hk, bf, softcap=cap > 0)
+    k = Compiled(cg.jit(src), types, (-(-tq // block), h), (block,))
+    s32, c32 = np.float32(scale), np.float32(cap or 1.0)
+    wk = window or tq + tk + abs(diag) + 1  # no window: beyond every key the tile has
     flat = len(qs) == 4  # grouped-query tiles (tq, hk, r, dh): the kernel sees (tq, h, dh) views
 
     def args_of(out, ins):
@@ -238,7 +243,7 @@ def _sdpa(in_shapes, out_shape, dtype, params, opts):
             o, lse = _split_partial(out, tq, h, dh)
         else:
             o, lse = (out.reshape(tq, h, dh) if flat else out), _dummy_lse(out)
-        return (o, lse, q, ins[1], ins[2], s32, diag, tk)
+        return (o, lse, q, ins[1], ins[2], s32, diag, tk, wk, c32)
 
     run, bind = _kern(k, args_of, bf)
     return "kernel", run, 0, bind
@@ -339,15 +344,17 @@ def _rows(in_shapes, out_shape, dtype, params, opts):
 
 
 def _rmsnorm(in_shapes, out_shape, dtype, params, opts):
-    _need(len(in_shapes) == 2 and in_shapes[1] == in_shapes[0][-1:] and out_shape == in_shapes[0],
-          "rmsnorm takes x (..., d) and w (d,)")
-    nd, blk = len(out_shape), cg.row_block()
+    """Rows of the last axis (any rank: the kernel sees (rows, d) views); ``offset``: weights ``w + offset``."""
+    _need(len(in_shapes) == 2 and len(out_shape) >= 1 and in_shapes[1] == in_shapes[0][-1:]
+          and out_shape == in_shapes[0], "rmsnorm takes x (..., d) and w (d,)")  # fmt: skip
+    blk, n = cg.row_block(), out_shape[-1]
     rows = int(np.prod(out_shape[:-1], dtype=np.int64))
-    types = [_arr(dtype, nd), _arr(dtype, nd), _arr(dtype, 1), scalar_type("f4")]
+    off = float(params.get("offset", 0.0))
+    types = [_arr(dtype, 2), _arr(dtype, 2), _arr(dtype, 1), scalar_type("f4"), *[scalar_type("f4")] * bool(off)]
     bf = dtype == "bf16"
-    k = Compiled(cg.jit(cg.rmsnorm_source(nd, blk, bf)), types, (rows,), (blk,))
-    eps = np.float32(params.get("eps", 1e-5))
-    run, bind = _kern(k, lambda out, ins: (out, ins[0], ins[1], eps), bf)
+    k = Compiled(cg.jit(cg.rmsnorm_source(2, blk, bf, offset=bool(off))), types, (rows,), (blk,))
+    sc = (np.float32(params.get("eps", 1e-5)), *([np.float32(off)] if off else []))
+    run, bind = _kern(k, lambda out, ins: (out.reshape(rows, n), ins[0].reshape(rows, n), ins[1], *sc), bf)
     return "kernel", run, 0, bind
 
 
@@ -423,6 +430,9 @@ _BUILDERS: dict[str, Callable] = {
     "scale": _simple(1, "v0 * s0", lambda p: (p["alpha"],)),
     "silu": _simple(1, "v0 / (ONE + math.exp(-v0))"),
     "silu_mul": _simple(2, "v0 / (ONE + math.exp(-v0)) * v1"),
+    "gelu_tanh_mul": _simple(2, "HALF * v0 * (ONE + math.tanh(s0 * (v0 + s1 * v0 * v0 * v0))) * v1",
+                             lambda p: (0.7978845608028654, 0.044715)),
+    "softcap": _simple(1, "s0 * math.tanh(v0 / s0)", lambda p: (p["cap"],)),
     "silu_mul_dg": _simple(3, "v2 * v1 * mm * (ONE + v0 * (ONE - mm))", pre=("mm = ONE / (ONE + math.exp(-v0))",)),
     "rmsnorm": _rmsnorm,
     "rmsnorm_bwd": _rmsnorm_bwd,

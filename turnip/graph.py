@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from turnip.graph_lower import TilingError
 from turnip.taskgraph import Builder, TaskGraph
 
-ELEMENTWISE = {"add_n", "mul", "scale", "silu", "silu_mul", "silu_mul_dg", "cast", "adam_m", "adam_v", "adam_p"}
+ELEMENTWISE = {"add_n", "mul", "scale", "silu", "silu_mul", "silu_mul_dg", "gelu_tanh_mul", "softcap", "cast", "adam_m",
+               "adam_v", "adam_p"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +103,11 @@ class Graph:
                 raise TilingError(f"{op}: {t.name}{t.shape} does not broadcast to {full.name}{full.shape}")
         return self._new(op, xs, full.dims, full.shape, params, name, dtype=self.t(xs[0]).dtype)
 
-    def rmsnorm(self, x: int, w: int, eps: float = 1e-5, name: str = "") -> int:
+    def rmsnorm(self, x: int, w: int, eps: float = 1e-5, name: str = "", offset: float = 0.0) -> int:
+        """RMSNorm over the last dim with weights ``offset + w``."""
         t = self.t(x)
-        return self._new("rmsnorm", (x, w), t.dims, t.shape, {"eps": eps}, name)
+        p = {"eps": eps} | ({"offset": offset} if offset else {})
+        return self._new("rmsnorm", (x, w), t.dims, t.shape, p, name)
 
     def rotary(self, x: int, theta: float = 10000.0, name: str = "", seq: int | None = None, **scaling) -> int:
         """Rotary embedding over the last dim (frequency params: ``turnip.reference.rope_inv_freq``); with
@@ -176,15 +179,20 @@ class Graph:
         dims = self.t(ids).dims + self.t(table).dims[1]
         return self._new("embed", (ids, table), dims, (n, d), name=name, dtype=self.t(table).dtype)
 
-    def attention(self, q: int, k: int, v: int, name: str = "", seq: int | None = None) -> int:
-        """Causal softmax(q k^T / sqrt(dh)) v over q (tokens, heads, head dim) or, grouped-query,
-        (tokens, key-value heads, group, head dim), and k, v (tokens, key-value heads, head dim); with
-        ``seq``, the tokens are sequences of ``seq`` tokens one after another (a batch), each attending
-        only to itself."""
+    def attention(self, q: int, k: int, v: int, name: str = "", seq: int | None = None, scale: float = 0.0,
+                  window: int = 0, softcap: float = 0.0) -> int:  # fmt: skip
+        """Causal softmax(scale q k^T) v over q (tokens, heads, head dim) or, grouped-query,
+        (tokens, key-value heads, group, head dim), and k, v (tokens, key-value heads, head dim); ``scale``
+        0: 1 / sqrt(head dim). With ``seq``, the tokens are sequences of ``seq`` tokens one after another (a
+        batch), each attending only to itself; ``window`` > 0: a query sees only the ``window`` latest keys
+        (itself included); ``softcap`` > 0: scores capped to softcap tanh(s / softcap) before the softmax."""
         t, tk = self.t(q), self.t(k)
         if len(tk.dims) != 3 or t.dims[:2] != tk.dims[:2] or t.dims[-1] != tk.dims[-1] or len(t.dims) not in (3, 4):
             raise TilingError(f"attention: q {t.name} dims {t.dims!r} and k {tk.name} dims {tk.dims!r} do not match")
-        p = {"scale": 1.0 / math.sqrt(t.shape[-1])} | _seq(seq)
+        if window < 0 or softcap < 0:
+            raise TilingError(f"attention {name}: window {window} and softcap {softcap} must be >= 0")
+        p = {"scale": float(scale) or 1.0 / math.sqrt(t.shape[-1])} | _seq(seq)
+        p |= ({"window": int(window)} if window else {}) | ({"softcap": float(softcap)} if softcap else {})
         return self._new("attention", (q, k, v), t.dims, t.shape, p, name)
 
 

@@ -62,7 +62,10 @@ def lower_attention(lw, node) -> None:
     range holding the diagonal is read up to the query block's end (causal, no masked work). Several
     ranges give partial outputs with their log-sum-exp, merged by one ``attn_combine``. Under the layers
     split the diagonal range stops at the query block (a concatenation per query block): a token tile then
-    never waits for a later one, so a pipeline stage can pass it on before the later tiles arrive."""
+    never waits for a later one, so a pipeline stage can pass it on before the later tiles arrive. With a
+    sliding ``window``, key ranges are clipped to the blocks a query block's window reaches (from the block
+    holding its first query's first key to the query block itself): no vertex reads a fully masked key
+    block, and the ``sdpa`` vertices mask the rest (``window`` param)."""
     T, b = lw.T, lw.b
     q, k, v = node.inputs
     t = node.out
@@ -78,6 +81,8 @@ def lower_attention(lw, node) -> None:
     seq = lw.seq_of(node)
     seq_blocks = nb if seq >= n_tok else seq // tile  # token blocks per sequence
     causal = T.parallel == "layers"
+    window = int(node.params.get("window", 0))
+    extra = {k: node.params[k] for k in ("window", "softcap") if k in node.params}
     ranges: dict = {}
 
     def key_range(x: int, hb: int, j0: int, j1: int, gpu: int) -> int:
@@ -108,17 +113,21 @@ def lower_attention(lw, node) -> None:
         first = qi // seq_blocks * seq_blocks  # the sequence's first block and token
         s0 = T.span(tl, n_tok, first)[0]
         last = min(first + seq_blocks, nb)
-        n_ranges = (qi - first) // per_range + 1
-        parts = []
-        for r in range(n_ranges):
+        spans = []  # the key blocks [j0, j1) of each key range
+        jmin = max(first, (q0 - window + 1) // tile) if window else first  # the window's first key block
+        for r in range((qi - first) // per_range + 1):
             j0 = first + r * per_range
+            j1 = min(j0 + per_range, last, qi + 1 if causal or window else last)
+            if max(j0, jmin) < j1:
+                spans.append((max(j0, jmin), j1))
+        n_ranges = len(spans)
+        parts = []
+        for r, (j0, j1) in enumerate(spans):
             k0 = T.span(tl, n_tok, j0)[0]
-            j1 = min(j0 + per_range, last, qi + 1 if causal else last)
-            kv = (key_range(x, hb, j0, j1, gpu) for x in (k, v))
-            kv = tuple(kv)
+            kv = tuple(key_range(x, hb, j0, j1, gpu) for x in (k, v))
             rows = b.shape_of(kv[0])[0]
             p = {"scale": node.params["scale"], "causal": True, "q_off": q0 - s0, "k_off": k0 - s0,
-                 "tk": min(rows, q1 - k0), "partial": n_ranges > 1, "itemsize": itemsize}  # fmt: skip
+                 "tk": min(rows, q1 - k0), "partial": n_ranges > 1, "itemsize": itemsize} | extra  # fmt: skip
             shape = (tq * nq * dh + nq * tq * 4 // itemsize,) if n_ranges > 1 else out_shape
             vname = f"{name}.A{r}" if n_ranges > 1 else name
             parts.append(b.kernel("sdpa", [qv, *kv], shape, t.dtype, gpu, p, name=vname))

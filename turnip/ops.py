@@ -67,13 +67,14 @@ def _sdpa_shape(ins: list[Shape], p: dict) -> Shape:
 
 
 def _sdpa_flops(ins: list[Shape], out: Shape, p: dict) -> float:
-    """4 flops per (query, key, head dim) pair a row sees (q k^T and p v), plus the softmax."""
-    from turnip.reference import visible_keys
+    """4 flops per (query, key, head dim) pair a row sees (q k^T and p v, keys of its window only), plus the
+    softmax (and the cap of soft-capped scores)."""
+    from turnip.reference import key_pairs
 
     tq, h, dh = ins[0][0], math.prod(ins[0][1:-1]), ins[0][-1]
     tk_all = ins[1][0]
-    pairs = float(visible_keys(tq, int(p.get("tk", tk_all)), p).sum())
-    return pairs * h * (4.0 * dh + 5.0)
+    pairs = float(key_pairs(tq, int(p.get("tk", tk_all)), p))
+    return pairs * h * (4.0 * dh + 5.0 + 3.0 * (float(p.get("softcap", 0.0)) > 0))
 
 
 def _combine_shape(ins: list[Shape], p: dict) -> Shape:
@@ -158,6 +159,8 @@ OPS: dict[str, OpSpec] = {
         OpSpec("scale", 1, _same, _per_elem(1)),
         OpSpec("silu", 1, _same, _per_elem(4)),
         OpSpec("silu_mul", 2, _same, _per_elem(5)),
+        OpSpec("gelu_tanh_mul", 2, _same, _per_elem(9)),
+        OpSpec("softcap", 1, _same, _per_elem(3)),
         OpSpec("rmsnorm", 2, _same, _per_elem(4)),
         OpSpec("rotary", 1, _same, _per_elem(6)),
         OpSpec("embed", 2, lambda ins, p: (ins[0][0], ins[1][1]), _per_elem(0)),

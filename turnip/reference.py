@@ -50,12 +50,26 @@ def einsum(xs, p):
 
 
 def visible_keys(tq: int, tk: int, p) -> np.ndarray:
-    """Number of keys each query row of ``sdpa`` sees: keys ``j < tk`` with ``k_off + j <= q_off + i``
+    """One past the last key each query row of ``sdpa`` sees: keys ``j < tk`` with ``k_off + j <= q_off + i``
     when causal."""
     n = np.full(tq, tk, dtype=np.int64)
     if p.get("causal", True):
         n = np.clip(p["q_off"] - p["k_off"] + 1 + np.arange(tq), 0, tk)
     return n
+
+
+def first_keys(tq: int, tk: int, p) -> np.ndarray:
+    """The first key each query row of ``sdpa`` sees: 0, or under a sliding ``window`` (causal only) the
+    first ``j`` with ``q_off + i - (k_off + j) < window``."""
+    w = int(p.get("window", 0))
+    if not w:
+        return np.zeros(tq, dtype=np.int64)
+    return np.clip(p["q_off"] - p["k_off"] - w + 1 + np.arange(tq), 0, tk)
+
+
+def key_pairs(tq: int, tk: int, p) -> int:
+    """(query, key) pairs ``sdpa`` computes: the keys each row sees, summed over rows."""
+    return int(np.maximum(visible_keys(tq, tk, p) - first_keys(tq, tk, p), 0).sum())
 
 
 def partial_len(tq: int, h: int, dh: int, dtype) -> int:
@@ -71,9 +85,11 @@ def split_partial(x: np.ndarray, tq: int, h: int, dh: int) -> tuple[np.ndarray, 
 
 def sdpa(xs, p):
     """Fused causal attention of one query block against keys ``k[:tk]`` (``tk`` param, default all):
-    S = scale * q k^T, masked where ``k_off + j > q_off + i`` (if causal), softmax over keys, times v.
-    Output (tq, h, dh); with ``partial`` the flat partial (O, log-sum-exp) instead (see module doc).
-    Rows that see no key give O = 0 and L = -inf. Computed in float32."""
+    S = scale * q k^T, capped to ``softcap`` tanh(S / ``softcap``) when that param is > 0, masked where
+    ``k_off + j > q_off + i`` (if causal) and, with a sliding ``window`` > 0 (causal only), where
+    ``q_off + i - (k_off + j) >= window``; softmax over keys, times v. Output (tq, h, dh); with
+    ``partial`` the flat partial (O, log-sum-exp) instead (see module doc). Rows that see no key give
+    O = 0 and L = -inf. Computed in float32."""
     q, k, v = (_f32(x) for x in xs)
     q = q.reshape(q.shape[0], -1, q.shape[-1])
     tk = int(p.get("tk", k.shape[0]))
@@ -84,8 +100,12 @@ def sdpa(xs, p):
     qh, kh, vh = (np.ascontiguousarray(x.transpose(1, 0, 2)) for x in (q, k, v))  # (h, t, dh)
     h, tq, dh = qh.shape
     s = np.matmul(qh, kh.transpose(0, 2, 1)) * np.asarray(p["scale"], dtype=qh.dtype)  # (h, tq, tk)
-    vis = visible_keys(tq, tk, p)
-    s = np.where(np.arange(tk)[None, None, :] < vis[None, :, None], s, -np.inf)
+    cap = float(p.get("softcap", 0.0))
+    if cap > 0:
+        s = np.tanh(s / np.asarray(cap, dtype=s.dtype)) * np.asarray(cap, dtype=s.dtype)
+    j = np.arange(tk)[None, None, :]
+    vis, lo = visible_keys(tq, tk, p), first_keys(tq, tk, p)
+    s = np.where((j < vis[None, :, None]) & (j >= lo[None, :, None]), s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)
@@ -152,11 +172,31 @@ def silu_mul(xs, p):
     return _out(_silu(_f32(xs[0])) * _f32(xs[1]), xs[0])
 
 
+GELU_C = 0.7978845608028654  # sqrt(2 / pi), of the tanh approximation of GELU
+
+
+def gelu_tanh_mul(xs, p):
+    """out = gelu(gate) * up with GELU's tanh approximation, 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+    (the GeGLU product; PyTorch's ``gelu(approximate="tanh")``)."""
+    g = _f32(xs[0])
+    c = np.asarray(GELU_C, dtype=g.dtype)
+    return _out(0.5 * g * (1.0 + np.tanh(c * (g + 0.044715 * g * g * g))) * _f32(xs[1]), xs[0])
+
+
+def softcap(xs, p):
+    """out = cap tanh(x / cap) (Gemma 2's soft-capped logits; param ``cap`` > 0)."""
+    x = _f32(xs[0])
+    cap = np.asarray(float(p["cap"]), dtype=x.dtype)
+    return _out(np.tanh(x / cap) * cap, xs[0])
+
+
 def rmsnorm(xs, p):
-    """y = x / sqrt(mean(x^2) + eps) * w over the last axis."""
+    """y = x / sqrt(mean(x^2) + eps) * (w + offset) over the last axis (``offset`` param, default 0;
+    Gemma's norms take 1)."""
     x, w = _f32(xs[0]), _f32(xs[1])
     r = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + np.float32(p.get("eps", 1e-5)))
-    return _out(x * r * w, xs[0])
+    off = float(p.get("offset", 0.0))
+    return _out(x * r * (w + np.asarray(off, dtype=w.dtype) if off else w), xs[0])
 
 
 def rope_inv_freq(dh: int, p) -> np.ndarray:
@@ -349,7 +389,7 @@ REFERENCE: dict[str, Ref] = {
     f.__name__: f
     for f in (
         einsum, add_n, mul, scale, silu,
-        silu_mul, rmsnorm, rotary, embed, rows, sum_into, mix, sdpa, attn_combine, concat,
+        silu_mul, gelu_tanh_mul, softcap, rmsnorm, rotary, embed, rows, sum_into, mix, sdpa, attn_combine, concat,
         rmsnorm_bwd, silu_mul_dg, sdpa_bwd, cols, xent, xent_bwd, cast, adam_m, adam_v, adam_p,
     )
 }

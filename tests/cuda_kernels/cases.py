@@ -86,6 +86,7 @@ def llama_cases(t: int, hidden: int = 4096, ffn: int = 11008, heads: int = 32, d
              _sdpa(sc, t, t, t, partial=True)),
         Case("attn_combine_gqa", "attn_combine", ((n_part,), (n_part,)), (t, hk, r, dh),
              {"tq": t, "h": h, "dh": dh, "itemsize": 2, "r": r}, ("partial", "partial")),
+        *family_cases(t, h, hk, dh, d, f, vocab),
         Case("concat", "concat", ((t, h, dh), (t // 2, h, dh)), (t + t // 2, h, dh)),
         Case("rows_last", "rows", ((t, d),), (1, d), {"start": t - 1, "stop": t}),
         Case("rows", "rows", ((t, hk, dh),), (t // 2, hk, dh), {"start": t // 4, "stop": t // 4 + t // 2}),
@@ -102,6 +103,29 @@ def llama_cases(t: int, hidden: int = 4096, ffn: int = 11008, heads: int = 32, d
         Case("sum_into", "sum_into", ((t, d), (t, d)), (t, d)),
         Case("mix", "mix", ((t * d,), (t * d // 2,), (1000,)), (t * d,), {"n_out": t * d}),
         *training_cases(t, h, hk, dh, d, f, vocab, t // 4, 128256),
+    ]
+
+
+def family_cases(t: int, h: int, hk: int, dh: int, d: int, f: int, vocab: int) -> list[Case]:
+    """The ops and params of the families beyond LLaMA at tile ``t``: sliding-window attention (a window of
+    t / 2 + 1 over a key range of 2t ending at the query block; a partial whose first rows see no key),
+    soft-capped scores (Gemma 2), GeGLU, capped logits, (1 + w) RMSNorm, per-head q/k RMSNorm of a
+    grouped-query tile (Qwen 3), a bias broadcast over tokens (Qwen 2)."""
+    r = h // hk
+    w = {"window": t // 2 + 1}
+    n_part = partial_len(t, h, dh, np.float16)
+    return [
+        Case("sdpa_window", "sdpa", ((t, h, dh), (2 * t, h, dh), (2 * t, h, dh)), (t, h, dh),
+             _sdpa(1.0 / math.sqrt(dh), t, t, 2 * t) | w),
+        Case("sdpa_window_gqa_partial", "sdpa", ((t, hk, r, dh), (t, hk, dh), (t, hk, dh)), (n_part,),
+             _sdpa(1.0 / math.sqrt(dh), t, t, t, partial=True) | w),
+        Case("sdpa_softcap", "sdpa", ((t, h, dh), (t, h, dh), (t, h, dh)), (t, h, dh),
+             _sdpa(1.0, t, 0, t) | {"softcap": 5.0}),
+        Case("gelu_tanh_mul", "gelu_tanh_mul", ((t, f), (t, f)), (t, f)),
+        Case("softcap", "softcap", ((t, vocab),), (t, vocab), {"cap": 1.5}),
+        Case("rmsnorm_offset", "rmsnorm", ((t, d), (d,)), (t, d), {"eps": 1e-6, "offset": 1.0}),
+        Case("rmsnorm_heads_gqa", "rmsnorm", ((t, hk, r, dh), (dh,)), (t, hk, r, dh), {"eps": 1e-6}),
+        Case("add_bias_gqa", "add_n", ((t, hk, r, dh), (hk, r, dh)), (t, hk, r, dh)),
     ]
 
 
@@ -196,6 +220,20 @@ def tiny_cases() -> list[Case]:
         Case("embed", "embed", ((t,), (11, d)), (t, d), {}, ("ids:11", "normal")),
         Case("sum_into", "sum_into", ((t, d), (t, d)), (t, d)),
         Case("mix", "mix", ((30,), (7,), (0,), (2, 3)), (40,), {"n_out": 40}),
+        Case("sdpa_window", "sdpa", ((t, h, dh), (9, h, dh), (9, h, dh)), (t, h, dh),
+             _sdpa(0.35, t, 2, 7) | {"window": 3}),
+        Case("sdpa_window_empty_rows", "sdpa", ((t, h, dh), (4, h, dh), (4, h, dh)), (n_part,),
+             _sdpa(0.35, t, 9, 4, k_off=2, partial=True) | {"window": 6}),  # rows 2.. see none of keys 2..5
+        Case("sdpa_window_gqa", "sdpa", ((t, 2, 2, dh), (9, 2, dh), (9, 2, dh)), (t, 2, 2, dh),
+             _sdpa(0.35, t, 2, 7) | {"window": 2}),
+        Case("sdpa_softcap", "sdpa", ((t, h, dh),) * 3, (t, h, dh), _sdpa(1.5, t, 3, t, k_off=3) | {"softcap": 2.0}),
+        Case("sdpa_softcap_window_gqa_partial", "sdpa", ((t, 2, 2, dh), (4, 2, dh), (4, 2, dh)), (n_part4,),
+             _sdpa(1.5, t, 3, 4, k_off=1, partial=True) | {"softcap": 2.0, "window": 3}),
+        Case("gelu_tanh_mul", "gelu_tanh_mul", ((t, f), (t, f)), (t, f)),
+        Case("softcap", "softcap", ((t, f),), (t, f), {"cap": 0.8}),
+        Case("rmsnorm_offset", "rmsnorm", ((t, d), (d,)), (t, d), {"eps": 1e-6, "offset": 1.0}),
+        Case("rmsnorm_heads", "rmsnorm", ((t, 2, 3, dh), (dh,)), (t, 2, 3, dh), {"eps": 1e-6}),
+        Case("add_bias", "add_n", ((t, 2, 3, dh), (2, 3, dh)), (t, 2, 3, dh)),
         *training_cases(t, 4, h, dh, d, f, 37, 3, 150),
         *[Case(f"{c.name}_t13_off", c.op, c.in_shapes, c.out_shape, c.params, c.kinds)
           for c in sdpa_bwd_cases(13, 3, 1, 4, q_off=1, k_off=3)],  # odd extents; rows 0, 1 see no key
