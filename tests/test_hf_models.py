@@ -76,8 +76,8 @@ def test_config_from_transformers_json(tmp_path):
 
 @pytest.mark.parametrize("change,msg", [
     ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
-    ({"attention_bias": True}, "no projection biases"),
-    ({"hidden_act": "gelu"}, "only silu"),
+    ({"mlp_bias": True}, "no biases"),
+    ({"hidden_act": "gelu"}, "hidden_act .gelu. is not supported"),
     ({"num_key_value_heads": 3}, "not a multiple of 3"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'"),
     ({"vocab_size": None}, "'vocab_size'"),

@@ -35,12 +35,11 @@ from pathlib import Path
 import numpy as np
 
 from turnip.fileio import _UMASK
+from turnip.hfconfig import hf_source
 from turnip.runtime.weights import (
     NP_OF,
     check_ids,
     compute_dtype,
-    hf_name,
-    hf_shape,
     logical_inputs,
     st_dtype,
     write_safetensors,
@@ -186,6 +185,8 @@ class Checkpoint:
         if ids is not None and x0 not in lg:
             raise CheckpointError("token ids were given but the taskgraph has no embedded input (tg.meta['embed'])")
         plan = []  # (file position, name, header, rows to gather or None)
+        arch = tg.meta.get("arch") or (self.config or {}).get("model_type") or "llama"
+        shapes = {k: v[0] for k, v in lg.items()}
         for name, (shape, _) in lg.items():
             if name == x0 and (ids is not None or name not in self._headers):
                 h = self._table(embed["table"], shape)
@@ -195,7 +196,7 @@ class Checkpoint:
                     raise CheckpointError(f"{rows.size} token ids (shape {rows.shape}); {name!r} takes {shape[0]} "
                                           f"(the taskgraph's sequence length)")  # fmt: skip
             else:
-                h, rows = self._source(name, shape), None
+                h, rows = self._source(name, shape, arch, shapes)
             plan.append(((self.files.index(h.file), h.offset), name, h, rows))
         plan.sort(key=lambda t: t[0])
         for _, name, h, rows in plan:
@@ -212,20 +213,22 @@ class Checkpoint:
             raise CheckpointError(f"{h.file}: tensor {name!r} has dtype {h.dtype}, which turnip cannot read")
         return h, dt
 
-    def _source(self, ours: str, shape) -> TensorHeader:
-        """The header of the tensor behind logical input ``ours``: its Hugging Face name, else our name;
-        checked against the shape and dtype the model needs."""
+    def _source(self, ours: str, shape, arch: str = "llama", shapes=None) -> tuple[TensorHeader, np.ndarray | None]:
+        """The header of the tensor behind logical input ``ours`` (of a model of family ``arch`` whose
+        logical inputs have ``shapes``): its Hugging Face name, else our name; checked against the shape and
+        dtype the model needs. With it, the rows of it to read (a fused tensor's part) or None (all)."""
         shape = tuple(int(s) for s in shape)
         try:
-            hf = hf_name(ours)
+            hf, hf_sh, part = hf_source(arch, ours, shapes or {ours: shape})
         except KeyError:
-            hf = None
+            hf, hf_sh, part = None, None, None
         if hf == "lm_head.weight" and hf not in self._headers and (self.config or {}).get("tie_word_embeddings"):
             hf = "model.embed_tokens.weight"  # tied: the embedding table is the head
-        for name, want in ((hf, hf_shape(ours, shape) if hf else None), (ours, shape)):
+        for name, want in ((hf, hf_sh), (ours, shape)):
             if name in self._headers:
-                return self._checked(self._headers[name], ours, want)
-        what = f"{hf!r} (turnip's {ours!r}, shape {hf_shape(ours, shape)} for" if hf else f"{ours!r} (shape"
+                rows = np.arange(*part) if part is not None and name == hf else None
+                return self._checked(self._headers[name], ours, want), rows
+        what = f"{hf!r} (turnip's {ours!r}, shape {hf_sh} for" if hf else f"{ours!r} (shape"
         raise MissingTensorError(f"{self._where()}: no tensor {what} the model's {shape}); searched "
                                  f"{self._searched()}")  # fmt: skip
 

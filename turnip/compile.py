@@ -162,6 +162,10 @@ def _llama_vertices(s, seq: int, G: int, tiles: dict, L: int, head: str = "none"
         return T * nb - sum(a * b for a, b in zip(cT, cnt, strict=True))
 
     inputs = T + L * (2 + 4 * H + 3 * F) + 1
+    gh = min(H, G)  # GPUs holding head blocks
+    extra = (T * s.qkv_bias * 3 * H + T * s.o_bias + 2 * T * H * s.qk_norm + 2 * T * s.sandwich  # layer ops
+             + (g_t - 1) * s.o_bias + 2 * (gh - 1) * s.qk_norm + 2 * (g_t - 1) * s.sandwich  # weight copies
+             + 3 * H * s.qkv_bias + s.o_bias + 2 * s.qk_norm + 2 * s.sandwich)  # weight inputs  # fmt: skip
     m, rem = divmod(T, P)
     sdpa = T + P * m * (m - 1) // 2 + rem * m  # sum over query blocks of their key ranges
     combine = max(0, T - P)
@@ -173,7 +177,7 @@ def _llama_vertices(s, seq: int, G: int, tiles: dict, L: int, head: str = "none"
         T + (g_t - 1)  # attention norm and its weight's copies
         + 3 * T * H + fan_out(H)  # q, k, v (one contracted block) and the normed rows sent to them
         + 2 * T * H  # rotary on q and k
-        + H * (sdpa + combine + 2 * concat)  # fused attention
+        + extra
         + T * H + (T * (H - 1) if H > 1 else 0) + gather(H, cH)  # output projection, partial sums
         + T  # residual
         + T + (g_t - 1)  # FFN norm
@@ -182,6 +186,10 @@ def _llama_vertices(s, seq: int, G: int, tiles: dict, L: int, head: str = "none"
         + T * F + (T * (F - 1) if F > 1 else 0) + gather(F, cF)  # down projection, partial sums
         + T  # residual
     )  # fmt: skip
+    attn = 0  # fused attention, per layer: its window (if any) decides its key ranges
+    for w in {s.layer_window(i) for i in range(L)}:
+        a, c, k = _window_attention(T, P, tt, w) if w else (sdpa, combine, concat)
+        attn += H * (a + c + 2 * k) * sum(s.layer_window(i) == w for i in range(L))
     V = -(-s.vocab // int(tiles.get("v", s.vocab)))
     if head == "none":
         out = T + (g_t - 1)  # final norm and its weight's copies
@@ -190,7 +198,23 @@ def _llama_vertices(s, seq: int, G: int, tiles: dict, L: int, head: str = "none"
     else:  # final norm, vocabulary blocks, one GEMM per (token, vocabulary) block, weight copies
         t_gpus = {j % G for j in range(T)}
         out = T + (g_t - 1) + V + T * V + sum(len(t_gpus - {j % G}) for j in range(V))
-    return inputs + L * layer + out
+    if s.logit_softcap:  # the capped logits, one vertex per logits block
+        out += V if head == "last" else T * V if head == "all" else 0
+    return inputs + L * layer + attn + out + T * (s.embed_scale != 1.0)
+
+
+def _window_attention(T: int, P: int, tile: int, window: int) -> tuple[int, int, int]:
+    """(sdpa, attn_combine, concat) vertices of one head block of a sliding-window attention over ``T`` token
+    blocks of ``tile`` in key ranges of ``P`` blocks, as ``turnip.graph_lower.lower_attention`` clips them."""
+    sdpa = combine = 0
+    spans = set()
+    for qi in range(T):
+        jmin = max(0, (qi * tile - window + 1) // tile)
+        kept = [(max(j0, jmin), min(j0 + P, T, qi + 1)) for j0 in range(0, qi + 1, P)]
+        kept = [(a, b) for a, b in kept if a < b]
+        sdpa, combine = sdpa + len(kept), combine + (len(kept) > 1)
+        spans |= {(a, b) for a, b in kept if b - a > 1}
+    return sdpa, combine, len(spans)
 
 
 def estimate(

@@ -15,10 +15,19 @@ from turnip.taskgraph import Builder, TaskGraph
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    """A LLaMA-family decoder (LLaMA 1-3, Mistral without a sliding window): the named presets, or any
-    Hugging Face ``config.json`` through ``from_hf``. ``n_kv_heads`` below ``n_heads`` is grouped-query
-    attention (0: as many as query heads); ``head_dim`` 0: ``d_model // n_heads``; ``rope_scaling``: ()
-    or LLaMA-3's (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)."""
+    """A LLaMA-family decoder (LLaMA 1-3, Mistral, Qwen 2/2.5/3, Phi-3, Gemma 1/2): the named presets, or
+    any Hugging Face ``config.json`` through ``from_hf`` (``turnip.hfconfig``). ``n_kv_heads`` below
+    ``n_heads`` is grouped-query attention (0: as many as query heads); ``head_dim`` 0: ``d_model //
+    n_heads``; ``rope_scaling``: () or LLaMA-3's (factor, low_freq_factor, high_freq_factor,
+    original_max_position_embeddings). The family's variations (all off by default, plain LLaMA):
+    ``window`` > 0: causal sliding-window attention (query i sees keys i - window < j <= i) in the layers
+    ``window_layers`` (all when empty); ``qkv_bias`` / ``o_bias``: projection biases; ``qk_norm``: RMSNorm
+    of each query and key head over the head dim before rotary (Qwen 3); ``act``: ``silu`` (SwiGLU) or
+    ``gelu_tanh`` (GeGLU); ``norm_offset``: RMSNorm weights are ``offset + w`` (Gemma: 1); ``embed_scale``:
+    the embedded prompt times it (Gemma: sqrt(d)); ``attn_scale``: the score scale (0: 1 / sqrt(head_dim));
+    ``attn_softcap`` / ``logit_softcap``: scores / final logits capped as c tanh(x / c) (0: off);
+    ``sandwich``: norms after attention and after the FFN too (Gemma 2); ``arch``: the Hugging Face
+    ``model_type``, which names the checkpoint's tensors (``turnip.hfconfig.hf_source``)."""
 
     d_model: int
     n_layers: int
@@ -32,6 +41,19 @@ class LlamaConfig:
     rope_scaling: tuple = ()
     tie_embeddings: bool = False
     name: str = ""
+    window: int = 0
+    window_layers: tuple = ()
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    act: str = "silu"
+    norm_offset: float = 0.0
+    embed_scale: float = 1.0
+    attn_scale: float = 0.0
+    attn_softcap: float = 0.0
+    logit_softcap: float = 0.0
+    sandwich: bool = False
+    arch: str = "llama"
 
     @property
     def kv_heads(self) -> int:
@@ -54,10 +76,23 @@ class LlamaConfig:
             p |= {"rope_factor": float(f), "rope_low": float(lo), "rope_high": float(hi), "rope_orig": float(orig)}
         return p
 
+    def layer_window(self, layer: int) -> int:
+        """The sliding window of decoder ``layer`` (0: full causal attention)."""
+        return self.window if self.window and (not self.window_layers or layer in self.window_layers) else 0
+
+    def extras(self) -> list[str]:
+        """The variations on plain LLaMA this config has, by field name (what LoRA training refuses)."""
+        plain = LlamaConfig(1, 1, 1, 1)
+        keys = ("window", "qkv_bias", "o_bias", "qk_norm", "act", "norm_offset", "embed_scale", "attn_scale",
+                "attn_softcap", "logit_softcap", "sandwich")  # fmt: skip
+        return [k for k in keys if getattr(self, k) != getattr(plain, k)]
+
     def layer_nbytes(self, itemsize: int) -> int:
-        """Bytes of one decoder layer's weights."""
-        d, e = self.d_model, self.dh
-        return (2 * d + d * e * (2 * self.n_heads + 2 * self.kv_heads) + 3 * d * self.d_ffn) * itemsize
+        """Bytes of one decoder layer's weights (biases and extra norms included)."""
+        d, e, H, Hk = self.d_model, self.dh, self.n_heads, self.kv_heads
+        n = 2 * d + d * e * (2 * H + 2 * Hk) + 3 * d * self.d_ffn
+        n += (H + 2 * Hk) * e * self.qkv_bias + d * self.o_bias + 2 * e * self.qk_norm + 2 * d * self.sandwich
+        return n * itemsize
 
     def weight_nbytes(self, itemsize: int, n_layers: int | None = None, head: bool = True) -> int:
         """Bytes of the weights a prefill reads on the GPU: layers, final norm, the LM head if any."""
@@ -67,45 +102,11 @@ class LlamaConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict, name: str = "") -> LlamaConfig:
-        """From a Hugging Face ``config.json`` dict; ``ValueError`` names what turnip cannot run."""
-        where = f"{name}: " if name else ""
-        mt = cfg.get("model_type", "llama")
-        if mt not in ("llama", "mistral"):
-            raise ValueError(f"{where}model_type {mt!r} is not supported; turnip runs LLaMA-family decoders "
-                             "(model_type llama or mistral)")  # fmt: skip
-        for key in ("attention_bias", "mlp_bias"):
-            if cfg.get(key):
-                raise ValueError(f"{where}{key} is true; turnip's LLaMA has no projection biases")
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{where}hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
-        need = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-        missing = [k for k in need if not isinstance(cfg.get(k), int) or cfg[k] < 1]
-        if missing:
-            raise ValueError(f"{where}config.json needs a positive integer {missing[0]!r}")
-        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        kind = rope.get("rope_type", rope.get("type", "default"))
-        scaling: tuple = ()
-        if kind == "llama3":
-            keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-            if any(k not in rope for k in keys):
-                raise ValueError(f"{where}llama3 rope scaling needs {', '.join(keys)}")
-            scaling = tuple(float(rope[k]) for k in keys)
-        elif kind != "default":
-            raise ValueError(f"{where}rope type {kind!r} is not supported (default and llama3 are)")
-        H = cfg["num_attention_heads"]
-        Hk = cfg.get("num_key_value_heads") or H
-        if H % Hk:
-            raise ValueError(f"{where}{H} attention heads are not a multiple of {Hk} key-value heads")
-        e = cfg.get("head_dim") or cfg["hidden_size"] // H
-        if e % 2:
-            raise ValueError(f"{where}head_dim {e} must be even (rotary embedding)")
-        return cls(
-            d_model=cfg["hidden_size"], n_layers=cfg["num_hidden_layers"], n_heads=H, d_ffn=cfg["intermediate_size"],
-            vocab=cfg["vocab_size"], n_kv_heads=Hk, head_dim=e, eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(theta), rope_scaling=scaling, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            name=name,
-        )  # fmt: skip
+        """From a Hugging Face ``config.json`` dict; ``ValueError`` (one line) names the field turnip cannot
+        run (``turnip.hfconfig.config_fields``)."""
+        from turnip.hfconfig import config_fields
+
+        return cls(**config_fields(cfg, name), name=name)
 
 
 LlamaShape = LlamaConfig  # the presets' old name
@@ -294,39 +295,71 @@ def llama_graph(
     g = Graph(dtype=dtype)
     with g.layer_scope(-1):
         x = g.input("x0", "td", (batch * seq, d))
+        if s.embed_scale != 1.0:  # in the compute dtype, as transformers scales (Gemma)
+            x = g.map("scale", x, alpha=float(_rounded(s.embed_scale, dtype)), name="x0s")
     rope = s.rope_params()
     if r == 1:
         q_sub, q_w, o_sub, o_w = "td,hed->the", ("hed", (H, e, d)), "the,dhe->td", ("dhe", (d, H, e))
     else:
         q_sub, q_w, o_sub, o_w = "td,hred->thre", ("hred", (Hk, r, e, d)), "thre,dhre->td", ("dhre", (d, Hk, r, e))
+    nk = {"eps": s.eps, "offset": s.norm_offset}
     for i in range(L):
         g.layer = i  # the nodes of decoder layer i (``Graph.layer_scope``)
         p = f"L{i}."
-        h = g.rmsnorm(x, g.input(p + "attn_norm", "d", (d,)), eps=s.eps, name=p + "h")
-        q = g.einsum(q_sub, h, g.input(p + "wq", *q_w), name=p + "q")
-        k, v = (g.einsum("td,hed->the", h, g.input(p + w, "hed", (Hk, e, d)), name=p + n)
-                for w, n in (("wk", "k"), ("wv", "v")))  # fmt: skip
+
+        def norm(y, w, name, shape=(d,), dims="d", p=p):
+            return g.rmsnorm(y, g.input(p + w, dims, shape), name=p + name, **nk)
+
+        def proj(sub, y, w, wdims, wshape, name, bias=False, p=p):
+            out = g.einsum(sub, y, g.input(p + w, wdims, wshape), name=p + name)
+            if bias:  # the bias broadcasts over tokens: its dims are the output's but the first
+                o = g.t(out)
+                out = g.map("add_n", out, g.input(p + "b" + w[1:], o.dims[1:], o.shape[1:]), name=p + name + "b")
+            return out
+
+        h = norm(x, "attn_norm", "h")
+        q = proj(q_sub, h, "wq", *q_w, "q", s.qkv_bias)
+        k, v = (proj("td,hed->the", h, w, "hed", (Hk, e, d), n, s.qkv_bias) for w, n in (("wk", "k"), ("wv", "v")))
+        if s.qk_norm:  # per head over the head dim, before rotary (Qwen 3)
+            q, k = norm(q, "q_norm", "qn", (e,), "e"), norm(k, "k_norm", "kn", (e,), "e")
         a = g.attention(g.rotary(q, name=p + "qr", **rope, **sq), g.rotary(k, name=p + "kr", **rope, **sq), v,
-                        name=p + "attn", **sq)  # fmt: skip
-        x = g.map("add_n", x, g.einsum(o_sub, a, g.input(p + "wo", *o_w), name=p + "o"), name=p + "x1")
-        h2 = g.rmsnorm(x, g.input(p + "ffn_norm", "d", (d,)), eps=s.eps, name=p + "h2")
+                        name=p + "attn", scale=s.attn_scale, window=s.layer_window(i), softcap=s.attn_softcap,
+                        **sq)  # fmt: skip
+        o = proj(o_sub, a, "wo", *o_w, "o", s.o_bias)
+        if s.sandwich:
+            o = norm(o, "post_attn_norm", "on")
+        x = g.map("add_n", x, o, name=p + "x1")
+        h2 = norm(x, "ffn_norm", "h2")
         gate = g.einsum("td,fd->tf", h2, g.input(p + "w_gate", "fd", (s.d_ffn, d)), name=p + "gate")
         up = g.einsum("td,fd->tf", h2, g.input(p + "w_up", "fd", (s.d_ffn, d)), name=p + "up")
-        m = g.map("silu_mul", gate, up, name=p + "m")
+        m = g.map("silu_mul" if s.act == "silu" else "gelu_tanh_mul", gate, up, name=p + "m")
         down = g.einsum("tf,df->td", m, g.input(p + "w_down", "df", (d, s.d_ffn)), name=p + "down")
+        if s.sandwich:
+            down = norm(down, "post_ffn_norm", "dn")
         x = g.map("add_n", x, down, name=p + "x2")
     g.layer = L  # after the last layer: final norm and LM head
     norm = g.input("final_norm", "d", (d,))
     if head == "none":
-        g.outputs = [g.rmsnorm(x, norm, eps=s.eps, name="out")]
+        g.outputs = [g.rmsnorm(x, norm, name="out", **nk)]
         return g
     w = g.input("tok_embed" if s.tie_embeddings else "lm_head", "vd", (s.vocab, d))
     if head == "last":
-        hn = g.rmsnorm(g.rows(x, seq - 1, seq, name="last"), norm, eps=s.eps, name="out")
-        g.outputs = [g.einsum("sd,vd->sv", hn, w, name="logits")]
+        hn = g.rmsnorm(g.rows(x, seq - 1, seq, name="last"), norm, name="out", **nk)
+        logits = g.einsum("sd,vd->sv", hn, w, name="logits_raw" if s.logit_softcap else "logits")
     else:
-        g.outputs = [g.einsum("td,vd->tv", g.rmsnorm(x, norm, eps=s.eps, name="out"), w, name="logits")]
+        out = g.rmsnorm(x, norm, name="out", **nk)
+        logits = g.einsum("td,vd->tv", out, w, name="logits_raw" if s.logit_softcap else "logits")
+    if s.logit_softcap:  # Gemma 2: the final logits capped (the output keeps the name ``logits``)
+        logits = g.map("softcap", logits, cap=s.logit_softcap, name="logits")
+    g.outputs = [logits]
     return g
+
+
+def _rounded(x: float, dtype: str) -> float:
+    """``x`` rounded to ``dtype`` (fp16, bf16 or fp32)."""
+    from turnip.reference import _np_dtype
+
+    return float(np.asarray(x, dtype=np.float32).astype(_np_dtype(dtype)).astype(np.float64))
 
 
 def llama_prefill(
@@ -366,7 +399,7 @@ def llama_prefill(
     tg = lower(graph, split_tiling(t, n_gpus, split, shape.n_layers if n_layers is None else n_layers, "hftv"))
     name = shape.name or (f"llama-{size}" if isinstance(size, str) else "llama")
     tg.meta.update(model=name, seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head=head, split=split,
-                   embed={"input": "x0", "table": "model.embed_tokens.weight"})  # fmt: skip
+                   embed={"input": "x0", "table": "model.embed_tokens.weight"}, arch=shape.arch)  # fmt: skip
     return tg
 
 

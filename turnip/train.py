@@ -114,8 +114,12 @@ def lora_graph(
     cfg: LlamaConfig, seq: int, batch: int = 1, dtype: str = "fp16", n_layers: int | None = None,
     lora: LoraConfig = LoraConfig(), checkpoint: bool = False,
 ) -> tuple[Graph, list[Adapter]]:  # fmt: skip
-    """The logical graph of one LoRA training step (module doc) and its adapters."""
+    """The logical graph of one LoRA training step (module doc) and its adapters. ``ValueError`` for a model
+    whose layers are not plain LLaMA's (``LlamaConfig.extras``: sliding windows, biases, ...)."""
     s = cfg
+    if cfg.extras():
+        raise ValueError(f"LoRA training runs plain LLaMA layers; {cfg.name or 'this model'} has "
+                         f"{', '.join(cfg.extras())}")  # fmt: skip
     L = s.n_layers if n_layers is None else n_layers
     H, Hk, r, e, d, f = s.n_heads, s.kv_heads, s.group, s.dh, s.d_model, s.d_ffn
     n = batch * seq
