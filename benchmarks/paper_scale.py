@@ -48,7 +48,8 @@ def random_offloaded_llama(cfg, gpus: int, budget_nbytes: int | None, seed: int)
 
     with init_empty_weights():
         model = LlamaForCausalLM(cfg)
-    max_memory = {g: (budget_nbytes if budget_nbytes is not None else 78 * GiB) for g in range(gpus)}
+    # no limit: all but a few GiB of each GPU (what the activations of a long prompt need)
+    max_memory = {g: (budget_nbytes if budget_nbytes is not None else 72 * GiB) for g in range(gpus)}
     max_memory["cpu"] = 1 << 50
     device_map = infer_auto_device_map(model, max_memory=max_memory, dtype=torch.float16,
                                        no_split_module_classes=["LlamaDecoderLayer"])  # fmt: skip
