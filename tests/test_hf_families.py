@@ -176,3 +176,39 @@ def test_estimate_counts_the_family_taskgraph(tmp_path, family, head):
     for gpus, tiles in ((1, {"t": 4, "kv": 8}), (2, {"t": 4, "kv": 12, "v": 40}), (3, {"t": 8, "h": 1})):
         est = estimate(str(tmp_path), 44, gpus, "fp32", tiles, head=head)
         assert est.vertices == make_taskgraph(str(tmp_path), 44, gpus, "fp32", tiles, head=head).n
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_logits_match_numpy(tmp_path, family, gpus):
+    """Without transformers: the same configs against the plain numpy model (``tests.test_models``), on
+    random weights under our names, every position's logits, 3 layers (Gemma 2 and Qwen 2 alternate)."""
+    import json
+
+    from tests.test_models import numpy_llama
+    from turnip.compile import build_with_resident, make_taskgraph
+    from turnip.memgraph.interp import assemble
+    from turnip.memgraph.plan import KIND_OFFLOAD
+    from turnip.memgraph.verify import verify
+    from turnip.models import load_config
+    from turnip.runtime import execute, open_backend
+    from turnip.runtime.weights import logical_inputs, tile_inputs
+
+    cfg = {**SMALL, "model_type": MODEL_TYPES[family], **FAMILIES[family][1], "num_hidden_layers": 3}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    s = load_config(tmp_path)
+    budget = 45_000 // gpus
+    tg = make_taskgraph(str(tmp_path), 2 * W, gpus, "fp32", {"t": W // 2, "kv": W, "v": 51}, budget_nbytes=budget,
+                        head="all")  # fmt: skip
+    mg = build_with_resident(tg, budget)
+    assert verify(mg, tg) == [] and (mg.kind == KIND_OFFLOAD).any()
+    rng = np.random.default_rng(4)
+    base = 0.0 if s.norm_offset else 1.0
+    w = {k: (base + 0.2 * rng.standard_normal(shape) if k.endswith("norm") else 0.3 * rng.standard_normal(shape))
+         for k, (shape, _) in logical_inputs(tg).items()}  # fmt: skip
+    with open_backend("cpu", mg, 3, chaos=0.3) as be:
+        be.write_inputs(tile_inputs(tg, {k: v.astype(np.float32) for k, v in w.items()}))
+        execute(mg, be, "nondet", 3, seed=2)
+        got = assemble(tg, be.read_outputs(), "logits").astype(np.float64)
+    want = numpy_llama(w, w["x0"], s, "all")
+    assert np.abs(got - want).max() < 2e-4 * max(1.0, np.abs(want).max()), np.abs(got - want).max()

@@ -11,12 +11,15 @@ pytestmark = pytest.mark.unit
 
 def numpy_llama(w: dict, x0: np.ndarray, s, head: str = "none") -> np.ndarray:
     """A plain LLaMA on Hugging Face 2-D weights (written apart from turnip's graph: flat projections,
-    ``repeat_kv``, LLaMA-3 rope scaling by its published formula)."""
+    ``repeat_kv``, LLaMA-3 rope scaling by its published formula), with the families' variations of ``s``
+    (a ``LlamaConfig``): biases (``bq``.. in ``w``), q/k norms, sliding windows, soft caps, GeGLU, (1 + w)
+    norms, the embedding scale and Gemma 2's extra norms."""
     H, Hk, dh = s.n_heads, s.kv_heads, s.dh
     T = x0.shape[0]
+    off = getattr(s, "norm_offset", 0.0)
 
     def rms(x, g):
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + s.eps) * g
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + s.eps) * (g + off)
 
     def inv_freq():
         inv = 1.0 / s.rope_theta ** (np.arange(0, dh, 2) / dh)
@@ -41,28 +44,46 @@ def numpy_llama(w: dict, x0: np.ndarray, s, head: str = "none") -> np.ndarray:
         x1, x2 = x[..., : dh // 2], x[..., dh // 2 :]
         return np.concatenate([x1 * c - x2 * sn, x2 * c + x1 * sn], -1)
 
-    x = x0
-    for i in range(s.n_layers):
-        p = f"L{i}."
+    def lin(h, p, name, rows):
+        y = h @ w[p + "w" + name].reshape(rows, -1).T
+        return y + w[p + "b" + name].reshape(-1) if p + "b" + name in w else y
+
+    def cap(x, c):
+        return c * np.tanh(x / c) if c else x
+
+    i, j = np.arange(T)[:, None], np.arange(T)[None]
+    x = x0 * getattr(s, "embed_scale", 1.0)
+    for layer in range(s.n_layers):
+        p = f"L{layer}."
         h = rms(x, w[p + "attn_norm"])
-        q = rope((h @ w[p + "wq"].reshape(H * dh, -1).T).reshape(T, H, dh))
-        k = rope((h @ w[p + "wk"].reshape(Hk * dh, -1).T).reshape(T, Hk, dh))
-        v = (h @ w[p + "wv"].reshape(Hk * dh, -1).T).reshape(T, Hk, dh)
+        q, k = lin(h, p, "q", H * dh).reshape(T, H, dh), lin(h, p, "k", Hk * dh).reshape(T, Hk, dh)
+        if getattr(s, "qk_norm", False):
+            q, k = rms(q, w[p + "q_norm"]), rms(k, w[p + "k_norm"])
+        q, k = rope(q), rope(k)
+        v = lin(h, p, "v", Hk * dh).reshape(T, Hk, dh)
         k, v = np.repeat(k, H // Hk, axis=1), np.repeat(v, H // Hk, axis=1)
-        sc = np.einsum("ihd,jhd->hij", q, k) / np.sqrt(dh)
-        sc = np.where(np.tril(np.ones((T, T), bool)), sc, -np.inf)
+        scale = getattr(s, "attn_scale", 0.0) or 1 / np.sqrt(dh)
+        sc = cap(np.einsum("ihd,jhd->hij", q, k) * scale, getattr(s, "attn_softcap", 0.0))
+        win = s.layer_window(layer) if hasattr(s, "layer_window") else 0
+        sc = np.where((j <= i) & ((i - j < win) if win else True), sc, -np.inf)
         pr = np.exp(sc - sc.max(-1, keepdims=True))
         pr /= pr.sum(-1, keepdims=True)
         a = np.einsum("hij,jhd->ihd", pr, v).reshape(T, H * dh)
-        x = x + a @ w[p + "wo"].reshape(-1, H * dh).T
+        o = a @ w[p + "wo"].reshape(-1, H * dh).T + (w[p + "bo"] if p + "bo" in w else 0)
+        x = x + (rms(o, w[p + "post_attn_norm"]) if getattr(s, "sandwich", False) else o)
         h2 = rms(x, w[p + "ffn_norm"])
         g, u = h2 @ w[p + "w_gate"].T, h2 @ w[p + "w_up"].T
-        x = x + (g / (1 + np.exp(-g)) * u) @ w[p + "w_down"].T
+        if getattr(s, "act", "silu") == "silu":
+            m = g / (1 + np.exp(-g)) * u
+        else:
+            m = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3))) * u
+        dn = m @ w[p + "w_down"].T
+        x = x + (rms(dn, w[p + "post_ffn_norm"]) if getattr(s, "sandwich", False) else dn)
     out = rms(x, w["final_norm"])
     if head == "none":
         return out
     lm = w["tok_embed" if s.tie_embeddings else "lm_head"]
-    return (out[-1:] if head == "last" else out) @ lm.T
+    return cap((out[-1:] if head == "last" else out) @ lm.T, getattr(s, "logit_softcap", 0.0))
 
 
 def block_inputs(tg, full: dict) -> dict:
