@@ -173,9 +173,10 @@ def test_estimate_counts_the_family_taskgraph(tmp_path, family, head):
 
     cfg = {**SMALL, "model_type": MODEL_TYPES[family], **FAMILIES[family][1], "num_hidden_layers": 3}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    for gpus, tiles in ((1, {"t": 4, "kv": 8}), (2, {"t": 4, "kv": 12, "v": 40}), (3, {"t": 8, "h": 1})):
-        est = estimate(str(tmp_path), 44, gpus, "fp32", tiles, head=head)
-        assert est.vertices == make_taskgraph(str(tmp_path), 44, gpus, "fp32", tiles, head=head).n
+    for gpus, tiles, split in ((1, {"t": 4, "kv": 8}, "tensor"), (2, {"t": 4, "kv": 12, "v": 40}, "tensor"),
+                               (3, {"t": 8, "h": 1}, "tensor"), (2, {"t": 4, "kv": 8}, "layers")):  # fmt: skip
+        est = estimate(str(tmp_path), 44, gpus, "fp32", tiles, head=head, split=split)
+        assert est.vertices == make_taskgraph(str(tmp_path), 44, gpus, "fp32", tiles, head=head, split=split).n
 
 
 @pytest.mark.parametrize("gpus", [1, 2])
