@@ -5,11 +5,13 @@ Variants (``--variants``, each a set of backend options against the first, the b
   base      cuDNN attention called directly (about 70 µs of host time a call), events polled from Python
   graphs    cuDNN attention captured into per-slot CUDA graphs (``lib_graphs``)
   poll      end events scanned in compiled code (``native_poll``)
-  both      both (the backend's default)
-Rows are ``SEQ:BUDGET:GPUS[:T]`` (``none`` = a 60 GiB arena per GPU, every weight resident; ``T``: the token
-tile). Per row and variant: ``--repeat`` timed runs per policy after a warm-up, the median makespan, the
-host's time per run split into issuing, completion handling and polling, the median host cost per vertex,
-and whether the variant's outputs equal the baseline's bitwise.
+  both      both
+The backend's default is ``graphs``.
+Rows are ``SEQ:BUDGET:GPUS[:T]`` (prefill; ``none`` = a 60 GiB arena per GPU, every weight resident; ``T``: the
+token tile) or ``lora:BATCHxSEQ:BUDGET:GPUS[:SPLIT]`` (LoRA steps, ``lora_row``). Per row and variant:
+``--repeat`` timed runs per policy after a warm-up, the median makespan, the host's time per run split into
+issuing, completion handling and polling, the median host cost per vertex, and whether the variant's outputs
+equal the baseline's bitwise.
 
     PYTHONPATH=. python benchmarks/dispatch.py --rows 4096:none:1 4096:none:4 16384:none:4 --out res/
 
@@ -74,6 +76,56 @@ def run_row(a, spec: str) -> list[dict]:
     return rows
 
 
+def lora_row(a, spec: str) -> list[dict]:
+    """``lora:BATCHxSEQ:BUDGET:GPUS[:SPLIT]``: LoRA steps (rank 16 on q, k, v and the FFN; split ``layers`` by
+    default), ``--repeat`` timed steps after ``--warmup`` per variant; the loss of the last step of each
+    variant must equal the baseline's (the same batches, the same start)."""
+    from turnip.compile import compile_model
+    from turnip.runtime import open_backend
+    from turnip.runtime.weights import random_embedding, vocab_size, write_random_inputs
+    from turnip.train import AdapterState, LoraConfig, Stepper, TrainSpec, next_token_targets
+
+    parts = spec.split(":")[1:]
+    batch, seq = (int(x) for x in parts[0].split("x"))
+    budget, gpus = parts[1], int(parts[2])
+    split = parts[3] if len(parts) > 3 else "layers"
+    train = TrainSpec(batch, LoraConfig(), "auto")
+    tg, mg = compile_model(a.model, seq=seq, gpus=gpus, budget=budget, resident="auto", train=train, split=split,
+                           n_layers=a.layers)  # fmt: skip
+    rng = np.random.default_rng(a.seed)
+    vocab = vocab_size(tg)
+    ids = [rng.integers(0, vocab, (batch, seq)) for _ in range(a.warmup + a.repeat)]
+    embed = random_embedding(tg, a.seed)
+    rows, ref = [], None
+    for name in a.variants:
+        opts = VARIANTS[name] if a.backend == "cuda" else {}
+        t0 = time.perf_counter()
+        with open_backend(a.backend, mg, 5, **opts) as be:
+            state = AdapterState.init(tg, a.seed)
+            write_random_inputs(be, tg, a.seed, skip=set(state.inputs()) | {"x0", "targets"})
+            stepper = Stepper(tg, mg, be, state)
+            load_s = time.perf_counter() - t0
+            res, loss = [], None
+            for i, x in enumerate(ids):
+                loss, r, _ = stepper.step(embed(x.reshape(-1)), next_token_targets(x), "nondet", 5, a.seed + i)
+                if i >= a.warmup:
+                    res.append(r)
+        ref = loss if ref is None else ref
+        ms = sorted(r.makespan_ns / 1e6 for r in res)
+        k = len(res)
+        hc = np.concatenate([r.host_cost_ns() for r in res])
+        rows.append({"model": a.model, "seq": seq, "budget": budget, "gpus": gpus, "t": f"lora {batch}x{split}",
+                     "variant": name, "policy": "nondet", "ms_median": ms[k // 2], "ms_min": ms[0], "bound_ms": 0.0,
+                     "vertices": mg.n,
+                     "issue_ms": sum(int((r.issue_ns - r.host_start_ns).sum()) for r in res) / k / 1e6,
+                     "handle_ms": sum(int(r.handle_ns.sum()) for r in res) / k / 1e6,
+                     "poll_ms": sum(r.poll_ns for r in res) / k / 1e6, "host_us_p50": float(np.median(hc)) / 1e3,
+                     "equal_to_first": bool(loss == ref), "load_s": round(load_s, 2),
+                     "capture_failures": len(getattr(be, "capture_failures", []))})  # fmt: skip
+        print(_fmt(rows[-1], rows), flush=True)
+    return rows
+
+
 def _fmt(r: dict, rows: list[dict]) -> str:
     base = next(x for x in rows if x["seq"] == r["seq"] and x["budget"] == r["budget"] and x["gpus"] == r["gpus"]
                 and x["t"] == r["t"] and x["policy"] == r["policy"])  # fmt: skip
@@ -101,7 +153,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     rows: list[dict] = []
     for spec in a.rows:
-        rows += run_row(a, spec)
+        rows += lora_row(a, spec) if spec.startswith("lora:") else run_row(a, spec)
         with open(f"{a.out}/dispatch{a.tag}.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
