@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints on a GPU: turnip's next token and logits against ``LlamaForCausalLM``.
+"""Hugging Face checkpoints on a GPU: turnip's next token and logits against transformers' model.
 
 For each model (``--models``): a random LLaMA-family model is made with ``transformers`` (seeded; norms
 near 1) and saved with ``save_pretrained`` as a sharded safetensors checkpoint (config.json, index,
@@ -14,9 +14,15 @@ resident memory against the pinned input region and the largest shard (``--rss``
 
 Recipes: ``llama3-small`` (GQA 8/2 heads, vocabulary 128,256, rope theta 500,000 with LLaMA-3 scaling,
 tied embeddings, bf16 on disk, 100 KB-ish shards), ``llama2-7b`` (LLaMA-2-7B shapes, fp16 on disk),
-``llama3-8b`` (LLaMA-3-8B shapes, bf16 on disk).
+``llama3-8b`` (LLaMA-3-8B shapes, bf16 on disk); the other families at 4 layers of width 1024:
+``mistral-swa`` (a window of 1024, prompts of twice the window), ``qwen2-small`` (q, k, v biases),
+``qwen3-small`` (q/k norms), ``phi3-small`` (fused projections, a window of 1023), ``gemma-small`` and
+``gemma2-small`` (GeGLU, (1 + w) norms, embedding scale; Gemma 2 with its soft caps and every other layer
+sliding over 512 tokens, against transformers' eager attention, which its caps need).
 
     PYTHONPATH=. python benchmarks/hf_check.py --models llama3-small llama2-7b --gpus 1 2 --rss
+    PYTHONPATH=. python benchmarks/hf_check.py --models mistral-swa qwen2-small qwen3-small phi3-small \
+        gemma-small gemma2-small --gpus 1 2 --budget 256MiB --tag hf_families
 """
 
 from __future__ import annotations
@@ -54,20 +60,62 @@ RECIPES = {
                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                   "original_max_position_embeddings": 8192}),
         dtype="bfloat16", shard="5GB", seqs=[4096]),
+    "mistral-swa": dict(arch="Mistral", cfg=dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+        num_attention_heads=16, num_key_value_heads=4, vocab_size=32000, sliding_window=1024),
+        dtype="float16", shard="2GB", seqs=[2048]),
+    "qwen2-small": dict(arch="Qwen2", cfg=dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+        num_attention_heads=16, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+        dtype="bfloat16", shard="2GB", seqs=[7, 1000]),
+    "qwen3-small": dict(arch="Qwen3", cfg=dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=4,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936),
+        dtype="bfloat16", shard="2GB", seqs=[1000]),
+    "phi3-small": dict(arch="Phi3", cfg=dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+        num_attention_heads=16, num_key_value_heads=16, vocab_size=32064, sliding_window=1023),
+        dtype="bfloat16", shard="2GB", seqs=[2048]),
+    "gemma-small": dict(arch="Gemma", cfg=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=1, head_dim=256, vocab_size=256000),
+        dtype="bfloat16", shard="2GB", seqs=[1000]),
+    "gemma2-small": dict(arch="Gemma2", attn="eager", cfg=dict(hidden_size=1024, intermediate_size=4096,
+        num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=256, vocab_size=256000,
+        sliding_window=512, query_pre_attn_scalar=256), dtype="bfloat16", shard="2GB", seqs=[1024]),
 }  # fmt: skip
+
+
+def random_model(r: dict, seed: int, dtype):
+    """A random transformers model of recipe ``r`` (its ``arch``, LLaMA by default) on the GPU in ``dtype``:
+    weights and biases 0.02 * N(0, 1), norm weights 1 + 0.1 * N(0, 1) (Gemma's, which scale by 1 + w:
+    0.1 * N(0, 1)), seeded."""
+    import torch
+    import transformers
+    from llama_prefill import random_llama
+
+    arch = r.get("arch", "Llama")
+    cfg = getattr(transformers, arch + "Config")(**r["cfg"])
+    if arch == "Llama":
+        return random_llama(cfg, seed, dtype)
+    torch.manual_seed(seed)
+    torch.set_default_dtype(dtype)
+    with torch.device("cuda"):
+        model = getattr(transformers, arch + "ForCausalLM")(cfg)
+    torch.set_default_dtype(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_((0.0 if arch.startswith("Gemma") else 1.0) + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.02)
+    return model
 
 
 def make_checkpoint(name: str, root: Path, seed: int) -> Path:
     """Write a random model of recipe ``name`` with transformers' own ``save_pretrained`` (sharded)."""
     import torch
-    from llama_prefill import random_llama
-    from transformers import LlamaConfig
 
     r = RECIPES[name]
     d = root / name
     if (d / "config.json").exists():
         return d
-    model = random_llama(LlamaConfig(**r["cfg"]), seed, getattr(torch, r["dtype"]))
+    model = random_model(r, seed, getattr(torch, r["dtype"]))
     t = time.perf_counter()
     model.save_pretrained(d, max_shard_size=r["shard"])
     print(f"{name}: saved {sum(f.stat().st_size for f in d.glob('*.safetensors')) / GiB:.2f} GiB in "
@@ -77,11 +125,11 @@ def make_checkpoint(name: str, root: Path, seed: int) -> Path:
     return d
 
 
-def hf_logits(d: Path, prompts: list[np.ndarray], dtype) -> list[np.ndarray]:
+def hf_logits(d: Path, prompts: list[np.ndarray], dtype, attn: str = "sdpa") -> list[np.ndarray]:
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    m = LlamaForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation="sdpa").cuda().eval()
+    m = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation=attn).cuda().eval()
     out = []
     with torch.no_grad():
         for ids in prompts:
@@ -190,9 +238,10 @@ def main(argv=None) -> int:
         refs: dict = {}  # prompt length -> HF's logits of its prompts, in the compute dtype
         for s, prompts in by_len.items():
             prompts = prompts[: a.prompts]
-            ref16 = refs[s] = hf_logits(d, prompts, torch.bfloat16 if a.dtype == "bf16" else torch.float16)
+            attn = RECIPES[name].get("attn", "sdpa")
+            ref16 = refs[s] = hf_logits(d, prompts, torch.bfloat16 if a.dtype == "bf16" else torch.float16, attn)
             small = RECIPES[name]["cfg"]["hidden_size"] <= 1024
-            ref32 = hf_logits(d, prompts, torch.float32) if small or a.fp32 else None
+            ref32 = hf_logits(d, prompts, torch.float32, attn) if small or a.fp32 else None
             for g in a.gpus:
                 devices = list(range(g)) if n_dev >= g else [0] * g
                 outs, info = turnip_logits(d, prompts, a.budget, g, devices, a.dtype)
@@ -210,7 +259,9 @@ def main(argv=None) -> int:
         if a.rss:
             ids = by_len[max(by_len)][0]
             r = cli_rss(d, ids, a.budget, root) | {"model": name, "seq": int(ids.size), "kind": "cli"}
-            ref = refs[max(by_len)][0] if a.dtype == "fp16" else hf_logits(d, [ids], torch.float16)[0]  # CLI: fp16
+            attn = RECIPES[name].get("attn", "sdpa")
+            cli16 = refs[max(by_len)][0] if a.dtype == "fp16" else None  # the CLI runs fp16
+            ref = cli16 if cli16 is not None else hf_logits(d, [ids], torch.float16, attn)[0]
             r["top1_hf"] = int(ref.argmax())
             print(json.dumps(r), flush=True)
             rows.append(r)
