@@ -22,7 +22,12 @@ CASES = [  # op, input shapes, params
     ("scale", [(4, 6)], {"alpha": 2.0}),
     ("silu", [(4, 6)], {}),
     ("silu_mul", [(4, 6), (4, 6)], {}),
+    ("gelu_tanh_mul", [(4, 6), (4, 6)], {}),
+    ("softcap", [(4, 6)], {"cap": 2.0}),
+    ("sdpa", [(4, 2, 8), (6, 2, 8), (6, 2, 8)], {"scale": 0.5, "q_off": 3, "k_off": 0, "window": 2, "softcap": 3.0}),
     ("rmsnorm", [(4, 6), (6,)], {}),
+    ("rmsnorm", [(4, 2, 3, 6), (6,)], {"offset": 1.0}),
+    ("add_n", [(4, 2, 3, 6), (2, 3, 6)], {}),
     ("rotary", [(4, 2, 8)], {"pos_off": 2}),
     ("sum_into", [(4, 6), (4, 6)], {}),
     ("mix", [(5,), (3,)], {"n_out": 7}),
@@ -44,6 +49,14 @@ def test_out_shape_matches_reference(op, shapes, params, rng):
 def test_embed_shape_and_einsum_flops():
     assert ops.check_shapes("embed", [(5,), (64, 16)], (5, 16), {}) is None
     assert ops.flops("einsum", [(4, 6), (6, 5)], (4, 5), {"subscripts": "td,df->tf"}) == 2 * 4 * 6 * 5
+
+
+def test_windowed_attention_counts_only_the_keys_in_the_window():
+    """4 queries at positions 3..6 over keys 0..5: causal sees 4 + 5 + 6 + 6 keys; a window of 2, two each but
+    the last (its own position is past the keys)."""
+    shapes, p = [(4, 2, 8), (6, 2, 8), (6, 2, 8)], {"scale": 0.5, "q_off": 3, "k_off": 0}
+    full, win = (ops.flops("sdpa", shapes, (4, 2, 8), p | w) for w in ({}, {"window": 2}))
+    assert full / win == (4 + 5 + 6 + 6) / (2 + 2 + 2 + 1)
 
 
 def test_mismatches_are_named():
