@@ -1,0 +1,295 @@
+"""Decoding plans: a decode step of a LLaMA-family model over a KV cache held as blocks of carried state, and
+the prefill variant that outputs every layer's keys and values for the cache (docs/generate.md).
+
+A decode step takes one new token per sequence (batch B) and the cache of ``n_blocks`` blocks of ``block``
+(T) slots. Every block is a taskgraph input per (decoder layer, key-value head block, token block, K or V) of
+shape (T, B * Hk_b, F): slot-major, then sequence, then head, with the head dim widened from dh to F =
+dh + ``PAD`` by a mask column (index dh) and zeros. The mask column holds 0 in a written slot and -``BIG``
+in a free one (never written, a gap after a shorter prompt); queries carry 1 there, so a free slot's score
+is scale * (q.k - BIG) and its softmax weight underflows to exactly 0. Attention therefore needs no
+per-step parameter: the lengths live in the cache, and one plan serves every step of its bucket.
+
+The step writes its new key and value rows into the last block (the only one a step of the bucket can
+write): ``W`` (T, 1), one-hot at the step's slot, places the row (einsum) and an ``add_n`` adds it into the
+block; the new key carries +BIG in its mask column, so the slot's -BIG becomes 0 exactly. The new last
+blocks are outputs, carried into the block inputs for the next step (``carry_pairs``, as a LoRA step
+carries its adapters). Positions arrive as per-sequence rotation matrices ``rot`` (B, F, dh): rotary
+embedding is linear, so one batched einsum rotates (and widens) q and k.
+
+Attention per key-value head block: the sequences ride in the head axis (B * Hk_b key-value heads, each
+sequence's query heads reading its own), so one fused ``sdpa`` per cache block covers the whole batch
+(split-K over blocks, merged by ``attn_combine``). The kernels' operand shapes are (1, B * Hk_b, r, F) and
+(T, B * Hk_b, F): the projections' (B, Hk_b, r, F) and (B, Hk_b, F) hold the same bytes, and since no op
+reshapes, a one-hot einsum (``S``, (1, B * Hk_b, B, Hk_b)) moves them across. Only ops of
+``turnip.reference`` are used, so every backend runs decode plans as it runs prefills.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from turnip.graph import Graph, Tiling, TilingError, lower
+from turnip.graph import _Lowering as _BaseLowering
+from turnip.memgraph.plan import DTYPE_NBYTES
+from turnip.models import LlamaConfig, default_tiles, llama_graph, llama_tiles, split_tiling
+from turnip.taskgraph import TaskGraph
+
+PAD = 8  # head-dim columns added to cached keys and values: the mask column and alignment
+BIG = 16384.0  # the mask magnitude: exact in fp16 and bf16, exp(-BIG * scale) is 0 in float32
+DEFAULT_BLOCK = 256  # cache slots per block
+
+
+def check_decodable(cfg: LlamaConfig) -> None:
+    """``ValueError`` naming what decode plans do not run: they take plain LLaMA layers (GQA, rope scaling
+    and tied embeddings included)."""
+    if cfg.extras():
+        raise ValueError(f"generation runs plain LLaMA layers; {cfg.name or 'this model'} has "
+                         f"{', '.join(cfg.extras())}")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeShape:
+    """The shape of a decode plan: ``batch`` sequences, ``n_blocks`` cache blocks of ``block`` slots."""
+
+    batch: int
+    n_blocks: int
+    block: int = DEFAULT_BLOCK
+
+    @property
+    def slots(self) -> int:
+        return self.n_blocks * self.block
+
+
+def width(cfg: LlamaConfig) -> int:
+    """F: the cached head dim (dh plus the mask column and padding)."""
+    return cfg.dh + PAD
+
+
+def decode_tiles(cfg: LlamaConfig, n_gpus: int, dtype: str, budget_nbytes: int | None) -> dict:
+    """Head, FFN and vocabulary blocks as a prefill of the same model takes them (``default_tiles``)."""
+    t = default_tiles(cfg, 1, n_gpus, dtype, budget_nbytes)
+    return {k: t[k] for k in ("h", "f", "v")}
+
+
+def decode_graph(cfg: LlamaConfig, shape: DecodeShape, dtype: str = "fp16") -> Graph:
+    """The logical decode step (module doc); weights named as ``turnip.models.llama_graph``'s."""
+    check_decodable(cfg)
+    B, s = shape.batch, cfg
+    H, Hk, r, e, d, F = s.n_heads, s.kv_heads, s.group, s.dh, s.d_model, width(cfg)
+    g = Graph(dtype=dtype)
+    with g.layer_scope(-1):
+        x = g.input("x0", "td", (B, d))
+        rot = g.input("rot", "tae", (B, F, e))
+        w = g.input("W", "cx", (shape.block, 1))
+        eq = g.input("Eq", "a", (F,))
+        ek = g.input("Ek", "a", (F,))
+        pv = g.input("Pv", "ae", (F, e))
+    if r == 1:
+        q_sub, q_w, o_sub, o_w = "td,hed->the", ("hed", (H, e, d)), "the,dhe->td", ("dhe", (d, H, e))
+        qd, qs = "the", (B, H, e)
+    else:
+        q_sub, q_w, o_sub, o_w = "td,hred->thre", ("hred", (Hk, r, e, d)), "thre,dhre->td", ("dhre", (d, Hk, r, e))
+        qd, qs = "thre", (B, Hk, r, e)
+    for i in range(s.n_layers):
+        g.layer = i
+        p = f"L{i}."
+        h = g.rmsnorm(x, g.input(p + "attn_norm", "d", (d,)), eps=s.eps, name=p + "h")
+        q = g.einsum(q_sub, h, g.input(p + "wq", *q_w), name=p + "q")
+        k = g.einsum("td,hed->the", h, g.input(p + "wk", "hed", (Hk, e, d)), name=p + "k")
+        v = g.einsum("td,hed->the", h, g.input(p + "wv", "hed", (Hk, e, d)), name=p + "v")
+        qa = qd[:-1] + "a"
+        qr = g.einsum(f"{qd},tae->{qa}", q, rot, name=p + "qr")
+        qm = g.map("add_n", qr, eq, name=p + "qm")
+        km = g.map("add_n", g.einsum("the,tae->tha", k, rot, name=p + "kr"), ek, name=p + "km")
+        vm = g.einsum("the,ae->tha", v, pv, name=p + "vm")
+        att = g._new("cache_attention", (qm, km, vm, w), qa, (*qs[:-1], F),
+                     {"scale": 1.0 / float(np.sqrt(e)), "n_blocks": shape.n_blocks, "block": shape.block},
+                     name=p + "attn")  # fmt: skip
+        a = g.cols(att, 0, e, qd, qs, name=p + "a")
+        x = g.map("add_n", x, g.einsum(o_sub, a, g.input(p + "wo", *o_w), name=p + "o"), name=p + "x1")
+        h2 = g.rmsnorm(x, g.input(p + "ffn_norm", "d", (d,)), eps=s.eps, name=p + "h2")
+        gate = g.einsum("td,fd->tf", h2, g.input(p + "w_gate", "fd", (s.d_ffn, d)), name=p + "gate")
+        up = g.einsum("td,fd->tf", h2, g.input(p + "w_up", "fd", (s.d_ffn, d)), name=p + "up")
+        m = g.map("silu_mul", gate, up, name=p + "m")
+        x = g.map("add_n", x, g.einsum("tf,df->td", m, g.input(p + "w_down", "df", (d, s.d_ffn)), name=p + "down"),
+                  name=p + "x2")  # fmt: skip
+    g.layer = s.n_layers
+    hn = g.rmsnorm(x, g.input("final_norm", "d", (d,)), eps=s.eps, name="out")
+    head = g.input("tok_embed" if s.tie_embeddings else "lm_head", "vd", (s.vocab, d))
+    g.outputs = [g.einsum("td,vd->tv", hn, head, name="logits")]
+    return g
+
+
+class _DecodeLowering(_BaseLowering):
+    """The prefill's lowering plus ``cache_attention``: per key-value head block, the cache's block inputs,
+    the write of the new rows into the last block, one ``sdpa`` per block and their ``attn_combine``."""
+
+    def __init__(self, g: Graph, tiling: Tiling, batch: int):
+        super().__init__(g, tiling)
+        self.batch = batch
+        self.kv: list[dict] = []  # per cache block: layer, j, h0, h1, which, input vertex, output vertex (-1: none)
+        self.merge: dict = {}  # (gpu, heads of the block) -> the one-hot S input
+        self.carried: list[int] = []
+
+    def run(self) -> TaskGraph:
+        for node in self.g.nodes:
+            getattr(self, "_" + ("map" if node.op in _elementwise() else node.op))(node)
+        outs = [v for x in self.g.outputs for v in self.blocks[x].values()] + self.carried
+        ins = [n.out.id for n in self.g.nodes if n.op == "input"]
+        return self.b.build(outputs=outs, meta={"tiles": dict(self.T.tiles), "input_blocks": self.block_map(ins),
+                                                "output_blocks": self.block_map(self.g.outputs)})  # fmt: skip
+
+    def _cache_attention(self, node) -> None:
+        b, T = self.b, self.T
+        q, k, v, w = node.inputs
+        t = node.out
+        qt = self.g.t(q)
+        B, F = self.batch, t.shape[-1]
+        r = t.shape[2] if len(t.shape) == 4 else 1
+        nb, blk, layer = node.params["n_blocks"], node.params["block"], node.layer
+        itemsize = DTYPE_NBYTES[t.dtype]
+        out = {}
+        for idx in self.grid(t):
+            coords = dict(zip(t.dims, idx, strict=True))
+            gpu = T.place(coords)
+            h0, h1 = T.span("h", qt.shape[1], coords["h"])
+            G = B * (h1 - h0)
+            S = self._merge_input(gpu, h1 - h0)
+            name = f"{t.name}[{coords['h']}]"
+            qsub, qshape = ("xgth,thra->xgra", (1, G, r, F)) if r > 1 else ("xgth,tha->xga", (1, G, F))
+            qv = b.kernel("einsum", [S, self.block(q, coords, gpu)], qshape, t.dtype, gpu, {"subscripts": qsub},
+                          name=name + ".q")  # fmt: skip
+            rows = [b.kernel("einsum", [S, self.block(x, coords, gpu)], (1, G, F), t.dtype, gpu,
+                             {"subscripts": "xgth,tha->xga"}, name=f"{name}.{c}new") for x, c in ((k, "k"), (v, "v"))]  # fmt: skip
+            wv = self.block(w, {}, gpu)
+            parts = []
+            for j in range(nb):
+                kv = []
+                for which, row in zip("KV", rows, strict=True):
+                    bname = f"L{layer}.{which}{j}[{coords['h']}]"
+                    x_in = b.input((blk, G, F), t.dtype, gpu, name=bname)
+                    x_out = -1
+                    if j == nb - 1:  # the step's slot: the new row added into the block
+                        put = b.kernel("einsum", [wv, row], (blk, G, F), t.dtype, gpu, {"subscripts": "cx,xga->cga"},
+                                       name=bname + ".row")  # fmt: skip
+                        x_out = b.kernel("add_n", [x_in, put], (blk, G, F), t.dtype, gpu, {}, name=bname + ".new")
+                        self.carried.append(x_out)
+                    self.kv.append({"layer": layer, "j": j, "h0": h0, "h1": h1, "which": which, "input": x_in,
+                                    "output": x_out})  # fmt: skip
+                    kv.append(x_in if x_out < 0 else x_out)
+                p = {"scale": node.params["scale"], "causal": False, "q_off": 0, "k_off": 0, "tk": blk,
+                     "partial": nb > 1, "itemsize": itemsize}  # fmt: skip
+                pshape = (G * r * F + G * r * 4 // itemsize,) if nb > 1 else qshape
+                parts.append(b.kernel("sdpa", [qv, *kv], pshape, t.dtype, gpu, p, name=f"{name}.A{j}"))
+            o = parts[0]
+            if nb > 1:
+                p = {"tq": 1, "h": G * r, "dh": F, "itemsize": itemsize} | ({"r": r} if r > 1 else {})
+                o = b.kernel("attn_combine", parts, qshape, t.dtype, gpu, p, name=name + ".o")
+            osub = "xgth,xgra->thra" if r > 1 else "xgth,xga->tha"
+            out[idx] = b.kernel("einsum", [S, o], self.bshape(t, idx), t.dtype, gpu, {"subscripts": osub},
+                                name=name)  # fmt: skip
+        self.blocks[t.id] = out
+
+    def _merge_input(self, gpu: int, heads: int) -> int:
+        """The one-hot S of ``heads`` key-value heads per sequence on ``gpu`` (one input shared by its layers)."""
+        key = (gpu, heads)
+        if key not in self.merge:
+            G = self.batch * heads
+            dtype = self.g.dtype
+            self.merge[key] = self.b.input((1, G, self.batch, heads), dtype, gpu, name=f"S{heads}@{gpu}")
+        return self.merge[key]
+
+
+def _elementwise():
+    from turnip.graph import ELEMENTWISE
+
+    return ELEMENTWISE
+
+
+def decode_step(
+    cfg: LlamaConfig, shape: DecodeShape, n_gpus: int = 1, dtype: str = "fp16", budget_nbytes: int | None = None,
+    tiles: dict | None = None,
+) -> TaskGraph:  # fmt: skip
+    """The taskgraph of one decode step (module doc). ``tg.meta["kv"]``: the cache blocks (layer, block j,
+    heads [h0, h1), K or V, input vertex, output vertex or -1); ``tg.meta["merge"]``: the S inputs."""
+    if shape.batch < 1 or shape.n_blocks < 1 or shape.block < 1:
+        raise ValueError(f"a decode step needs batch, cache blocks and block size >= 1, got {shape}")
+    if not 1 <= n_gpus <= 8:
+        raise ValueError(f"n_gpus must be in 1..8, got {n_gpus}")
+    if dtype not in DTYPE_NBYTES or dtype == "int32":
+        raise ValueError(f"dtype must be fp16, bf16 or fp32, got {dtype!r}")
+    g = decode_graph(cfg, shape, dtype)
+    t = decode_tiles(cfg, n_gpus, dtype, budget_nbytes) | dict(tiles or {})
+    lw = _DecodeLowering(g, Tiling(t, n_gpus=n_gpus, parallel="hfv"), shape.batch)
+    tg = lw.run()
+    tg.validate()
+    tg.meta.update(model=cfg.name or "llama", n_gpus=n_gpus, dtype=dtype, head="decode", split="tensor",
+                   batch=shape.batch, embed={"input": "x0", "table": "model.embed_tokens.weight"}, arch=cfg.arch,
+                   decode={"n_blocks": shape.n_blocks, "block": shape.block, "width": width(cfg), "big": BIG},
+                   kv=lw.kv, merge=[[int(v), int(k[1])] for k, v in lw.merge.items()])  # fmt: skip
+    return tg
+
+
+def carry_pairs(tg: TaskGraph) -> list[tuple[int, int]]:
+    """(new last block, its block input) per written cache block, for ``backend.carry``."""
+    return [(int(c["output"]), int(c["input"])) for c in tg.meta["kv"] if c["output"] >= 0]
+
+
+def state_inputs(tg: TaskGraph) -> tuple[int, ...]:
+    """The cache block inputs of a decode step."""
+    return tuple(int(c["input"]) for c in tg.meta["kv"])
+
+
+# ---------------------------------------------------------------- the prefill that fills the cache
+
+
+def prefill_kv(
+    cfg: LlamaConfig, seq: int, batch: int = 1, n_gpus: int = 1, dtype: str = "fp16",
+    budget_nbytes: int | None = None,
+) -> TaskGraph:  # fmt: skip
+    """A prefill of ``batch`` prompts of ``seq`` tokens (one after another in the token dim) whose outputs
+    are every layer's rotated keys ``L{i}.kr`` and values ``L{i}.v`` (tokens, Hk, dh): what the cache holds.
+    Nodes that reach no output (the last layer's FFN, the final norm) are dropped."""
+    check_decodable(cfg)
+    t = llama_tiles(cfg, seq, n_gpus, dtype, None, None, budget_nbytes, "none", "tensor")
+    if batch > 1 and seq % t["t"]:
+        t["t"] = max(c for c in range(1, t["t"] + 1) if seq % c == 0)
+        if "kv" in t:
+            t["kv"] = max(t["t"], t["kv"] // t["t"] * t["t"])
+    g = llama_graph(cfg, seq, dtype, None, "none", batch)
+    outs = []
+    for n in g.nodes:
+        if n.op == "attention":
+            outs += [n.inputs[1], n.inputs[2]]
+    g.outputs = outs
+    g = prune(g)
+    for n in g.nodes:  # the cache's names, whatever the graph called them
+        if n.op != "input" and n.out.id in g.outputs:
+            i = g.outputs.index(n.out.id)
+            n.out = dataclasses.replace(n.out, name=f"L{i // 2}.{'kv'[i % 2]}cache")
+    tg = lower(g, split_tiling(t, n_gpus, "tensor", cfg.n_layers, "hftv"))
+    tg.meta.update(model=cfg.name or "llama", seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head="kv",
+                   split="tensor", embed={"input": "x0", "table": "model.embed_tokens.weight"}, arch=cfg.arch)  # fmt: skip
+    return tg
+
+
+def prune(g: Graph) -> Graph:
+    """``g`` without the nodes that reach no output (ids renumbered, order kept)."""
+    need = set(g.outputs)
+    for n in reversed(g.nodes):
+        if n.out.id in need:
+            need.update(n.inputs)
+    keep = [n for n in g.nodes if n.out.id in need]
+    new_id = {n.out.id: i for i, n in enumerate(keep)}
+    out = Graph(dtype=g.dtype)
+    for n in keep:
+        t = dataclasses.replace(n.out, id=new_id[n.out.id])
+        out.nodes.append(dataclasses.replace(n, inputs=tuple(new_id[i] for i in n.inputs), out=t))
+    out.outputs = [new_id[i] for i in g.outputs]
+    return out
+
+
+__all__ = ["BIG", "DEFAULT_BLOCK", "PAD", "DecodeShape", "TilingError", "carry_pairs", "check_decodable",
+           "decode_graph", "decode_step", "prefill_kv", "prune", "state_inputs", "width"]  # fmt: skip

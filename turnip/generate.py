@@ -1,0 +1,456 @@
+"""Text generation: prompts in, tokens out, through a prefill plan that fills the KV cache and decode plans
+per (batch, cache blocks) that extend it (``turnip.decode``; design in docs/generate.md).
+
+``generate(model, prompts, ...)`` is the entry point. Plans come from a ``PlanCache`` (in memory, on disk
+keyed by model, budget, GPUs, dtype and the compiler's fingerprint; the next bucket's plan built in a
+background thread while the current one runs). Prompts of different lengths share a batch: each runs its own
+length through the prefill (right-padded, so no prompt token sees a pad) and its gap to the longest prompt
+is free cache slots, which attention skips (``turnip.kvcache``). Each sequence's positions are its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from turnip.decode import DEFAULT_BLOCK, DecodeShape, carry_pairs, decode_step, prefill_kv, state_inputs
+from turnip.kvcache import HostCache, constants, merge_inputs, rotations, slot_onehot
+from turnip.models import LlamaConfig
+
+STEP_INPUTS = ("x0", "rot", "W", "Eq", "Ek", "Pv")  # the decode plan's inputs that are not weights
+
+
+class GenerateError(ValueError):
+    """Bad input to a generation (one line, naming the argument)."""
+
+
+# ---------------------------------------------------------------- plans
+
+
+def plan_fingerprint() -> str:
+    """The compiler's fingerprint extended by the decoding modules' source."""
+    from turnip.compile import compiler_fingerprint
+
+    h = hashlib.sha256(compiler_fingerprint().encode())
+    h.update((Path(__file__).parent / "decode.py").read_bytes())
+    return h.hexdigest()[:12]
+
+
+class PlanCache:
+    """Prefill and decode plans of one model under one budget, GPU count and dtype: built once, kept in
+    memory, and saved to / loaded from ``directory`` when given (file names carry a hash of the model's
+    config, the plan's shape, the budget, GPUs, dtype and ``plan_fingerprint``). ``prefetch`` builds a plan
+    in a background thread; ``get`` waits for it. ``verify``: every plan through the memgraph verifier
+    (``PlanError`` on a violation). ``built`` / ``loaded``: keys built here / read from disk."""
+
+    def __init__(self, cfg: LlamaConfig, budget: int, n_gpus: int = 1, dtype: str = "fp16",
+                 block: int = DEFAULT_BLOCK, directory: str | Path | None = None, verify: bool = False):  # fmt: skip
+        self.cfg, self.budget, self.n_gpus, self.dtype, self.block = cfg, budget, n_gpus, dtype, block
+        self.dir = Path(directory) if directory else None
+        self.verify = verify
+        self.plans: dict[tuple, tuple] = {}
+        self.pending: dict[tuple, threading.Thread] = {}
+        self.errors: dict[tuple, BaseException] = {}
+        self.built: list[tuple] = []
+        self.loaded: list[tuple] = []
+        self._lock = threading.Lock()
+
+    def path(self, key: tuple) -> Path | None:
+        """Where plan ``key`` is saved (None without a directory)."""
+        if self.dir is None:
+            return None
+        what = {"cfg": dataclasses.asdict(self.cfg), "key": list(key), "budget": self.budget, "gpus": self.n_gpus,
+                "dtype": self.dtype, "block": self.block, "fingerprint": plan_fingerprint()}  # fmt: skip
+        h = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        name = "".join(c if c.isalnum() or c in "-_" else "_" for c in (self.cfg.name or "llama"))
+        return self.dir / f"{name}-{key[0]}-b{key[1]}-n{key[2]}-{h}.plan"
+
+    def get(self, kind: str, batch: int, n: int):
+        """(taskgraph, memgraph) of a ``prefill`` of ``n`` tokens per prompt or a ``decode`` step over ``n``
+        cache blocks."""
+        key = (kind, batch, n)
+        t = self.pending.get(key)
+        if t is not None:
+            t.join()
+        with self._lock:
+            if key in self.errors:
+                raise self.errors.pop(key)
+            if key in self.plans:
+                return self.plans[key]
+        plan = self._make(key)
+        with self._lock:
+            self.plans[key] = plan
+        return plan
+
+    def prefetch(self, kind: str, batch: int, n: int) -> None:
+        """Start building a plan in a background thread (nothing when it is known or under way)."""
+        key = (kind, batch, n)
+        with self._lock:
+            if key in self.plans or key in self.pending and self.pending[key].is_alive():
+                return
+
+        def work():
+            try:
+                plan = self._make(key)
+                with self._lock:
+                    self.plans[key] = plan
+            except BaseException as e:  # noqa: BLE001 - handed to the caller of get
+                with self._lock:
+                    self.errors[key] = e
+
+        t = threading.Thread(target=work, name=f"turnip-plan-{key}", daemon=True)
+        self.pending[key] = t
+        t.start()
+
+    def _make(self, key: tuple):
+        from turnip.memgraph.io import PlanFormatError, load_plan, save_plan
+
+        p = self.path(key)
+        if p is not None and p.is_file():
+            try:
+                mg, tg = load_plan(p)
+                if tg is not None:
+                    self.loaded.append(key)
+                    return tg, mg
+            except PlanFormatError:
+                pass  # rebuilt and saved over
+        tg, mg = self._build(*key)
+        self.built.append(key)
+        if p is not None:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            save_plan(p, mg, tg)
+        return tg, mg
+
+    def _build(self, kind: str, batch: int, n: int):
+        from turnip.compile import build_with_resident
+        from turnip.memgraph.build import BuildConfig
+
+        if kind == "prefill":
+            tg = prefill_kv(self.cfg, n, batch, self.n_gpus, self.dtype, self.budget)
+            cfg = BuildConfig()
+        else:
+            tg = decode_step(self.cfg, DecodeShape(batch, n, self.block), self.n_gpus, self.dtype, self.budget)
+            keep = state_inputs(tg)  # the cache stays on the GPU when it takes at most a quarter of the budget
+            fits = int(tg.nbytes[list(keep)].sum()) <= self.budget * self.n_gpus // 4
+            cfg = BuildConfig(keep_inputs=keep if fits else ())
+        mg = build_with_resident(tg, self.budget, cfg, resident="auto")
+        if self.verify:
+            from turnip.memgraph.verify import verify
+            from turnip.runtime.errors import PlanError
+
+            bad = verify(mg, tg)
+            if bad:
+                raise PlanError(f"{kind} plan (batch {batch}, {n}): {bad[0]}")
+        return tg, mg
+
+
+# ---------------------------------------------------------------- the model's weights on the host
+
+
+@dataclasses.dataclass
+class Model:
+    """A model's config, its weights (logical name -> array in the compute dtype), the embedding of token
+    ids, its tokenizer (or None) and its end-of-sequence ids."""
+
+    cfg: LlamaConfig
+    weights: dict
+    embed: object  # ids -> (n, d)
+    tokenizer: object = None
+    eos: tuple = ()
+    dtype: str = "fp16"
+
+
+def weight_names(cfg: LlamaConfig, dtype: str) -> tuple:
+    """The logical weight names of a decode plan (those of the prefill are a subset)."""
+    from turnip.runtime.weights import logical_inputs
+
+    return tuple(k for k in logical_inputs(_reference_tg(cfg, dtype)) if k not in STEP_INPUTS)
+
+
+def _reference_tg(cfg: LlamaConfig, dtype: str):
+    return decode_step(cfg, DecodeShape(1, 1, 1), 1, dtype)
+
+
+def load_model(model: str, dtype: str = "fp16", seed: int = 0) -> Model:
+    """A preset (``llama-tiny``: random weights of ``seed``) or a Hugging Face directory with safetensors
+    weights, its ``tokenizer.json`` (with the ``tokenizers`` package) and end-of-sequence ids."""
+    from turnip.checkpoint import Checkpoint, has_weights
+    from turnip.decode import check_decodable
+    from turnip.models import llama_config
+    from turnip.runtime.weights import NP_OF, iter_random_inputs, random_embedding
+
+    try:
+        cfg = llama_config(model)
+    except (ValueError, OSError) as e:
+        raise GenerateError(str(e)) from None
+    if cfg is None:
+        raise GenerateError(f"--model {model}: generation needs a LLaMA-family model (a preset or a Hugging Face "
+                            "directory)")  # fmt: skip
+    try:
+        check_decodable(cfg)
+    except ValueError as e:
+        raise GenerateError(str(e)) from None
+    tg = _reference_tg(cfg, dtype)
+    names = set(weight_names(cfg, dtype))
+    d = Path(model)
+    if d.is_dir() and has_weights(d):
+        ck = Checkpoint(d)
+        weights = dict(ck.iter_inputs(tg, only=names))
+        table = ck.read(tg.meta["embed"]["table"]).astype(NP_OF[dtype])
+
+        def embed(ids):
+            return table[np.asarray(ids, dtype=np.int64)]
+
+        return Model(cfg, weights, embed, _tokenizer(d), _eos_ids(d), dtype)
+    weights = {k: x for k, x in iter_random_inputs(tg, seed) if k in names}
+    return Model(cfg, weights, random_embedding(tg, seed), None, (), dtype)
+
+
+def _tokenizer(d: Path):
+    f = d / "tokenizer.json"
+    if not f.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    return Tokenizer.from_file(str(f))
+
+
+def _eos_ids(d: Path) -> tuple:
+    """End-of-sequence ids from ``generation_config.json`` or ``config.json``."""
+    for name in ("generation_config.json", "config.json"):
+        f = d / name
+        if f.is_file():
+            try:
+                e = json.loads(f.read_text()).get("eos_token_id")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if e is not None:
+                return tuple(int(x) for x in (e if isinstance(e, list) else [e]))
+    return ()
+
+
+# ---------------------------------------------------------------- sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """Greedy when ``temperature`` is 0; else softmax(logits / temperature) over the ``top_k`` largest (0: all)
+    whose cumulative probability reaches ``top_p``, drawn from ``np.random.default_rng(seed)``."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def check(self) -> None:
+        if not self.temperature >= 0:
+            raise GenerateError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise GenerateError(f"--top-k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise GenerateError(f"--top-p must be in (0, 1], got {self.top_p}")
+
+
+def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndarray:
+    """One token id per row of ``logits`` (B, vocab)."""
+    z = logits.astype(np.float64)
+    if s.temperature == 0:
+        return z.argmax(axis=1)
+    z = z / s.temperature
+    out = np.empty(len(z), dtype=np.int64)
+    for i, row in enumerate(z):
+        order = np.argsort(-row, kind="stable")
+        if s.top_k:
+            order = order[: s.top_k]
+        p = np.exp(row[order] - row[order[0]])
+        p /= p.sum()
+        keep = int(np.searchsorted(np.cumsum(p), s.top_p) + 1)
+        p = p[:keep] / p[:keep].sum()
+        out[i] = order[rng.choice(keep, p=p)]
+    return out
+
+
+# ---------------------------------------------------------------- the generation loop
+
+
+@dataclasses.dataclass
+class Result:
+    """Per sequence its new token ids and text (None without a tokenizer), and the run's figures."""
+
+    ids: list
+    text: list
+    stats: dict
+
+
+class _Runner:
+    """One plan loaded on a backend: its weights, constants and cache blocks written."""
+
+    def __init__(self, tg, mg, model: Model, cache: HostCache | None, backend: str, streams: int, options: dict):
+        from turnip.runtime import open_backend
+        from turnip.runtime.weights import logical_inputs, tile_inputs
+
+        self.tg, self.mg = tg, mg
+        self.be = open_backend(backend, mg, streams, **options)
+        try:
+            lg = logical_inputs(tg)
+            self.be.write_inputs(tile_inputs(tg, {k: x for k, x in model.weights.items() if k in lg}))
+            if cache is not None:
+                self.be.write_inputs(tile_inputs(tg, constants(model.cfg, model.dtype)))
+                self.be.write_inputs(merge_inputs(tg))
+                self.be.write_inputs(cache.block_inputs(tg))
+        except BaseException:
+            self.be.close()
+            raise
+
+    def run(self, inputs: dict, policy: str, streams: int, seed: int | None, read: list[str]) -> dict:
+        from turnip.memgraph.interp import assemble
+        from turnip.runtime import execute
+        from turnip.runtime.weights import tile_inputs
+
+        self.be.write_inputs(tile_inputs(self.tg, inputs))
+        execute(self.mg, self.be, policy, streams, seed=seed, device_times=False)
+        blocks = self.tg.meta["output_blocks"]
+        outs = self.be.read_outputs(only={int(v) for k in read for _, v in blocks[k][1]})
+        return {k: assemble(self.tg, outs, k) for k in read}
+
+
+def generate(
+    model: str | Model, prompts, max_new_tokens: int = 32, budget: int | str = "6GiB", gpus: int = 1,
+    dtype: str = "fp16", backend: str = "cpu", sampling: Sampling = Sampling(), stop: tuple = (),
+    block: int = DEFAULT_BLOCK, plans: PlanCache | None = None, plan_dir: str | Path | None = None,
+    policy: str = "nondet", streams: int = 3, chaos: float = 0.0, seed: int = 0, on_token=None,
+    eos: tuple | None = None, profile: str | None = "h100",
+) -> Result:  # fmt: skip
+    """Generate up to ``max_new_tokens`` per prompt (``prompts``: token id lists or strings, strings needing the
+    model's tokenizer). A sequence stops at an end-of-sequence id (``eos``; default the model's) or when its
+    text ends in one of ``stop``. ``on_token(b, id, text)`` is called for every new token. ``chaos``: the CPU
+    backend's random delays (a run's order changes, its tokens must not). ``stats``: ttft_s (to the first
+    new token, plan builds included), tokens_per_s (new tokens of the batch over the decode time),
+    link_nbytes_per_token (host<->GPU bytes of a decode step per sequence), bound_ms (the last decode
+    plan's lower bound on ``profile``), plans built / loaded, steps."""
+    from turnip.compile import parse_nbytes
+
+    t0 = time.perf_counter()
+    m = model if isinstance(model, Model) else load_model(model, dtype, seed)
+    dtype = m.dtype
+    sampling.check()
+    if max_new_tokens < 1:
+        raise GenerateError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if block < 1:
+        raise GenerateError(f"--block must be >= 1, got {block}")
+    ids = _prompt_ids(m, prompts)
+    B = len(ids)
+    b_nbytes = parse_nbytes(budget) if isinstance(budget, str) else int(budget)
+    plans = plans or PlanCache(m.cfg, b_nbytes, gpus, dtype, block, plan_dir)
+    opts = {"chaos": chaos} if backend == "cpu" and chaos else {}
+    eos_ids = set(m.eos if eos is None else eos)
+    lens = [len(x) for x in ids]
+    P = max(lens)
+    cache = HostCache(m.cfg, B, block, dtype)
+    n_first = -(-P // block)  # the first decode step writes slot P - 1
+    plans.prefetch("decode", B, n_first)
+    if P > 1:  # the prompts but their last tokens, right-padded (id 0)
+        seq = P - 1
+        tg, mg = plans.get("prefill", B, seq)
+        padded = np.zeros((B, seq), dtype=np.int64)
+        for b, x in enumerate(ids):
+            padded[b, : len(x) - 1] = x[:-1]
+        r = _Runner(tg, mg, m, None, backend, streams, opts)
+        try:
+            names = [k for k in tg.meta["output_blocks"]]
+            kv = r.run({"x0": m.embed(padded.reshape(-1))}, policy, streams, seed, names)
+        finally:
+            r.be.close()
+        cache.fill(kv, seq, [n - 1 for n in lens])
+    rng = np.random.default_rng(sampling.seed)
+    cur = np.array([x[-1] for x in ids], dtype=np.int64)
+    new: list[list[int]] = [[] for _ in range(B)]
+    texts = [""] * B
+    done = np.zeros(B, dtype=bool)
+    runner, steps, ttft, t_dec = None, 0, None, None
+    link = bound = None
+    try:
+        for k in range(max_new_tokens):
+            slot = P - 1 + k
+            nb = slot // block + 1
+            if runner is None or runner.tg.meta["decode"]["n_blocks"] != nb:
+                if runner is not None:
+                    cache.take(runner.tg, runner.be.read_outputs(only={o for o, _ in carry_pairs(runner.tg)}))
+                    runner.be.close()
+                    runner = None
+                tg, mg = plans.get("decode", B, nb)
+                runner = _Runner(tg, mg, m, cache, backend, streams, opts)
+                if (P + max_new_tokens - 2) // block + 1 > nb:  # the generation reaches the next bucket
+                    plans.prefetch("decode", B, nb + 1)
+            inputs = {"x0": m.embed(cur), "rot": rotations(m.cfg, [n - 1 + k for n in lens], dtype),
+                      "W": slot_onehot(block, slot, dtype)}  # fmt: skip
+            logits = runner.run(inputs, policy, streams, None if seed is None else seed + k, ["logits"])["logits"]
+            runner.be.carry(carry_pairs(runner.tg))
+            steps += 1
+            nxt = sample(logits, sampling, rng)
+            if ttft is None:
+                ttft, t_dec = time.perf_counter() - t0, time.perf_counter()
+            for b in np.flatnonzero(~done):
+                tok = int(nxt[b])
+                new[b].append(tok)
+                piece = ""
+                if m.tokenizer is not None:
+                    full = m.tokenizer.decode(new[b])
+                    piece, texts[b] = full[len(texts[b]) :], full
+                if on_token is not None:
+                    on_token(int(b), tok, piece)
+                if tok in eos_ids or any(texts[b].endswith(s) for s in stop if s):
+                    done[b] = True
+            cur = nxt
+            if done.all():
+                break
+        from turnip.compile import run_link_nbytes
+
+        link = run_link_nbytes(runner.mg)
+        if profile:
+            from turnip.runtime.driver import lower_bound
+
+            bound = lower_bound(runner.mg, profile)["lower_bound_ns"] / 1e6
+    finally:
+        if runner is not None:
+            runner.be.close()
+    t_end = time.perf_counter()
+    n_new = sum(len(x) for x in new)
+    dec_s = t_end - t_dec if t_dec is not None else 0.0
+    stats = {"ttft_s": ttft, "tokens_per_s": (n_new - B) / dec_s if dec_s > 0 and n_new > B else None,
+             "decode_s": dec_s, "steps": steps, "new_tokens": n_new, "link_nbytes_per_token": link / B,
+             "bound_ms": bound, "profile": profile, "plans_built": list(plans.built),
+             "plans_loaded": list(plans.loaded), "total_s": t_end - t0}  # fmt: skip
+    return Result(new, texts if m.tokenizer is not None else [None] * B, stats)
+
+
+def _prompt_ids(m: Model, prompts) -> list[np.ndarray]:
+    """Token ids per prompt; ``GenerateError`` for an empty batch, an empty prompt or an id out of range."""
+    if isinstance(prompts, str) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
+        prompts = [prompts]
+    prompts = list(prompts)
+    if not prompts:
+        raise GenerateError("no prompts given")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if m.tokenizer is None:
+                raise GenerateError("text prompts need the model's tokenizer.json and the tokenizers package; pass "
+                                    "token ids (--prompt-ids)")  # fmt: skip
+            p = m.tokenizer.encode(p).ids
+        x = np.asarray(p)
+        if x.ndim != 1 or x.size == 0 or not np.issubdtype(x.dtype, np.integer):
+            raise GenerateError(f"prompt {i}: needs a non-empty list of integer token ids")
+        if x.min() < 0 or x.max() >= m.cfg.vocab:
+            bad = int(x[(x < 0) | (x >= m.cfg.vocab)][0])
+            raise GenerateError(f"prompt {i}: token id {bad} is outside the vocabulary of {m.cfg.vocab}")
+        out.append(x.astype(np.int64))
+    return out
