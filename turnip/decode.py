@@ -161,8 +161,9 @@ class _DecodeLowering(_BaseLowering):
             qsub, qshape = ("xgth,thra->xgra", (1, G, r, F)) if r > 1 else ("xgth,tha->xga", (1, G, F))
             qv = b.kernel("einsum", [S, self.block(q, coords, gpu)], qshape, t.dtype, gpu, {"subscripts": qsub},
                           name=name + ".q")  # fmt: skip
-            rows = [b.kernel("einsum", [S, self.block(x, coords, gpu)], (1, G, F), t.dtype, gpu,
-                             {"subscripts": "xgth,tha->xga"}, name=f"{name}.{c}new") for x, c in ((k, "k"), (v, "v"))]  # fmt: skip
+            msub = {"subscripts": "xgth,tha->xga"}
+            rows = [b.kernel("einsum", [S, self.block(x, coords, gpu)], (1, G, F), t.dtype, gpu, msub,
+                             name=f"{name}.{c}new") for x, c in ((k, "k"), (v, "v"))]  # fmt: skip
             wv = self.block(w, {}, gpu)
             parts = []
             for j in range(nb):
@@ -270,8 +271,9 @@ def prefill_kv(
             i = g.outputs.index(n.out.id)
             n.out = dataclasses.replace(n.out, name=f"L{i // 2}.{'kv'[i % 2]}cache")
     tg = lower(g, split_tiling(t, n_gpus, "tensor", cfg.n_layers, "hftv"))
+    embed = {"input": "x0", "table": "model.embed_tokens.weight"}
     tg.meta.update(model=cfg.name or "llama", seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head="kv",
-                   split="tensor", embed={"input": "x0", "table": "model.embed_tokens.weight"}, arch=cfg.arch)  # fmt: skip
+                   split="tensor", embed=embed, arch=cfg.arch)  # fmt: skip
     return tg
 
 

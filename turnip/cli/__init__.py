@@ -30,7 +30,7 @@ import importlib
 import sys
 
 COMMAND_MODULES = ("turnip.cli.compile_cmds", "turnip.cli.sim_cmds", "turnip.cli.run_cmds", "turnip.cli.calibrate_cmds",
-                   "turnip.cli.train_cmds")
+                   "turnip.cli.train_cmds", "turnip.cli.generate_cmds")
 FAILED = 1  # the command could not be carried out
 USAGE = 2  # bad usage or argument (argparse's convention)
 OUR_PACKAGES = ("turnip", "sim", "analysis", "cuda_kernels")

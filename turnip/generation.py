@@ -177,9 +177,10 @@ def _reference_tg(cfg: LlamaConfig, dtype: str):
     return decode_step(cfg, DecodeShape(1, 1, 1), 1, dtype)
 
 
-def load_model(model: str, dtype: str = "fp16", seed: int = 0) -> Model:
+def load_model(model: str, dtype: str = "fp16", seed: int = 0, random_weights: bool = False) -> Model:
     """A preset (``llama-tiny``: random weights of ``seed``) or a Hugging Face directory with safetensors
-    weights, its ``tokenizer.json`` (with the ``tokenizers`` package) and end-of-sequence ids."""
+    weights, its ``tokenizer.json`` (with the ``tokenizers`` package) and end-of-sequence ids; a directory
+    without weights only with ``random_weights``."""
     from turnip.checkpoint import Checkpoint, has_weights
     from turnip.decode import check_decodable
     from turnip.models import llama_config
@@ -208,6 +209,9 @@ def load_model(model: str, dtype: str = "fp16", seed: int = 0) -> Model:
             return table[np.asarray(ids, dtype=np.int64)]
 
         return Model(cfg, weights, embed, _tokenizer(d), _eos_ids(d), dtype)
+    if d.exists() and not random_weights:
+        raise GenerateError(f"--model {model}: no safetensors weights there; pass a model directory with weights "
+                            "(or --random-weights for seeded random ones)")  # fmt: skip
     weights = {k: x for k, x in iter_random_inputs(tg, seed) if k in names}
     return Model(cfg, weights, random_embedding(tg, seed), None, (), dtype)
 
