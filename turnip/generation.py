@@ -276,7 +276,7 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndar
             order = order[: s.top_k]
         p = np.exp(row[order] - row[order[0]])
         p /= p.sum()
-        keep = int(np.searchsorted(np.cumsum(p), s.top_p) + 1)
+        keep = min(len(p), int(np.searchsorted(np.cumsum(p), s.top_p)) + 1)
         p = p[:keep] / p[:keep].sum()
         out[i] = order[rng.choice(keep, p=p)]
     return out

@@ -1,0 +1,206 @@
+"""Generation (``turnip.generation``) on the CPU backend: greedy tokens equal to Hugging Face ``generate`` on a
+random tiny LLaMA built by transformers (batch 1 and 4 with prompts of different lengths, 1 and 2 GPUs, a
+cache that spills to the host), every plan through the verifier; chaos runs, the plan cache, sampling,
+stopping and bad input."""
+
+import numpy as np
+import pytest
+
+from turnip.generation import GenerateError, PlanCache, Sampling, generate, load_model, sample
+
+pytestmark = pytest.mark.cpu_runtime
+
+VOCAB = 97
+LENS = (11, 5, 8, 1)  # a prompt of one token has nothing to prefill
+BLOCK = 16  # 64 new tokens cross four cache blocks: four decode plans
+NEW = 64
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    """(model directory, transformers model, prompts, each prompt's 64 greedy tokens from HF generate)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
+                                   max_position_embeddings=256, tie_word_embeddings=False)  # fmt: skip
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.ndim > 1 else 0.2) + (1.0 if "norm" in n else 0.0))
+    d = tmp_path_factory.mktemp("hf") / "tiny-llama"
+    model.save_pretrained(d)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, VOCAB, size=n) for n in LENS]
+    want = []
+    for p in prompts:  # one at a time, unpadded: the reference for the padded batch too
+        with torch.no_grad():
+            out = model.generate(torch.tensor(p)[None], max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                                 eos_token_id=None)  # fmt: skip
+        want.append(out[0, len(p) :].tolist())
+    return d, model, prompts, want
+
+
+@pytest.mark.parametrize("batch,gpus,budget", [(1, 1, 1 << 20), (4, 1, 40_000), (1, 2, 20_000), (4, 2, 24_000)])
+def test_greedy_tokens_equal_transformers(hf, tmp_path, batch, gpus, budget):
+    """64 greedy tokens per prompt in fp32 equal HF's; under the small budgets the cache is larger than the
+    GPUs' memory: its blocks live on the host and cross the link when a step reads them. Every plan passes
+    the verifier."""
+    from turnip.decode import state_inputs
+    from turnip.kvcache import HostCache
+    from turnip.memgraph.plan import KIND_INPUT
+
+    d, _, prompts, want = hf
+    m = load_model(str(d), "fp32")
+    plans = PlanCache(m.cfg, budget, gpus, "fp32", BLOCK, verify=True)
+    res = generate(m, prompts[:batch], NEW, budget, gpus, plans=plans, block=BLOCK, eos=(), seed=3)
+    assert res.ids == want[:batch]
+    decode = sorted(k for k in plans.plans if k[0] == "decode")
+    assert [k[2] for k in decode] == list(range(1, len(decode) + 1)) and len(decode) >= 4
+    if budget < 1 << 20:
+        tg, mg = plans.plans[decode[-1]]
+        assert HostCache(m.cfg, batch, BLOCK, "fp32").nbytes(decode[-1][2]) > budget * gpus
+        cache = np.isin(mg.tensor, state_inputs(tg)) & (mg.kind == KIND_INPUT)
+        assert (cache & ~mg.preloaded()).any()
+
+
+def test_chaos_runs_give_identical_tokens():
+    """Random delays per vertex change the order every step runs in, never the tokens."""
+    m = load_model("llama-tiny", "fp32", seed=5)
+    prompts = [[3, 9, 27, 17, 2], [40, 41]]
+    base = generate(m, prompts, 8, 48_000, block=4, eos=())
+    for s in (1, 2):
+        again = generate(m, prompts, 8, 48_000, block=4, eos=(), chaos=0.5, seed=s)
+        assert again.ids == base.ids
+
+
+def test_plans_are_kept_on_disk_and_prefetched(tmp_path):
+    """A second generation loads every plan from the directory; the next bucket's plan is built in the
+    background before the generation needs it."""
+    m = load_model("llama-tiny", "fp32")
+    first = generate(m, [[1, 2, 3]], 6, 1 << 20, block=4, plan_dir=tmp_path, eos=())
+    assert first.stats["plans_built"] and not first.stats["plans_loaded"]
+    assert len(list(tmp_path.glob("*.plan"))) == len(first.stats["plans_built"])
+    again = generate(m, [[1, 2, 3]], 6, 1 << 20, block=4, plan_dir=tmp_path, eos=())
+    assert again.ids == first.ids and not again.stats["plans_built"]
+    assert sorted(again.stats["plans_loaded"]) == sorted(first.stats["plans_built"])
+    other = PlanCache(m.cfg, 1 << 19, 1, "fp32", 4, tmp_path)  # another budget: another file
+    assert other.path(("decode", 1, 2)) != PlanCache(m.cfg, 1 << 20, 1, "fp32", 4, tmp_path).path(("decode", 1, 2))
+    plans = PlanCache(m.cfg, 1 << 20, 1, "fp32", 4)
+    plans.prefetch("decode", 2, 3)
+    plans.pending[("decode", 2, 3)].join()
+    assert ("decode", 2, 3) in plans.plans and plans.get("decode", 2, 3) is plans.plans[("decode", 2, 3)]
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy():
+    m = load_model("llama-tiny", "fp32")
+    p = [[5, 6, 7]]
+    greedy = generate(m, p, 6, 1 << 20, block=8, eos=()).ids
+    assert generate(m, p, 6, 1 << 20, block=8, eos=(), sampling=Sampling(1.0, top_k=1)).ids == greedy
+    a = generate(m, p, 6, 1 << 20, block=8, eos=(), sampling=Sampling(2.0, seed=4)).ids
+    assert generate(m, p, 6, 1 << 20, block=8, eos=(), sampling=Sampling(2.0, seed=4)).ids == a
+    z = np.array([[0.0, 3.0, 1.0, 2.0]])
+    rng = np.random.default_rng(0)
+    draws = {int(sample(z, Sampling(1.0, top_p=0.5), rng)[0]) for _ in range(50)}
+    assert draws == {1}  # the likeliest token alone reaches half the mass
+    assert {int(sample(z, Sampling(5.0, top_k=2), rng)[0]) for _ in range(200)} == {1, 3}
+
+
+def test_a_sequence_stops_at_its_end_of_sequence_token():
+    m = load_model("llama-tiny", "fp32")
+    p = [[5, 6, 7], [9, 10]]
+    full = generate(m, p, 8, 1 << 20, block=8, eos=()).ids
+    stop = full[0][2]
+    got = generate(m, p, 8, 1 << 20, block=8, eos=(stop,)).ids
+    assert got[0] == full[0][: full[0].index(stop) + 1]
+    cut = full[1].index(stop) + 1 if stop in full[1] else len(full[1])
+    assert got[1] == full[1][:cut]
+
+
+@pytest.mark.parametrize("prompts,kw,msg", [
+    ([], {}, "no prompts"),
+    ([[]], {}, "non-empty"),
+    ([[1, 64]], {}, "token id 64 is outside the vocabulary of 64"),
+    (["text"], {}, "text prompts need the model's tokenizer"),
+    ([[1]], {"max_new_tokens": 0}, "max-new-tokens must be >= 1"),
+    ([[1]], {"sampling": Sampling(-1.0)}, "temperature must be >= 0"),
+    ([[1]], {"sampling": Sampling(1.0, top_p=0.0)}, "top-p must be in"),
+])  # fmt: skip
+def test_bad_input_is_one_line(prompts, kw, msg):
+    with pytest.raises(GenerateError, match=msg) as e:
+        generate("llama-tiny", prompts, **{"max_new_tokens": 2, "dtype": "fp32"} | kw)
+    assert "\n" not in str(e.value)
+
+
+def test_models_with_variations_are_refused(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "mistral", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50, "sliding_window": 8}))  # fmt: skip
+    with pytest.raises(GenerateError, match="plain LLaMA layers.*window"):
+        load_model(str(tmp_path), "fp32")
+
+
+def test_grouped_query_llama3_tied_embeddings_equal_transformers(tmp_path):
+    """LLaMA-3 layout: 4 query heads per key-value head, rope scaling, tied embeddings; prompts of 9 and 3
+    tokens on two GPUs of 60 KB each (the LM head alone is 132 KB)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tests.test_hf_models import GQA
+
+    cfg = transformers.LlamaConfig(**{k: v for k, v in GQA.items() if k not in ("architectures", "model_type")})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(1)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.ndim > 1 else 0.2) + (1.0 if "norm" in n else 0.0))
+    model.save_pretrained(tmp_path)
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(3, GQA["vocab_size"], size=n) for n in (9, 3)]
+    want = []
+    for p in prompts:
+        with torch.no_grad():
+            out = model.generate(torch.tensor(p)[None], max_new_tokens=32, do_sample=False, pad_token_id=0,
+                                 eos_token_id=None)  # fmt: skip
+        want.append(out[0, len(p) :].tolist())
+    m = load_model(str(tmp_path), "fp32")
+    assert m.cfg.group == 4 and m.cfg.tie_embeddings and m.cfg.rope_scaling
+    plans = PlanCache(m.cfg, 60_000, 2, "fp32", 8, verify=True)
+    assert generate(m, prompts, 32, 60_000, 2, plans=plans, block=8, eos=()).ids == want
+
+
+def test_cli_streams_ids_and_reports(tmp_path):
+    from tests.clicall import call
+
+    args = ["generate", "--model", "llama-tiny", "--max-new-tokens", "6", "--dtype", "fp32", "--block", "4",
+            "--budget", "64KiB", "--plan-dir", str(tmp_path)]  # fmt: skip
+    rc, out, err = call(args)
+    assert rc == 0, err
+    ids = [int(x) for x in out.split()]
+    assert len(ids) == 6 and all(0 <= x < 64 for x in ids)
+    for what in ("time to first token", "tokens/s", "bytes moved / token", "decode step bound", "plans"):
+        assert what in err
+    rc, out2, err2 = call(args)
+    assert rc == 0 and out2 == out and "0 built" in err2
+    f = tmp_path / "p.json"
+    f.write_text("[[1, 2, 3], [4, 5]]")
+    rc, out, _ = call(["generate", "--model", "llama-tiny", "--prompt-ids", str(f), "--max-new-tokens", "3",
+                       "--dtype", "fp32", "--plan-dir", ""])  # fmt: skip
+    assert rc == 0 and [line[:4] for line in out.splitlines()] == ["[0] ", "[1] "]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--prompt", "hi"], "text prompts need the model's tokenizer"),
+    (["--prompt-ids", "/nonexistent.npy"], "does not exist"),
+    (["--batch", "1", "--prompt", "a", "--prompt", "b"], "smaller than the 2 prompts"),
+    (["--budget", "1KiB"], "budget"),
+])  # fmt: skip
+def test_cli_errors_are_one_line(argv, msg):
+    from tests.clicall import call
+
+    rc, _, err = call(["generate", "--model", "llama-tiny", "--max-new-tokens", "2", "--plan-dir", "", *argv])
+    assert rc in (1, 2) and msg in err and err.strip().splitlines()[-1].startswith("error: ")
