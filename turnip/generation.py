@@ -343,13 +343,13 @@ def generate(
     from turnip.compile import parse_nbytes
 
     t0 = time.perf_counter()
-    m = model if isinstance(model, Model) else load_model(model, dtype, seed)
-    dtype = m.dtype
     sampling.check()
     if max_new_tokens < 1:
         raise GenerateError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if block < 1:
         raise GenerateError(f"--block must be >= 1, got {block}")
+    m = model if isinstance(model, Model) else load_model(model, dtype, seed)
+    dtype = m.dtype
     ids = _prompt_ids(m, prompts)
     B = len(ids)
     b_nbytes = parse_nbytes(budget) if isinstance(budget, str) else int(budget)
