@@ -212,3 +212,36 @@ def test_cli_errors_are_one_line(argv, msg):
 
     rc, _, err = call(["generate", "--model", "llama-tiny", "--max-new-tokens", "2", "--plan-dir", "", *argv])
     assert rc in (1, 2) and msg in err and err.strip().splitlines()[-1].startswith("error: ")
+
+
+def word_tokenizer(d, vocab: int) -> None:
+    """A word-level ``tokenizer.json`` in ``d``: token i is the word ``w{i}``, words joined by spaces."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers
+
+    tok = tokenizers.Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.save(str(d / "tokenizer.json"))
+
+
+def test_text_prompts_stream_text_and_stop_at_a_stop_string(hf, tmp_path):
+    """With the model's tokenizer: text in, text streamed out, a --stop string ends the sequence; the CLI's
+    stream is the text of the ids that ``generate`` returns."""
+    import shutil
+
+    from tests.clicall import call
+
+    d = tmp_path / "m"
+    shutil.copytree(hf[0], d)
+    word_tokenizer(d, VOCAB)
+    m = load_model(str(d), "fp32")
+    full = generate(m, "w5 w9 w11", 12, 1 << 20, block=8, eos=())
+    assert full.text[0] == m.tokenizer.decode(full.ids[0]) and full.text[0].split()[0] == f"w{full.ids[0][0]}"
+    word = full.text[0].split()[3]
+    cut = generate(m, ["w5 w9 w11"], 12, 1 << 20, block=8, eos=(), stop=(word,))
+    assert cut.ids[0] == full.ids[0][: full.text[0].split().index(word) + 1]
+    rc, out, err = call(["generate", "--model", str(d), "--prompt", "w5 w9 w11", "--max-new-tokens", "12",
+                         "--dtype", "fp32", "--block", "8", "--plan-dir", ""])  # fmt: skip
+    assert rc == 0, err
+    assert out.strip() == full.text[0]
