@@ -245,3 +245,20 @@ def test_text_prompts_stream_text_and_stop_at_a_stop_string(hf, tmp_path):
                          "--dtype", "fp32", "--block", "8", "--plan-dir", ""])  # fmt: skip
     assert rc == 0, err
     assert out.strip() == full.text[0]
+
+
+def test_greedy_tokens_equal_a_numpy_llama_without_transformers():
+    """``llama-tiny-gqa`` (random weights; GQA, LLaMA-3 rope, tied embeddings) against the plain numpy LLaMA
+    of ``tests/test_models.py`` in float64, re-run on the whole sequence for every token."""
+    from tests.test_models import numpy_llama
+
+    m = load_model("llama-tiny-gqa", "fp32", seed=2)
+    w = {k: x.astype(np.float64) for k, x in m.weights.items()}
+    prompts = [[7, 30, 2, 91, 15], [44], [5, 6, 7]]
+    got = generate(m, prompts, 12, 1 << 20, block=4, eos=()).ids
+    for p, g in zip(prompts, got, strict=True):
+        seq = list(p)
+        for _ in range(12):
+            x0 = m.embed(np.array(seq)).astype(np.float64)
+            seq.append(int(numpy_llama(w, x0, m.cfg, "last")[-1].argmax()))
+        assert g == seq[len(p) :]
