@@ -68,9 +68,26 @@ def width(cfg: LlamaConfig) -> int:
 
 
 def decode_tiles(cfg: LlamaConfig, n_gpus: int, dtype: str, budget_nbytes: int | None) -> dict:
-    """Head, FFN and vocabulary blocks as a prefill of the same model takes them (``default_tiles``)."""
+    """Key-value heads and FFN columns in one block per GPU (a step's activations are a row per sequence, so
+    fewer, larger blocks cost nothing but save vertices), split further in multiples of the GPU count where
+    a block's weights would pass an eighth of the budget, as ``turnip.train.train_tiles`` does; tiny models
+    (d_model <= 256) and the LM head's vocabulary blocks as their prefill (``default_tiles``)."""
     t = default_tiles(cfg, 1, n_gpus, dtype, budget_nbytes)
-    return {k: t[k] for k in ("h", "f", "v")}
+    out = {k: t[k] for k in ("h", "f", "v")}
+    if cfg.d_model <= 256:
+        return out
+    G, nb, d = n_gpus, DTYPE_NBYTES[dtype], cfg.d_model
+    cap = None if budget_nbytes is None else budget_nbytes // 8
+
+    def tile(n: int, unit_nbytes: int) -> int:
+        k = min(G, n)
+        while cap is not None and k < n and -(-n // k) * unit_nbytes > cap:
+            k = min(n, k + G)
+        return -(-n // k)
+
+    out["h"] = tile(cfg.kv_heads, (2 * cfg.group + 2) * cfg.dh * d * nb)  # wq, wo of the group; wk, wv
+    out["f"] = tile(cfg.d_ffn, 3 * d * nb)
+    return out
 
 
 def decode_graph(cfg: LlamaConfig, shape: DecodeShape, dtype: str = "fp16") -> Graph:

@@ -127,19 +127,38 @@ class PlanCache:
             save_plan(p, mg, tg)
         return tg, mg
 
+    def _resident(self, tg, cfg):
+        """The decode plan that moves the fewest bytes per step over the host links, of those keeping 3/4, 1/2,
+        1/4 or none of the budget for resident weights (a step's activations are a row per sequence, so
+        weights may take most of the budget; ties go to the larger resident set)."""
+        from turnip.compile import build_with_resident, run_link_nbytes
+        from turnip.memgraph.build import BudgetError
+
+        best, err = None, None
+        for frac in (3, 2, 1, 0):
+            try:
+                mg = build_with_resident(tg, self.budget, cfg, resident=str(self.budget * frac // 4))
+            except BudgetError as e:
+                err = err or e
+                continue
+            if best is None or run_link_nbytes(mg) < run_link_nbytes(best):
+                best = mg
+        if best is None:
+            raise err
+        return best
+
     def _build(self, kind: str, batch: int, n: int):
         from turnip.compile import build_with_resident
         from turnip.memgraph.build import BuildConfig
 
         if kind == "prefill":
             tg = prefill_kv(self.cfg, n, batch, self.n_gpus, self.dtype, self.budget)
-            cfg = BuildConfig()
+            mg = build_with_resident(tg, self.budget, BuildConfig(), resident="auto")
         else:
             tg = decode_step(self.cfg, DecodeShape(batch, n, self.block), self.n_gpus, self.dtype, self.budget)
             keep = state_inputs(tg)  # the cache stays on the GPU when it takes at most a quarter of the budget
             fits = int(tg.nbytes[list(keep)].sum()) <= self.budget * self.n_gpus // 4
-            cfg = BuildConfig(keep_inputs=keep if fits else ())
-        mg = build_with_resident(tg, self.budget, cfg, resident="auto")
+            mg = self._resident(tg, BuildConfig(keep_inputs=keep if fits else ()))
         if self.verify:
             from turnip.memgraph.verify import verify
             from turnip.runtime.errors import PlanError
