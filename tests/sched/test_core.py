@@ -57,9 +57,7 @@ def test_copy_engines_one_at_a_time_per_direction():
 
 
 def test_transfer_issued_by_source_gpu_on_its_link():
-    mg = make_memgraph(
-        ["kernel", "transfer", "transfer"], [[], [0], [0]], n_gpus=3, gpus=[0, 1, 2], src_gpus=[0, 0, 0]
-    )
+    mg = make_memgraph(["kernel", "transfer", "transfer"], [[], [0], [0]], n_gpus=3, gpus=[0, 1, 2], src_gpus=[0, 0, 0])
     s = Scheduler(mg)
     s.handle(RunStarted(0))
     cmds = s.handle(KernelDone(0, 1))
@@ -194,3 +192,35 @@ def test_empty_graph():
     s = Scheduler(make_memgraph([], [], n_gpus=1))
     assert s.start() == [] and s.finished
     assert np.asarray(s.status).size == 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_fresh_scheduler_repeats_a_new_ones_run(policy):
+    """``fresh`` after a finished run (and one cut short) starts from the initial state: its run, completions
+    arriving in the same random order, is a new scheduler's, command for command."""
+    for seed in range(6):
+        mg = random_memgraph(np.random.default_rng(seed), 80, 1 + seed % 3, p_edge=0.05)
+        for ordered_sums in (True, False):
+            s = scheduler(mg, policy, 3, np.random.default_rng(seed), ordered_sums)
+            first = drive(s, np.random.default_rng(seed + 1))
+            cut = s.fresh()
+            cut.complete(cut.start()[0].v, 1)  # a run left half done: fresh ignores it
+            for t in (s.fresh(), cut.fresh()):
+                assert drive(t, np.random.default_rng(seed + 1)) == first
+                t.validate()
+            assert drive(s.fresh(), np.random.default_rng(seed + 2)) == drive(
+                scheduler(mg, policy, 3, np.random.default_rng(seed), ordered_sums), np.random.default_rng(seed + 2)
+            )
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_launched_ids_are_the_commands_vertices(policy):
+    mg = random_memgraph(np.random.default_rng(9), 80, 2, p_edge=0.05)
+    a, b = scheduler(mg, policy, 2, np.random.default_rng(9)), scheduler(mg, policy, 2, np.random.default_rng(9))
+    cmds, ids, t = a.start(0), b.start_ids(0), 0
+    while cmds:
+        assert [c.v for c in cmds] == ids and all(c.stream == b.stream_of[c.v] for c in cmds)
+        assert cmds == [b.command(v) for v in ids]
+        t += 1
+        cmds, ids = a.complete(cmds[-1].v, t) + cmds[:-1], b.complete_ids(ids[-1], t) + ids[:-1]
+    assert a.finished and b.finished

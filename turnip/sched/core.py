@@ -26,6 +26,11 @@ Invariants (``validate()``): a RUNNING vertex holds exactly its resources and no
 vertices; lock pointers only pass launched members and a parked member is blocked (its lock held, or not its
 turn); counts agree.
 
+Drivers: ``start`` and ``complete`` answer with commands (``Launch`` / ``Copy``); ``start_ids`` and
+``complete_ids`` with the same launches as vertex ids alone (each one's stream slot in ``stream_of``), which
+spares a simulator a command object per vertex. The tables built from the plan (successors, ranks, lanes,
+lock turns) never change during a run: ``fresh()`` gives a scheduler in its initial state that shares them.
+
 Policies: ``nondet`` (launch anything ready whose resources are free, best compile order first),
 ``nondet-cp`` (best = longest critical path), ``det`` (each GPU issues all its vertices in compile order),
 ``det-kernels`` (only kernels in fixed per-GPU order; copies as ``nondet``), ``det-replay`` (a recorded
@@ -142,7 +147,6 @@ class Scheduler:
         lane = queue if policy == "det-replay" else owner
         n_lanes = self._n_engines + g if policy == "det-replay" else g
         self._lanes = split_order(fo, lane[fo], n_lanes)
-        self._ptr = [0] * n_lanes
         self._lane_of = np.where(is_fixed, lane, -1).tolist()
         self._gpu_lanes = [[i for i in range(n_lanes) if self._lanes[i] and owner[self._lanes[i][0]] == gg]
                            for gg in range(g)]  # fmt: skip
@@ -150,26 +154,47 @@ class Scheduler:
         # order the lanes follow too, so the first member not yet launched never waits on a later one
         self.ordered_sums = ordered_sums or policy == "det-replay"
         self._lock_seq = lock_turns(order, self.lock) if self.ordered_sums else None
-        self._lock_ptr = dict.fromkeys(self._lock_seq or (), 0)
+        self._gpu_queues = [[q for q in range(self._n_engines + g) if self._queue_owner(q) == i] for i in range(g)]
+        # the queues a vertex can enter (the rest stay empty: dispatch never looks at them), with the engine
+        # each waits for (-1: a kernel queue, no engine)
+        used = set(queue[~is_fixed].tolist())
+        self._gpu_used = [[(q, q if q < self._n_engines else -1) for q in qs if q in used] for qs in self._gpu_queues]
+        self._succ = [self.succ_idx[a:b] for a, b in zip(self.succ_ptr, self.succ_ptr[1:], strict=False)]
+        self._indegree = mg.indegree().tolist()
+        pre = mg.preloaded()
+        self._roots = np.flatnonzero((mg.indegree() == 0) & ~pre).tolist()  # ready at the start
+        self._reset()
 
-        # state
-        self.missing = mg.indegree().tolist()
+    def _reset(self) -> None:
+        """The run's state, before ``start``: every vertex WAITING, every resource free."""
+        n, g = self.n, self.n_gpus
+        self.missing = list(self._indegree)
         self.status = bytearray(n)
         self.stream_of = [-1] * n
-        self.free_streams = [list(range(streams_per_gpu - 1, -1, -1)) for _ in range(g)]
+        self.free_streams = [list(range(self.streams_per_gpu - 1, -1, -1)) for _ in range(g)]
         self.engine_holder = [-1] * self._n_engines
         self.lock_holder: dict[int, int] = {}
         self.lock_wait: dict[int, list[int]] = {}
         self.heaps: list[list[int]] = [[] for _ in range(self._n_engines + g)]
-        self._gpu_queues = [
-            [q for q in range(self._n_engines + g) if self._queue_owner(q) == i] for i in range(g)
-        ]
+        self._ptr = [0] * len(self._lanes)
+        self._lock_ptr = dict.fromkeys(self._lock_seq or (), 0)
         self.n_running = 0
         self.n_done = 0
         self.now_ns = 0
         self.started = False
         self._dirty = bytearray(g)
         self._dirty_list: list[int] = []
+        heaps = self.heaps
+        self._gpu_heaps = [[(heaps[q], e) for q, e in qs] for qs in self._gpu_used]
+
+    def fresh(self) -> Scheduler:
+        """A new scheduler of the same plan, policy and options in its initial state (before ``start``). It
+        shares this one's tables, which nothing changes, so it costs a copy of the state alone: a simulator
+        builds the tables once per plan and a fresh scheduler per run."""
+        s = object.__new__(Scheduler)
+        s.__dict__.update(self.__dict__)
+        s._reset()
+        return s
 
     def _queue_owner(self, q: int) -> int:
         g = self.n_gpus
@@ -195,21 +220,41 @@ class Scheduler:
         raise ProtocolError(f"unknown event {event!r}")
 
     def start(self, t_ns: int = 0) -> list:
-        if self.started:
-            raise ProtocolError("RunStarted twice")
-        self.started, self.now_ns = True, t_ns
-        for v in self.preloaded:
-            self.status[v] = DONE
-            self.n_done += 1
-            for i in range(self.succ_ptr[v], self.succ_ptr[v + 1]):
-                self.missing[self.succ_idx[i]] -= 1
-        for v in range(self.n):
-            if self.missing[v] == 0 and self.status[v] == WAITING:
-                self._make_ready(v)
-        return self._dispatch_dirty()
+        return [self.command(v) for v in self.start_ids(t_ns)]
 
     def complete(self, v: int, t_ns: int) -> list:
         """Fast path of ``handle(KernelDone/CopyDone)``: vertex ``v`` finished at ``t_ns``."""
+        return [self.command(u) for u in self.complete_ids(v, t_ns)]
+
+    def command(self, v: int):
+        """The command of launched vertex ``v``: ``Launch`` or ``Copy`` on its stream slot."""
+        e, g = self.engine[v], self.owner[v]
+        if e < 0:
+            return Launch(v, g, self.stream_of[v])
+        return Copy(v, self._engine_name[v], self._src[v], self._dst[v], g, self.stream_of[v])
+
+    def start_ids(self, t_ns: int = 0) -> list[int]:
+        """``start`` as the launched vertices alone, in issue order (each one's slot: ``stream_of``)."""
+        if self.started:
+            raise ProtocolError("RunStarted twice")
+        self.started, self.now_ns = True, t_ns
+        missing, status = self.missing, self.status
+        ready = list(self._roots)  # and those whose dependencies are all resident inputs, in index order
+        for v in self.preloaded:
+            status[v] = DONE
+            self.n_done += 1
+            for s in self._succ[v]:
+                missing[s] -= 1
+                if missing[s] == 0:
+                    ready.append(s)
+        for v in sorted(ready):
+            if status[v] == WAITING:
+                self._make_ready(v)
+        return self._dispatch_dirty()
+
+    def complete_ids(self, v: int, t_ns: int) -> list[int]:
+        """``complete`` as the launched vertices alone, in issue order (each one's slot: ``stream_of``): what a
+        simulator needs, without a command object per vertex."""
         status = self.status
         if status[v] != RUNNING:
             raise ProtocolError(f"completion of {self.mg.label(v)}, which is not running (state {status[v]})")
@@ -217,12 +262,16 @@ class Scheduler:
         status[v] = DONE
         self.n_done += 1
         self.n_running -= 1
-        g = self.owner[v]
+        owner = self.owner
+        g = owner[v]
         self.free_streams[g].append(self.stream_of[v])
         e = self.engine[v]
         if e >= 0:
             self.engine_holder[e] = -1
-        self._mark(g)
+        dirty, dl = self._dirty, self._dirty_list
+        if not dirty[g]:
+            dirty[g] = 1
+            dl.append(g)
         lk = self.lock[v]
         if lk >= 0:
             del self.lock_holder[lk]
@@ -231,13 +280,31 @@ class Scheduler:
             waiters = self.lock_wait.get(lk)
             if waiters:  # wake one waiter only (the next in turn, or the best): the others could not take it
                 self._wake(lk, waiters)
-        missing, succ_idx = self.missing, self.succ_idx
-        for i in range(self.succ_ptr[v], self.succ_ptr[v + 1]):
-            s = succ_idx[i]
-            missing[s] -= 1
-            if missing[s] == 0:
-                self._make_ready(s)
-        return self._dispatch_dirty()
+        missing = self.missing
+        for s in self._succ[v]:
+            m = missing[s] - 1
+            missing[s] = m
+            if m == 0:  # ready (``_make_ready``, inlined)
+                status[s] = READY
+                if not self.fixed[s]:
+                    lk = self.lock[s]
+                    if lk >= 0 and self._lock_blocks(lk, s):
+                        heapq.heappush(self.lock_wait.setdefault(lk, []), self.rank[s])
+                        continue
+                    heapq.heappush(self.heaps[self.queue[s]], self.rank[s])
+                gs = owner[s]
+                if not dirty[gs]:
+                    dirty[gs] = 1
+                    dl.append(gs)
+        if len(dl) != 1:
+            return self._dispatch_dirty()
+        out: list[int] = []  # ``_dispatch_dirty`` of one GPU, inlined
+        g = dl.pop()
+        dirty[g] = 0
+        self._dispatch(g, out)
+        if self.n_running == 0 and self.n_done < self.n:
+            raise self.stall_error()
+        return out
 
     # ---------------------------------------------------------------- internals
     def _mark(self, g: int) -> None:
@@ -277,51 +344,65 @@ class Scheduler:
         heapq.heappush(self.heaps[self.queue[u]], r)
         self._mark(self.owner[u])
 
-    def _dispatch_dirty(self) -> list:
-        cmds: list = []
+    def _dispatch_dirty(self) -> list[int]:
+        out: list[int] = []
         dl = self._dirty_list
         if len(dl) > 1:
             dl.sort()
         for g in dl:
             self._dirty[g] = 0
-            self._dispatch(g, cmds)
+            self._dispatch(g, out)
         dl.clear()
         if not self.started:
-            return cmds
+            return out
         if self.n_running == 0 and self.n_done < self.n:
             raise self.stall_error()
-        return cmds
+        return out
 
-    def _dispatch(self, g: int, cmds: list) -> None:
+    def _dispatch(self, g: int, out: list[int]) -> None:
+        """Launch on GPU ``g`` what its free stream slots, engines and locks allow, best rank first; append the
+        launched vertices to ``out``."""
         streams = self.free_streams[g]
-        heaps, holder, rank, status = self.heaps, self.engine_holder, self.rank, self.status
-        n_eng = self._n_engines
-        lanes, ptr = self._lanes, self._ptr
+        if not streams:
+            return
+        holder, gpu_lanes, gpu_heaps = self.engine_holder, self._gpu_lanes[g], self._gpu_heaps[g]
         while streams:
-            best_r, best_q = -1, -2
-            for ln in self._gpu_lanes[g]:  # fixed lanes: their heads only (best_q = -3 - lane)
-                p = ptr[ln]
-                if p < len(lanes[ln]):
-                    u = lanes[ln][p]
-                    if status[u] == READY and (best_r < 0 or rank[u] < best_r) and self._free_for(u):
-                        best_r, best_q = rank[u], -3 - ln
-            for q in self._gpu_queues[g]:
-                h = heaps[q]
-                if h and (q >= n_eng or holder[q] < 0) and (best_r < 0 or h[0] < best_r):
-                    best_r, best_q = h[0], q
-            if best_q == -2:
-                return
-            if best_q <= -3:
-                ln = -3 - best_q
-                v = lanes[ln][ptr[ln]]
-                ptr[ln] += 1
-            else:
-                v = self._by_rank[heapq.heappop(heaps[best_q])]
+            best_r, best_h, best_ln = -1, None, -1
+            if gpu_lanes:  # fixed lanes: their heads only
+                lanes, ptr, rank, status = self._lanes, self._ptr, self.rank, self.status
+                for ln in gpu_lanes:
+                    p = ptr[ln]
+                    if p < len(lanes[ln]):
+                        u = lanes[ln][p]
+                        if status[u] == READY and (best_r < 0 or rank[u] < best_r) and self._free_for(u):
+                            best_r, best_ln = rank[u], ln
+            for h, e in gpu_heaps:
+                if h and (e < 0 or holder[e] < 0) and (best_r < 0 or h[0] < best_r):
+                    best_r, best_h = h[0], h
+            if best_h is not None:
+                v = self._by_rank[heapq.heappop(best_h)]
                 lk = self.lock[v]
                 if lk >= 0 and self._lock_blocks(lk, v):
                     heapq.heappush(self.lock_wait.setdefault(lk, []), best_r)
                     continue
-            cmds.append(self._launch(v, g, streams.pop()))
+            elif best_ln >= 0:
+                v = self._lanes[best_ln][self._ptr[best_ln]]
+                self._ptr[best_ln] += 1
+            else:
+                return
+            # launch v (it holds its slot, engine and lock until its completion)
+            self.status[v] = RUNNING
+            self.stream_of[v] = streams.pop()
+            self.n_running += 1
+            lk = self.lock[v]
+            if lk >= 0:
+                self.lock_holder[lk] = v
+                if self._lock_seq is not None:
+                    self._lock_ptr[lk] += 1
+            e = self.engine[v]
+            if e >= 0:
+                holder[e] = v
+            out.append(v)
 
     def _free_for(self, u: int) -> bool:
         e = self.engine[u]
@@ -329,21 +410,6 @@ class Scheduler:
             return False
         lk = self.lock[u]
         return lk < 0 or not self._lock_blocks(lk, u)
-
-    def _launch(self, v: int, g: int, stream: int):
-        self.status[v] = RUNNING
-        self.stream_of[v] = stream
-        self.n_running += 1
-        e = self.engine[v]
-        lk = self.lock[v]
-        if lk >= 0:
-            self.lock_holder[lk] = v
-            if self._lock_seq is not None:
-                self._lock_ptr[lk] += 1
-        if e < 0:
-            return Launch(v, g, stream)
-        self.engine_holder[e] = v
-        return Copy(v, self._engine_name[v], self._src[v], self._dst[v], g, stream)
 
     # ---------------------------------------------------------------- diagnostics
     def stall_error(self, limit: int = 20) -> SchedulerStall:
