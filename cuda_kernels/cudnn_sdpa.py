@@ -6,8 +6,10 @@ are in turnip's (tokens, heads, head dim) layout: cuDNN sees dims (1, h, s, d) w
 h*d, 1), so a key range is read in place, its first ``tk`` rows only. Grouped-query attention: K and V
 have ``hk`` heads (h a multiple of hk), which cuDNN shares among consecutive query heads (query head i
 reads key/value head i // (h / hk), turnip's order); a query tile (t, hk, r, dh) is (t, h, dh) in memory.
-fp16 and bf16 tensors, float32 accumulation. Masks: ``none`` (every key visible to every query) and
-``bottom_right`` (query i sees keys j <= i + tk - tq: the key range ends where the query block ends).
+fp16 and bf16 tensors, float32 accumulation. Masks: ``none`` (every key visible to every query),
+``bottom_right`` (query i sees keys j <= i + tk - tq: the key range ends where the query block ends) and
+``band`` (bottom_right within a sliding window: also j > i + tk - tq - window; cuDNN's diagonal band with a
+left bound, bottom-right aligned).
 Log-sum-exp statistics (float32, (h, tq)) are written only for partial outputs.
 
 Execution goes through ``LibCall``: the runtime calls it with the stream slot's ``StreamContext``, whose
@@ -68,12 +70,18 @@ def usable() -> bool:
 
 
 def mask_mode(tq: int, tk: int, params: dict) -> str | None:
-    """'none', 'bottom_right', or None when cuDNN's masks cannot express this tile's causal mask."""
+    """'none', 'bottom_right', 'band', or None when cuDNN's masks cannot express this tile's causal mask and
+    sliding window (``window`` param; a window that reaches past the tile's first key for every query is
+    no mask at all)."""
     diag = params.get("q_off", 0) - params.get("k_off", 0)
-    if not params.get("causal", True) or diag >= tk - 1:
-        return "none"
+    causal = params.get("causal", True)
+    window = int(params.get("window", 0)) if causal else 0
+    if window and diag + tq <= window:  # the last query's window starts at or before key 0
+        window = 0
+    if not causal or diag >= tk - 1:
+        return None if window else "none"
     if diag == tk - tq and tk >= tq:
-        return "bottom_right"
+        return "band" if window else "bottom_right"
     return None
 
 
@@ -119,8 +127,11 @@ class CudnnSdpa:
     """A built SDPA graph for one tile shape; ``bind`` fixes the pointers."""
 
     def __init__(self, tq: int, tk: int, tk_alloc: int, h: int, dh: int, dtype: str, scale: float, mode: str,
-                 stats: bool, hk: int | None = None):  # fmt: skip
-        key = (_device(), tq, tk, tk_alloc, h, dh, dtype, float(scale), mode, stats, h if hk is None else int(hk))
+                 stats: bool, hk: int | None = None, window: int = 0):  # fmt: skip
+        if (mode == "band") != (window > 0):
+            raise ValueError(f"cuDNN SDPA: mask {mode!r} with window {window}")
+        key = (_device(), tq, tk, tk_alloc, h, dh, dtype, float(scale), mode, stats, h if hk is None else int(hk),
+               int(window))  # fmt: skip
         hit = _GRAPHS.get(key)
         if hit is None:
             hit = _GRAPHS[key] = _build(*key[1:])
@@ -146,7 +157,7 @@ class CudnnSdpa:
         return LibCall(run, self.ws_nbytes, "cudnn-sdpa", capturable=True, lib="cudnn")
 
 
-def _build(tq, tk, tk_alloc, h, dh, dtype, scale, mode, stats, hk):
+def _build(tq, tk, tk_alloc, h, dh, dtype, scale, mode, stats, hk, window=0):
     import cudnn
 
     if dtype not in DTYPES:
@@ -165,6 +176,9 @@ def _build(tq, tk, tk_alloc, h, dh, dtype, scale, mode, stats, hk):
     kw = {"name": "sdpa", "q": Q, "k": K, "v": V, "attn_scale": float(scale), "generate_stats": stats}
     if mode == "bottom_right":
         kw["use_causal_mask_bottom_right"] = True
+    elif mode == "band":  # query i sees keys i + tk - tq - window < j <= i + tk - tq
+        kw |= {"diagonal_alignment": cudnn.diagonal_alignment.BOTTOM_RIGHT, "diagonal_band_left_bound": int(window),
+               "diagonal_band_right_bound": 0}  # fmt: skip
     O, S = g.sdpa(**kw)
     O.set_output(True).set_dim([1, h, tq, dh]).set_stride([tq * h * dh, dh, h * dh, 1])
     if stats:
@@ -189,7 +203,8 @@ def supports_bwd(t: int, h: int, dh: int, dtype: str, params: dict, hk: int) -> 
     """Whether an ``sdpa_bwd`` tile (t queries and keys) can take the cuDNN path: fp16 or bf16, head dim a
     multiple of 8 up to 128 (every architecture's backward limit), t > 1, a causal mask cuDNN expresses."""
     return (usable() and dtype in DTYPES and dh % 8 == 0 and dh <= 128 and t > 1 and 0 < hk and h % hk == 0
-            and mask_mode(t, t, params) is not None and math.isfinite(params.get("scale", 1.0)))  # fmt: skip
+            and mask_mode(t, t, params) in ("none", "bottom_right")
+            and math.isfinite(params.get("scale", 1.0)))  # fmt: skip
 
 
 def bwd_layout(t: int, hk: int, r: int, dh: int) -> dict[str, tuple[list[int], list[int]]]:

@@ -205,10 +205,11 @@ def _sdpa(in_shapes, out_shape, dtype, params, opts):
     _need(window >= 0 and cap >= 0 and (not window or params.get("causal", True)),
           f"window {window} and softcap {cap} must be >= 0, a window only on causal attention")
     g = None
-    if not cap and not window and cudnn_sdpa.supports(tq, tk, h, dh, dtype, params, hk):
+    if not cap and cudnn_sdpa.supports(tq, tk, h, dh, dtype, params, hk):  # no score cap in cuDNN's graph
         mode = cudnn_sdpa.mask_mode(tq, tk, params)
         try:
-            g = cudnn_sdpa.CudnnSdpa(tq, tk, tk_all, h, dh, dtype, scale, mode, partial, hk)
+            g = cudnn_sdpa.CudnnSdpa(tq, tk, tk_all, h, dh, dtype, scale, mode, partial, hk,
+                                     window if mode == "band" else 0)  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a graph cuDNN will not build: the portable kernel, said loudly
             import warnings
 

@@ -41,8 +41,12 @@ def test_bound_launch_matches_reference(case, dtype, fast, graph, rng):
     if case.op in FP32_ONLY and dtype != "fp32":
         pytest.skip(f"{case.op} is defined on float32")
     err, path = check_bound(case, dtype, rng, fast=fast, graph=graph)
-    if case.op == "sdpa":  # soft-capped scores: the portable kernel (cuDNN's graph has no cap)
-        assert path == ("cudnn" if dtype in ("fp16", "bf16") and not case.params.get("softcap") else "kernel")
+    if case.op == "sdpa":  # soft-capped scores, masks cuDNN cannot express: the portable kernel
+        from cuda_kernels.cudnn_sdpa import mask_mode
+
+        tk = case.params.get("tk", case.in_shapes[1][0])
+        cudnn = not case.params.get("softcap") and mask_mode(case.in_shapes[0][0], tk, case.params) is not None
+        assert path == ("cudnn" if dtype in ("fp16", "bf16") and cudnn else "kernel")
     if case.op in ("concat", "rows"):
         assert path == "memcpy"
     if case.params.get("inverse") or case.params.get("offset"):  # CUDA C++ rotary has no inverse, its rmsnorm
