@@ -69,7 +69,8 @@ def test_a_written_row_clears_its_slots_mask_exactly():
     blk = cache.blocks[(0, 0, "K")].reshape(4, -1, width(TINY))
     row = np.random.default_rng(1).standard_normal((1, blk.shape[1], width(TINY))).astype(np.float16)
     row[..., TINY.dh] = 0
-    new = run_reference("add_n", [blk, run_reference("einsum", [slot_onehot(4, 6, "fp16"), row + c["Ek"]],
+    row = row + np.tile(c["Ek"], (2, 1))  # (B x Hk, F): each sequence's heads
+    new = run_reference("add_n", [blk, run_reference("einsum", [slot_onehot(4, 6, "fp16"), row],
                                                                {"subscripts": "cx,xga->cga"})], {})  # fmt: skip
     assert (new[2, :, TINY.dh] == 0).all() and (np.delete(new, 2, axis=0)[..., TINY.dh] == -BIG).all()
     np.testing.assert_array_equal(new[2, :, : TINY.dh], row[0, :, : TINY.dh])

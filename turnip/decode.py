@@ -100,15 +100,17 @@ def decode_graph(cfg: LlamaConfig, shape: DecodeShape, dtype: str = "fp16") -> G
         x = g.input("x0", "td", (B, d))
         rot = g.input("rot", "tae", (B, F, e))
         w = g.input("W", "cx", (shape.block, 1))
-        eq = g.input("Eq", "a", (F,))
-        ek = g.input("Ek", "a", (F,))
-        pv = g.input("Pv", "ae", (F, e))
     if r == 1:
         q_sub, q_w, o_sub, o_w = "td,hed->the", ("hed", (H, e, d)), "the,dhe->td", ("dhe", (d, H, e))
         qd, qs = "the", (B, H, e)
     else:
         q_sub, q_w, o_sub, o_w = "td,hred->thre", ("hred", (Hk, r, e, d)), "thre,dhre->td", ("dhre", (d, Hk, r, e))
         qd, qs = "thre", (B, Hk, r, e)
+    qa = qd[:-1] + "a"
+    with g.layer_scope(-1):  # the mask constants span every dim but the batch (kernels merge trailing dims)
+        eq = g.input("Eq", qa[1:], (*qs[1:-1], F))
+        ek = g.input("Ek", "ha", (Hk, F))
+        pv = g.input("Pv", "ae", (F, e))
     for i in range(s.n_layers):
         g.layer = i
         p = f"L{i}."
@@ -116,7 +118,6 @@ def decode_graph(cfg: LlamaConfig, shape: DecodeShape, dtype: str = "fp16") -> G
         q = g.einsum(q_sub, h, g.input(p + "wq", *q_w), name=p + "q")
         k = g.einsum("td,hed->the", h, g.input(p + "wk", "hed", (Hk, e, d)), name=p + "k")
         v = g.einsum("td,hed->the", h, g.input(p + "wv", "hed", (Hk, e, d)), name=p + "v")
-        qa = qd[:-1] + "a"
         qr = g.einsum(f"{qd},tae->{qa}", q, rot, name=p + "qr")
         qm = g.map("add_n", qr, eq, name=p + "qm")
         km = g.map("add_n", g.einsum("the,tae->tha", k, rot, name=p + "kr"), ek, name=p + "km")

@@ -97,11 +97,12 @@ def slot_onehot(block: int, slot: int, dtype: str) -> np.ndarray:
 
 
 def constants(cfg: LlamaConfig, dtype: str) -> dict[str, np.ndarray]:
-    """The constant logical inputs: ``Eq`` (1 in the mask column of queries), ``Ek`` (+BIG in that of new
-    keys), ``Pv`` (F, dh): values widened with zeros."""
+    """The constant logical inputs: ``Eq`` ((Hk, r, F), or (H, F) without grouping: 1 in the mask column of
+    queries), ``Ek`` ((Hk, F): +BIG in that of new keys), ``Pv`` (F, dh): values widened with zeros."""
     F, dh, dt = width(cfg), cfg.dh, NP_OF[dtype]
-    eq, ek = np.zeros(F, dtype=dt), np.zeros(F, dtype=dt)
-    eq[dh], ek[dh] = 1, BIG
+    heads = (cfg.kv_heads, cfg.group) if cfg.group > 1 else (cfg.n_heads,)
+    eq, ek = np.zeros((*heads, F), dtype=dt), np.zeros((cfg.kv_heads, F), dtype=dt)
+    eq[..., dh], ek[..., dh] = 1, BIG
     return {"Eq": eq, "Ek": ek, "Pv": np.eye(F, dh, dtype=dt)}
 
 
