@@ -34,7 +34,8 @@ def compiler_fingerprint() -> str:
     """Short hash of the compiler's source: plan caches keyed on it never serve a plan built by other code."""
     root = Path(__file__).parent
     h = hashlib.sha256()
-    for f in sorted([*root.glob("graph*.py"), root / "models.py", root / "taskgraph.py", *root.glob("memgraph/*.py")]):
+    src = [*root.glob("graph*.py"), root / "models.py", root / "hfconfig.py", root / "taskgraph.py"]
+    for f in sorted([*src, *root.glob("memgraph/*.py")]):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:12]
