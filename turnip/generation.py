@@ -34,11 +34,13 @@ class GenerateError(ValueError):
 
 
 def plan_fingerprint() -> str:
-    """The compiler's fingerprint extended by the decoding modules' source."""
+    """The compiler's fingerprint extended by the source of the modules that shape decoding plans (this one
+    picks their resident sets)."""
     from turnip.compile import compiler_fingerprint
 
     h = hashlib.sha256(compiler_fingerprint().encode())
-    h.update((Path(__file__).parent / "decode.py").read_bytes())
+    for f in ("decode.py", "generation.py", "compile.py"):
+        h.update((Path(__file__).parent / f).read_bytes())
     return h.hexdigest()[:12]
 
 
@@ -373,6 +375,9 @@ def generate(
     B = len(ids)
     b_nbytes = parse_nbytes(budget) if isinstance(budget, str) else int(budget)
     plans = plans or PlanCache(m.cfg, b_nbytes, gpus, dtype, block, plan_dir)
+    mine = (m.cfg, b_nbytes, gpus, dtype, block)
+    if (plans.cfg, plans.budget, plans.n_gpus, plans.dtype, plans.block) != mine:
+        raise GenerateError("the plan cache was made for another model, budget, GPU count, dtype or block size")
     opts = {"chaos": chaos} if backend == "cpu" and chaos else {}
     eos_ids = set(m.eos if eos is None else eos)
     lens = [len(x) for x in ids]
