@@ -211,7 +211,10 @@ def _window_attention(T: int, P: int, tile: int, window: int) -> tuple[int, int,
     spans = set()
     for qi in range(T):
         jmin = max(0, (qi * tile - window + 1) // tile)
-        kept = [(max(j0, jmin), min(j0 + P, T, qi + 1)) for j0 in range(0, qi + 1, P)]
+        if qi + 1 - jmin <= P:  # one key range holds the window's blocks
+            kept = [(jmin, qi + 1)]
+        else:
+            kept = [(max(j0, jmin), min(j0 + P, T, qi + 1)) for j0 in range(0, qi + 1, P)]
         kept = [(a, b) for a, b in kept if a < b]
         sdpa, combine = sdpa + len(kept), combine + (len(kept) > 1)
         spans |= {(a, b) for a, b in kept if b - a > 1}

@@ -64,8 +64,8 @@ def lower_attention(lw, node) -> None:
     split the diagonal range stops at the query block (a concatenation per query block): a token tile then
     never waits for a later one, so a pipeline stage can pass it on before the later tiles arrive. With a
     sliding ``window``, key ranges are clipped to the blocks a query block's window reaches (from the block
-    holding its first query's first key to the query block itself): no vertex reads a fully masked key
-    block, and the ``sdpa`` vertices mask the rest (``window`` param)."""
+    holding its first query's first key to the query block itself), one range where those blocks fit one:
+    no vertex reads a fully masked key block, and the ``sdpa`` vertices mask the rest (``window`` param)."""
     T, b = lw.T, lw.b
     q, k, v = node.inputs
     t = node.out
@@ -115,7 +115,9 @@ def lower_attention(lw, node) -> None:
         last = min(first + seq_blocks, nb)
         spans = []  # the key blocks [j0, j1) of each key range
         jmin = max(first, (q0 - window + 1) // tile) if window else first  # the window's first key block
-        for r in range((qi - first) // per_range + 1):
+        if window and qi + 1 - jmin <= per_range:  # the window's blocks fit one key range: one vertex
+            spans.append((jmin, qi + 1))
+        for r in range(0 if spans else (qi - first) // per_range + 1):
             j0 = first + r * per_range
             j1 = min(j0 + per_range, last, qi + 1 if causal or window else last)
             if max(j0, jmin) < j1:

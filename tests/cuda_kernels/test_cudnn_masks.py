@@ -47,10 +47,12 @@ def test_every_mask_cudnn_takes_is_the_reference_mask():
     assert {("band", True), ("bottom_right", False), ("none", True), ("none", False)} <= taken
 
 
-@pytest.mark.parametrize("tiles", [{"t": 512}, {"t": 512, "kv": 1024}, {"t": 1024, "kv": 2048}])
+@pytest.mark.parametrize("tiles", [{"t": 512}, {"t": 512, "kv": 5120}, {"t": 512, "kv": 1024}, {"t": 1024, "kv": 2048}])
 def test_the_diagonal_tiles_of_a_sliding_window_take_cudnn(tiles):
     """Mistral's window of 4096 over an 8192-token prompt: every query block's last key range (the one
-    holding its diagonal) takes cuDNN; so do the others where the window covers them whole."""
+    holding its diagonal) takes cuDNN; so do the others where the window covers them whole. Where a key
+    range can hold the window's blocks (4096 + 512 tokens: 9 blocks of 512), each query block has one
+    range, and every tile takes cuDNN."""
     from turnip.models import LlamaConfig, llama_prefill
 
     cfg = LlamaConfig(128, 1, 2, 256, vocab=64, n_kv_heads=1, head_dim=64, window=4096)
@@ -62,3 +64,5 @@ def test_the_diagonal_tiles_of_a_sliding_window_take_cudnn(tiles):
     diagonal = [modes[v] for v in sdpa if p[v]["q_off"] - p[v]["k_off"] == p[v]["tk"] - tq[v]]
     assert len(diagonal) == 8192 // tiles["t"] and all(m in ("band", "bottom_right") for m in diagonal)
     assert list(modes.values()).count(None) <= len(sdpa) // 2
+    if tiles.get("kv", 8192) >= 4096 + tiles["t"]:
+        assert len(sdpa) == 8192 // tiles["t"] and None not in modes.values()
