@@ -284,7 +284,10 @@ def llama_graph(
     (``"last"``) or of all positions (``"all"``). Grouped-query attention keeps query heads as (key-value
     head, group) axes, letters ``h`` and ``r``, so a key-value head block carries its query heads. ``batch``
     > 1: that many prompts of ``seq`` tokens one after another in the token dim (each attends to itself;
-    positions restart), with every position's output (head none or all)."""
+    positions restart), with every position's output (head none or all). The config's family variations
+    use existing ops where one serves: biases ``L{i}.bq`` .. ``bo`` as ``add_n`` over an input broadcast
+    over tokens, per-head q/k norms (``q_norm``, ``k_norm``) as ``rmsnorm`` over the head dim, the
+    embedding scale as ``scale``; Gemma 2's extra norms are ``post_attn_norm`` and ``post_ffn_norm``."""
     s = LLAMA[cfg] if isinstance(cfg, str) else cfg
     L = s.n_layers if n_layers is None else n_layers
     H, Hk, r, e, d = s.n_heads, s.kv_heads, s.group, s.dh, s.d_model
