@@ -265,3 +265,19 @@ def test_greedy_tokens_equal_a_numpy_llama_without_transformers():
             x0 = m.embed(np.array(seq)).astype(np.float64)
             seq.append(int(numpy_llama(w, x0, m.cfg, "last")[-1].argmax()))
         assert g == seq[len(p) :]
+
+
+def test_generate_benchmark_runs_on_the_cpu(tmp_path):
+    """``benchmarks/generate.py``'s CPU smoke line: turnip and HF rows written, the greedy tokens agreeing."""
+    pytest.importorskip("transformers")
+    import csv
+
+    from tests.benchscripts import load_script
+
+    bench = load_script("generate")
+    argv = ["--size", "tiny", "--device", "cpu", "--backend", "cpu", "--dtype", "fp32", "--rows", "2:9:8:64KiB",
+            "--block", "4", "--tag", "t", "--out", str(tmp_path)]  # fmt: skip
+    assert bench.main(argv) == 0
+    rows = list(csv.DictReader(open(tmp_path / "generate_t.csv")))
+    assert [r["system"] for r in rows] == ["turnip", "hf"]
+    assert float(rows[0]["tokens_per_s"]) > 0 and int(rows[1]["tokens_agreeing_min"]) == 8
