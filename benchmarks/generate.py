@@ -93,8 +93,9 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from benchmarks.llama_prefill import hf_config, random_llama
     from turnip.compile import parse_nbytes
-    from turnip.generation import PlanCache, generate
+    from turnip.generation import generate
     from turnip.models import LLAMA
+    from turnip.plancache import PlanCache
 
     s = LLAMA[a.size]
     tdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]

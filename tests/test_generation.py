@@ -6,7 +6,8 @@ stopping and bad input."""
 import numpy as np
 import pytest
 
-from turnip.generation import GenerateError, Model, PlanCache, Sampling, generate, load_model, sample
+from turnip.generation import GenerateError, Model, Sampling, generate, load_model, sample
+from turnip.plancache import PlanCache
 
 pytestmark = pytest.mark.cpu_runtime
 

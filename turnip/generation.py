@@ -11,164 +11,22 @@ is free cache slots, which attention skips (``turnip.kvcache``). Each sequence's
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from turnip.decode import DEFAULT_BLOCK, DecodeShape, carry_pairs, decode_step, prefill_kv, state_inputs
+from turnip.decode import DEFAULT_BLOCK, DecodeShape, carry_pairs, decode_step
 from turnip.kvcache import HostCache, constants, merge_inputs, rotations, slot_onehot
 from turnip.models import LlamaConfig
+from turnip.plancache import PlanCache
 
 STEP_INPUTS = ("x0", "rot", "W", "Eq", "Ek", "Pv")  # the decode plan's inputs that are not weights
 
 
 class GenerateError(ValueError):
     """Bad input to a generation (one line, naming the argument)."""
-
-
-# ---------------------------------------------------------------- plans
-
-
-def plan_fingerprint() -> str:
-    """The compiler's fingerprint extended by the source of the modules that shape decoding plans (this one
-    picks their resident sets)."""
-    from turnip.compile import compiler_fingerprint
-
-    h = hashlib.sha256(compiler_fingerprint().encode())
-    for f in ("decode.py", "generation.py", "compile.py"):
-        h.update((Path(__file__).parent / f).read_bytes())
-    return h.hexdigest()[:12]
-
-
-class PlanCache:
-    """Prefill and decode plans of one model under one budget, GPU count and dtype: built once, kept in
-    memory, and saved to / loaded from ``directory`` when given (file names carry a hash of the model's
-    config, the plan's shape, the budget, GPUs, dtype and ``plan_fingerprint``). ``prefetch`` builds a plan
-    in a background thread; ``get`` waits for it. ``verify``: every plan through the memgraph verifier
-    (``PlanError`` on a violation). ``built`` / ``loaded``: keys built here / read from disk."""
-
-    def __init__(self, cfg: LlamaConfig, budget: int, n_gpus: int = 1, dtype: str = "fp16",
-                 block: int = DEFAULT_BLOCK, directory: str | Path | None = None, verify: bool = False):  # fmt: skip
-        self.cfg, self.budget, self.n_gpus, self.dtype, self.block = cfg, budget, n_gpus, dtype, block
-        self.dir = Path(directory) if directory else None
-        self.verify = verify
-        self.plans: dict[tuple, tuple] = {}
-        self.pending: dict[tuple, threading.Thread] = {}
-        self.errors: dict[tuple, BaseException] = {}
-        self.built: list[tuple] = []
-        self.loaded: list[tuple] = []
-        self._lock = threading.Lock()
-
-    def path(self, key: tuple) -> Path | None:
-        """Where plan ``key`` is saved (None without a directory)."""
-        if self.dir is None:
-            return None
-        what = {"cfg": dataclasses.asdict(self.cfg), "key": list(key), "budget": self.budget, "gpus": self.n_gpus,
-                "dtype": self.dtype, "block": self.block, "fingerprint": plan_fingerprint()}  # fmt: skip
-        h = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        name = "".join(c if c.isalnum() or c in "-_" else "_" for c in (self.cfg.name or "llama"))
-        return self.dir / f"{name}-{key[0]}-b{key[1]}-n{key[2]}-{h}.plan"
-
-    def get(self, kind: str, batch: int, n: int):
-        """(taskgraph, memgraph) of a ``prefill`` of ``n`` tokens per prompt or a ``decode`` step over ``n``
-        cache blocks."""
-        key = (kind, batch, n)
-        t = self.pending.get(key)
-        if t is not None:
-            t.join()
-        with self._lock:
-            if key in self.errors:
-                raise self.errors.pop(key)
-            if key in self.plans:
-                return self.plans[key]
-        plan = self._make(key)
-        with self._lock:
-            self.plans[key] = plan
-        return plan
-
-    def prefetch(self, kind: str, batch: int, n: int) -> None:
-        """Start building a plan in a background thread (nothing when it is known or under way)."""
-        key = (kind, batch, n)
-        with self._lock:
-            if key in self.plans or key in self.pending and self.pending[key].is_alive():
-                return
-
-        def work():
-            try:
-                plan = self._make(key)
-                with self._lock:
-                    self.plans[key] = plan
-            except BaseException as e:  # noqa: BLE001 - handed to the caller of get
-                with self._lock:
-                    self.errors[key] = e
-
-        t = threading.Thread(target=work, name=f"turnip-plan-{key}", daemon=True)
-        self.pending[key] = t
-        t.start()
-
-    def _make(self, key: tuple):
-        from turnip.memgraph.io import PlanFormatError, load_plan, save_plan
-
-        p = self.path(key)
-        if p is not None and p.is_file():
-            try:
-                mg, tg = load_plan(p)
-                if tg is not None:
-                    self.loaded.append(key)
-                    return tg, mg
-            except PlanFormatError:
-                pass  # rebuilt and saved over
-        tg, mg = self._build(*key)
-        self.built.append(key)
-        if p is not None:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            save_plan(p, mg, tg)
-        return tg, mg
-
-    def _resident(self, tg, cfg):
-        """The decode plan that moves the fewest bytes per step over the host links, of those keeping 3/4, 1/2,
-        1/4 or none of the budget for resident weights (a step's activations are a row per sequence, so
-        weights may take most of the budget; ties go to the larger resident set)."""
-        from turnip.compile import build_with_resident, run_link_nbytes
-        from turnip.memgraph.build import BudgetError
-
-        best, err = None, None
-        for frac in (3, 2, 1, 0):
-            try:
-                mg = build_with_resident(tg, self.budget, cfg, resident=str(self.budget * frac // 4))
-            except BudgetError as e:
-                err = err or e
-                continue
-            if best is None or run_link_nbytes(mg) < run_link_nbytes(best):
-                best = mg
-        if best is None:
-            raise err
-        return best
-
-    def _build(self, kind: str, batch: int, n: int):
-        from turnip.compile import build_with_resident
-        from turnip.memgraph.build import BuildConfig
-
-        if kind == "prefill":
-            tg = prefill_kv(self.cfg, n, batch, self.n_gpus, self.dtype, self.budget)
-            mg = build_with_resident(tg, self.budget, BuildConfig(), resident="auto")
-        else:
-            tg = decode_step(self.cfg, DecodeShape(batch, n, self.block), self.n_gpus, self.dtype, self.budget)
-            keep = state_inputs(tg)  # the cache stays on the GPU when it takes at most a quarter of the budget
-            fits = int(tg.nbytes[list(keep)].sum()) <= self.budget * self.n_gpus // 4
-            mg = self._resident(tg, BuildConfig(keep_inputs=keep if fits else ()))
-        if self.verify:
-            from turnip.memgraph.verify import verify
-            from turnip.runtime.errors import PlanError
-
-            bad = verify(mg, tg)
-            if bad:
-                raise PlanError(f"{kind} plan (batch {batch}, {n}): {bad[0]}")
-        return tg, mg
 
 
 # ---------------------------------------------------------------- the model's weights on the host

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.sim
 
 def test_every_policy_runs_a_decode_step_above_its_lower_bound():
     from turnip.decode import DecodeShape, state_inputs
-    from turnip.generation import PlanCache
     from turnip.models import LLAMA
+    from turnip.plancache import PlanCache
 
     plans = PlanCache(LLAMA["tiny"], 24_000, 1, "fp16", 8, verify=True)
     tg, mg = plans.get("decode", 4, 6)
