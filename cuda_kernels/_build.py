@@ -87,6 +87,16 @@ def _as_1(x):
     return x.reshape(1) if x.ndim == 0 else x
 
 
+def _merged(in_shapes: list, out_shape: tuple) -> tuple[list, tuple]:
+    """Shapes of the same arrays with dims merged between the places where an input's trailing part begins
+    (inputs: trailing parts of ``out_shape`` or ``()``): (t, h, r, e) with a bias (h, r, e) is (t, h*r*e)
+    and (h*r*e,); with (e,) as well, (t, h*r, e), (h*r, e) and (e,)."""
+    n = len(out_shape)
+    cuts = sorted({0, n} | {n - len(s) for s in in_shapes if s})
+    merged = [int(np.prod(out_shape[a:b], dtype=np.int64)) for a, b in zip(cuts, cuts[1:], strict=False)]
+    return [tuple(merged[cuts.index(n - len(s)) :]) if s else () for s in in_shapes], tuple(merged)
+
+
 def _simple(n_in: int, expr: str, scalars: Callable | None = None, pre: tuple = (), fp32: bool = False):
     """Elementwise op on same-shaped (or broadcastable, 0-d included) inputs; ``scalars(params)`` gives the
     float32 scalars ``s0, s1, ..``; ``pre`` are statements run before ``expr``; ``fp32``: float32 only."""
@@ -104,10 +114,7 @@ def _simple(n_in: int, expr: str, scalars: Callable | None = None, pre: tuple = 
                 return out.reshape(n), [x.reshape(n) if x.ndim else x.reshape(1) for x in ins]
 
         elif len(out_shape) > 3 and all(s == out_shape[len(out_shape) - len(s) :] for s in in_shapes if s):
-            m = min(len(s) for s in in_shapes if s)  # inputs are trailing parts (a bias): their dims merge
-            tail = int(np.prod(out_shape[-m:], dtype=np.int64))
-            in_shapes = [(*s[:-m], tail) if s else () for s in in_shapes]
-            out_shape = (*out_shape[:-m], tail)
+            in_shapes, out_shape = _merged(in_shapes, out_shape)  # inputs are trailing parts (a bias)
 
             def view(out, ins, o=out_shape, ss=tuple(in_shapes)):
                 xs = [x.reshape(sh) if x.ndim else x.reshape(1) for x, sh in zip(ins, ss, strict=True)]

@@ -234,6 +234,7 @@ def tiny_cases() -> list[Case]:
         Case("rmsnorm_offset", "rmsnorm", ((t, d), (d,)), (t, d), {"eps": 1e-6, "offset": 1.0}),
         Case("rmsnorm_heads", "rmsnorm", ((t, 2, 3, dh), (dh,)), (t, 2, 3, dh), {"eps": 1e-6}),
         Case("add_bias", "add_n", ((t, 2, 3, dh), (2, 3, dh)), (t, 2, 3, dh)),
+        Case("mul_last_dim_4d", "mul", ((t, 2, 3, dh), (dh,)), (t, 2, 3, dh)),
         *training_cases(t, 4, h, dh, d, f, 37, 3, 150),
         *[Case(f"{c.name}_t13_off", c.op, c.in_shapes, c.out_shape, c.params, c.kinds)
           for c in sdpa_bwd_cases(13, 3, 1, 4, q_off=1, k_off=3)],  # odd extents; rows 0, 1 see no key
