@@ -341,16 +341,16 @@ def llama_graph(
             down = norm(down, "post_ffn_norm", "dn")
         x = g.map("add_n", x, down, name=p + "x2")
     g.layer = L  # after the last layer: final norm and LM head
-    norm = g.input("final_norm", "d", (d,))
+    final = g.input("final_norm", "d", (d,))
     if head == "none":
-        g.outputs = [g.rmsnorm(x, norm, name="out", **nk)]
+        g.outputs = [g.rmsnorm(x, final, name="out", **nk)]
         return g
     w = g.input("tok_embed" if s.tie_embeddings else "lm_head", "vd", (s.vocab, d))
     if head == "last":
-        hn = g.rmsnorm(g.rows(x, seq - 1, seq, name="last"), norm, name="out", **nk)
+        hn = g.rmsnorm(g.rows(x, seq - 1, seq, name="last"), final, name="out", **nk)
         logits = g.einsum("sd,vd->sv", hn, w, name="logits_raw" if s.logit_softcap else "logits")
     else:
-        out = g.rmsnorm(x, norm, name="out", **nk)
+        out = g.rmsnorm(x, final, name="out", **nk)
         logits = g.einsum("td,vd->tv", out, w, name="logits_raw" if s.logit_softcap else "logits")
     if s.logit_softcap:  # Gemma 2: the final logits capped (the output keeps the name ``logits``)
         logits = g.map("softcap", logits, cap=s.logit_softcap, name="logits")
