@@ -237,85 +237,95 @@ def generate(
     if (plans.cfg, plans.budget, plans.n_gpus, plans.dtype, plans.block) != mine:
         raise GenerateError("the plan cache was made for another model, budget, GPU count, dtype or block size")
     opts = {"chaos": chaos} if backend == "cpu" and chaos else {}
-    eos_ids = set(m.eos if eos is None else eos)
     lens = [len(x) for x in ids]
     P = max(lens)
+    plans.prefetch("decode", B, -(-P // block))  # the first decode step writes slot P - 1
     cache = HostCache(m.cfg, B, block, dtype)
-    n_first = -(-P // block)  # the first decode step writes slot P - 1
-    plans.prefetch("decode", B, n_first)
-    if P > 1:  # the prompts but their last tokens, right-padded (id 0)
-        seq = P - 1
-        tg, mg = plans.get("prefill", B, seq)
-        padded = np.zeros((B, seq), dtype=np.int64)
-        for b, x in enumerate(ids):
-            padded[b, : len(x) - 1] = x[:-1]
-        r = _Runner(tg, mg, m, None, backend, streams, opts)
-        try:
-            names = [k for k in tg.meta["output_blocks"]]
-            kv = r.run({"x0": m.embed(padded.reshape(-1))}, policy, streams, seed, names)
-        finally:
-            r.be.close()
-        cache.fill(kv, seq, [n - 1 for n in lens])
+    if P > 1:
+        _prefill(m, ids, plans, cache, (backend, streams, opts, policy, seed))
+    out = _Outputs(m.tokenizer, B, set(m.eos if eos is None else eos), stop, on_token)
     rng = np.random.default_rng(sampling.seed)
     cur = np.array([x[-1] for x in ids], dtype=np.int64)
-    new: list[list[int]] = [[] for _ in range(B)]
-    texts = [""] * B
-    done = np.zeros(B, dtype=bool)
-    runner, steps, ttft, t_dec = None, 0, None, None
-    link = bound = None
+    runner, ttft, t_dec = None, None, None
     try:
         for k in range(max_new_tokens):
             slot = P - 1 + k
             nb = slot // block + 1
             if runner is None or runner.tg.meta["decode"]["n_blocks"] != nb:
-                if runner is not None:
+                if runner is not None:  # the written block back to the host copy, the next bucket's plan loaded
                     cache.take(runner.tg, runner.be.read_outputs(only={o for o, _ in carry_pairs(runner.tg)}))
                     runner.be.close()
                     runner = None
-                tg, mg = plans.get("decode", B, nb)
-                runner = _Runner(tg, mg, m, cache, backend, streams, opts)
+                runner = _Runner(*plans.get("decode", B, nb), m, cache, backend, streams, opts)
                 if (P + max_new_tokens - 2) // block + 1 > nb:  # the generation reaches the next bucket
                     plans.prefetch("decode", B, nb + 1)
             inputs = {"x0": m.embed(cur), "rot": rotations(m.cfg, [n - 1 + k for n in lens], dtype),
                       "W": slot_onehot(block, slot, dtype)}  # fmt: skip
             logits = runner.run(inputs, policy, streams, None if seed is None else seed + k, ["logits"])["logits"]
             runner.be.carry(carry_pairs(runner.tg))
-            steps += 1
-            nxt = sample(logits, sampling, rng)
+            cur = sample(logits, sampling, rng)
             if ttft is None:
                 ttft, t_dec = time.perf_counter() - t0, time.perf_counter()
-            for b in np.flatnonzero(~done):
-                tok = int(nxt[b])
-                new[b].append(tok)
-                piece = ""
-                if m.tokenizer is not None:
-                    full = m.tokenizer.decode(new[b])
-                    piece, texts[b] = full[len(texts[b]) :], full
-                if on_token is not None:
-                    on_token(int(b), tok, piece)
-                if tok in eos_ids or any(texts[b].endswith(s) for s in stop if s):
-                    done[b] = True
-            cur = nxt
-            if done.all():
+            if out.add(cur):
                 break
-        from turnip.compile import run_link_nbytes
-
-        link = run_link_nbytes(runner.mg)
-        if profile:
-            from turnip.runtime.driver import lower_bound
-
-            bound = lower_bound(runner.mg, profile)["lower_bound_ns"] / 1e6
+        t_end = time.perf_counter()
     finally:
         if runner is not None:
             runner.be.close()
-    t_end = time.perf_counter()
-    n_new = sum(len(x) for x in new)
-    dec_s = t_end - t_dec if t_dec is not None else 0.0
+    from turnip.compile import run_link_nbytes
+    from turnip.runtime.driver import lower_bound
+
+    n_new = sum(len(x) for x in out.ids)
+    dec_s = t_end - t_dec
     stats = {"ttft_s": ttft, "tokens_per_s": (n_new - B) / dec_s if dec_s > 0 and n_new > B else None,
-             "decode_s": dec_s, "steps": steps, "new_tokens": n_new, "link_nbytes_per_token": link / B,
-             "bound_ms": bound, "profile": profile, "plans_built": list(plans.built),
-             "plans_loaded": list(plans.loaded), "total_s": t_end - t0}  # fmt: skip
-    return Result(new, texts if m.tokenizer is not None else [None] * B, stats)
+             "decode_s": dec_s, "steps": k + 1, "new_tokens": n_new,
+             "link_nbytes_per_token": run_link_nbytes(runner.mg) / B,
+             "bound_ms": lower_bound(runner.mg, profile)["lower_bound_ns"] / 1e6 if profile else None,
+             "profile": profile, "plans_built": list(plans.built), "plans_loaded": list(plans.loaded),
+             "total_s": time.perf_counter() - t0}  # fmt: skip
+    return Result(out.ids, out.texts if m.tokenizer is not None else [None] * B, stats)
+
+
+def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple) -> None:
+    """The prompts but their last tokens through the prefill plan (right-padded with id 0: no prompt token
+    sees a pad), their keys and values into ``cache``. ``run``: (backend, streams, options, policy, seed)."""
+    backend, streams, opts, policy, seed = run
+    seq = max(len(x) for x in ids) - 1
+    tg, mg = plans.get("prefill", len(ids), seq)
+    padded = np.zeros((len(ids), seq), dtype=np.int64)
+    for b, x in enumerate(ids):
+        padded[b, : len(x) - 1] = x[:-1]
+    r = _Runner(tg, mg, m, None, backend, streams, opts)
+    try:
+        kv = r.run({"x0": m.embed(padded.reshape(-1))}, policy, streams, seed, list(tg.meta["output_blocks"]))
+    finally:
+        r.be.close()
+    cache.fill(kv, seq, [len(x) - 1 for x in ids])
+
+
+class _Outputs:
+    """The new tokens and text of each sequence; which have stopped (an end-of-sequence id, a stop string)."""
+
+    def __init__(self, tokenizer, batch: int, eos: set, stop: tuple, on_token):
+        self.tok, self.eos, self.stop, self.on_token = tokenizer, eos, [s for s in stop if s], on_token
+        self.ids: list[list[int]] = [[] for _ in range(batch)]
+        self.texts = [""] * batch
+        self.done = np.zeros(batch, dtype=bool)
+
+    def add(self, tokens: np.ndarray) -> bool:
+        """Append a step's tokens to the sequences still going; True when every sequence has stopped."""
+        for b in np.flatnonzero(~self.done):
+            t = int(tokens[b])
+            self.ids[b].append(t)
+            piece = ""
+            if self.tok is not None:
+                full = self.tok.decode(self.ids[b])
+                piece, self.texts[b] = full[len(self.texts[b]) :], full
+            if self.on_token is not None:
+                self.on_token(int(b), t, piece)
+            if t in self.eos or any(self.texts[b].endswith(s) for s in self.stop):
+                self.done[b] = True
+        return bool(self.done.all())
 
 
 def _prompt_ids(m: Model, prompts) -> list[np.ndarray]:
