@@ -44,13 +44,13 @@ def test_runtime_and_simulator_drive_the_same_scheduler_legally(monkeypatch):
     sim = pytest.importorskip("sim")
     tg, mg = dag(2, 2)
     calls = {"n": 0}
-    original = Scheduler.complete
+    original = Scheduler.complete_ids  # what every completion goes through (``complete`` included)
 
     def counting(self, v, t_ns):
         calls["n"] += 1
         return original(self, v, t_ns)
 
-    monkeypatch.setattr(Scheduler, "complete", counting)
+    monkeypatch.setattr(Scheduler, "complete_ids", counting)
     from turnip.machine.profile import h100
 
     r = sim.simulate(mg, h100(), "nondet", seed=0)
