@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import math
+import os
 
 from cuda_kernels import _numba
 from cuda_kernels.launch import LibCall
@@ -69,15 +70,26 @@ def usable() -> bool:
     return True
 
 
-def mask_mode(tq: int, tk: int, params: dict) -> str | None:
+BAND_SWITCH = "TURNIP_CUDNN_WINDOW"  # "1": windowed tiles through cuDNN's diagonal band (not yet run on a GPU)
+
+
+def band_enabled() -> bool:
+    """cuDNN's diagonal band for sliding-window tiles is opt-in (``TURNIP_CUDNN_WINDOW=1``) until it has been
+    checked on a GPU; off, those tiles run the portable kernel."""
+    return os.environ.get(BAND_SWITCH, "") == "1"
+
+
+def mask_mode(tq: int, tk: int, params: dict, band: bool | None = None) -> str | None:
     """'none', 'bottom_right', 'band', or None when cuDNN's masks cannot express this tile's causal mask and
     sliding window (``window`` param; a window that reaches past the tile's first key for every query is
-    no mask at all)."""
+    no mask at all). ``band``: whether cuDNN's band may take a window (default: ``band_enabled()``)."""
     diag = params.get("q_off", 0) - params.get("k_off", 0)
     causal = params.get("causal", True)
     window = int(params.get("window", 0)) if causal else 0
     if window and diag + tq <= window:  # the last query's window starts at or before key 0
         window = 0
+    if window and not (band_enabled() if band is None else band):
+        return None
     if not causal or diag >= tk - 1:
         return None if window else "none"
     if diag == tk - tq and tk >= tq:

@@ -38,7 +38,7 @@ def test_every_mask_cudnn_takes_is_the_reference_mask():
             p["window"] = int(rng.integers(1, 20))
         if visible_keys(tq, tk, p).max() <= 0:
             continue  # a tile no query sees into is never made
-        mode = mask_mode(tq, tk, p)
+        mode = mask_mode(tq, tk, p, band=True)
         if mode is None:
             continue
         taken.add((mode, "window" in p))
@@ -59,10 +59,22 @@ def test_the_diagonal_tiles_of_a_sliding_window_take_cudnn(tiles):
     tg = llama_prefill(cfg, seq=8192, tiles=tiles | {"h": 1, "f": 256}, head="none")
     sdpa = [v for v in range(tg.n) if tg.op[v] == "sdpa"]
     tq = {v: tg.shape[tg.arg_idx[tg.arg_ptr[v]]][0] for v in sdpa}  # the query tile's tokens
-    modes = {v: mask_mode(tq[v], tg.params[v]["tk"], tg.params[v]) for v in sdpa}
+    modes = {v: mask_mode(tq[v], tg.params[v]["tk"], tg.params[v], band=True) for v in sdpa}
     p = tg.params
     diagonal = [modes[v] for v in sdpa if p[v]["q_off"] - p[v]["k_off"] == p[v]["tk"] - tq[v]]
     assert len(diagonal) == 8192 // tiles["t"] and all(m in ("band", "bottom_right") for m in diagonal)
     assert list(modes.values()).count(None) <= len(sdpa) // 2
     if tiles.get("kv", 8192) >= 4096 + tiles["t"]:
         assert len(sdpa) == 8192 // tiles["t"] and None not in modes.values()
+
+
+def test_the_band_is_opt_in(monkeypatch):
+    """Until cuDNN's band has run on a GPU, a windowed tile takes the portable kernel unless switched on."""
+    from cuda_kernels.cudnn_sdpa import BAND_SWITCH
+
+    p = {"q_off": 1024, "k_off": 0, "causal": True, "window": 512}
+    monkeypatch.delenv(BAND_SWITCH, raising=False)
+    assert mask_mode(1024, 2048, p) is None
+    assert mask_mode(1024, 2048, {"q_off": 1024, "k_off": 0, "causal": True}) == "bottom_right"
+    monkeypatch.setenv(BAND_SWITCH, "1")
+    assert mask_mode(1024, 2048, p) == "band"
