@@ -210,12 +210,13 @@ def generate(
     dtype: str = "fp16", backend: str = "cpu", sampling: Sampling = Sampling(), stop: tuple = (),
     block: int = DEFAULT_BLOCK, plans: PlanCache | None = None, plan_dir: str | Path | None = None,
     policy: str = "nondet", streams: int = 3, chaos: float = 0.0, seed: int = 0, on_token=None,
-    eos: tuple | None = None, profile: str | None = "h100",
+    eos: tuple | None = None, profile: str | None = "h100", options: dict | None = None,
 ) -> Result:  # fmt: skip
     """Generate up to ``max_new_tokens`` per prompt (``prompts``: token id lists or strings, strings needing the
     model's tokenizer). A sequence stops at an end-of-sequence id (``eos``; default the model's) or when its
     text ends in one of ``stop``. ``on_token(b, id, text)`` is called for every new token. ``chaos``: the CPU
-    backend's random delays (a run's order changes, its tokens must not). ``stats``: ttft_s (to the first
+    backend's random delays (a run's order changes, its tokens must not); ``options``: more backend options
+    (``turnip.runtime.open_backend``, e.g. the CPU backend's ``poison``). ``stats``: ttft_s (to the first
     new token, plan builds included), tokens_per_s (new tokens of the batch over the decode time),
     link_nbytes_per_token (host<->GPU bytes of a decode step per sequence), bound_ms (the last decode
     plan's lower bound on ``profile``), plans built / loaded, steps."""
@@ -236,7 +237,7 @@ def generate(
     mine = (m.cfg, b_nbytes, gpus, dtype, block)
     if (plans.cfg, plans.budget, plans.n_gpus, plans.dtype, plans.block) != mine:
         raise GenerateError("the plan cache was made for another model, budget, GPU count, dtype or block size")
-    opts = {"chaos": chaos} if backend == "cpu" and chaos else {}
+    opts = ({"chaos": chaos} if backend == "cpu" and chaos else {}) | dict(options or {})
     lens = [len(x) for x in ids]
     P = max(lens)
     plans.prefetch("decode", B, -(-P // block))  # the first decode step writes slot P - 1
