@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 
@@ -321,7 +322,9 @@ class _Outputs:
             piece = ""
             if self.tok is not None:
                 full = self.tok.decode(self.ids[b])
-                piece, self.texts[b] = full[len(self.texts[b]) :], full
+                if not full.endswith("\ufffd"):  # else a character's bytes are still coming: wait for them
+                    piece = full[len(os.path.commonprefix([self.texts[b], full])) :]
+                    self.texts[b] = full
             if self.on_token is not None:
                 self.on_token(int(b), t, piece)
             if t in self.eos or any(self.texts[b].endswith(s) for s in self.stop):
