@@ -285,3 +285,12 @@ def test_generate_benchmark_runs_on_the_cpu(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "generate_t.csv")))
     assert [r["system"] for r in rows] == ["turnip", "hf"]
     assert float(rows[0]["tokens_per_s"]) > 0 and int(rows[1]["tokens_agreeing_min"]) == 8
+
+
+def test_tokens_do_not_depend_on_the_block_size():
+    """One slot per block (a new plan every step) up to one block for everything: the same tokens."""
+    m = load_model("llama-tiny", "fp32", seed=4)
+    prompts = [[1, 2, 3, 4, 5], [6, 7]]
+    want = generate(m, prompts, 6, 1 << 20, block=16, eos=()).ids
+    for block in (1, 3):
+        assert generate(m, prompts, 6, 1 << 20, block=block, eos=()).ids == want
