@@ -8,9 +8,18 @@ prefill and training of one model, length, GPU count and budget side by side and
 Plans are compiled once each (in parallel; inputs kept resident as ``--resident`` says, ``auto`` by default as
 for ``turnip run``) and cached as plan files under ``<out>/plans/`` (named with the compiler's source
 fingerprint, so changed compiler code never reuses an old plan); then every (configuration, policy, seed) run
-is one task for a process pool. ``det-replay`` runs come last: each configuration replays the issue order of
-its fastest noisy ``nondet`` run (added to the sweep when absent). Results: ``runs.csv`` (one row per run),
-one trace per policy for the trace configuration, then ``analysis.report.write_report``.
+is one task. ``det-replay`` runs come last: each configuration replays the issue order of its fastest noisy
+``nondet`` run (the lowest makespan, ties to the lowest seed; added to the sweep when absent). Results:
+``runs.csv`` (one row per run), one trace per policy for the trace configuration, then
+``analysis.report.write_report``; every file is written whole (``turnip.fileio.atomic_write``) and the tables
+only once every run has finished, so a sweep that fails leaves only finished plan files behind.
+
+The tasks run on a pool: local processes by default (``Processes``: its workers read and write the plan files
+themselves), or one passed in, such as ``sim.cluster.ClusterSweep`` (a Dask cluster). A pool is a context
+manager with ``where`` (words for messages), ``compile(out, plans)``, an iterator of (configuration, seconds,
+error) as each plan is compiled into ``out/plans`` (or found there), and ``run(out, tasks)``, an iterator of
+(index in ``tasks``, ``run_row``'s result) in any order. A run is the same function of its task whichever pool
+runs it, so the rows are the same apart from ``TIMING_COLUMNS``.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from turnip.machine.profile import load_profile
 GiB = 1 << 30
 WORKLOADS = ("prefill", "lora")
 LORA = {"rank": 16, "targets": "q,k,v,ffn", "checkpoint": "auto"}  # the sweep's training step
+TIMING_COLUMNS = ("sim_wall_s",)  # runs.csv's columns that time this machine, not the simulated one
 
 
 class SweepError(RuntimeError):
@@ -108,14 +118,20 @@ def plan_path(out: Path, p: dict) -> Path:
     res = "" if str(p.get("resident", "0")) == "0" else f"_r{p['resident']}"
     work = "" if p.get("workload", "prefill") == "prefill" else f"_{p['workload']}-b{p['batch']}"
     split = p.get("split", "tensor")
-    split = "" if split == "tensor" or p["gpus"] < 2 else f"_{split}" + (
-        f"-{Path(str(p.get('split_profile'))).stem}" if split == "auto" else "")
+    split = (
+        ""
+        if split == "tensor" or p["gpus"] < 2
+        else f"_{split}" + (f"-{Path(str(p.get('split_profile'))).stem}" if split == "auto" else "")
+    )
     name = (f"{p['model']}_{p['seq']}_{p['gpus']}g_{p['budget_nbytes']}{res}{work}{split}_"
             f"{compiler_fingerprint()}.tplan")  # fmt: skip
     return out / "plans" / name
 
 
-def _compile(args) -> tuple[dict, float, str | None]:
+def compile_plan(args, split_profile=None) -> tuple[dict, float, str | None]:
+    """(out, configuration) -> (configuration, seconds, error): its plan compiled into ``out/plans`` unless
+    there already; a configuration that does not compile (a budget too small) gives the error's text.
+    ``split_profile``: the configuration's ``split_profile`` loaded already (a ``MachineProfile``)."""
     out, p = args
     path = plan_path(out, p)
     if path.exists():
@@ -127,7 +143,7 @@ def _compile(args) -> tuple[dict, float, str | None]:
     try:
         tg, mg = compile_model(p["model"], p["seq"], p["gpus"], p["budget_nbytes"], resident=p.get("resident", "0"),
                                train=train_spec(p), split=p.get("split", "tensor"),
-                               profile=p.get("split_profile"))  # fmt: skip
+                               profile=split_profile or p.get("split_profile"))  # fmt: skip
         mg.stats["split"] = tg.meta.get("split", "tensor")  # what auto chose: the runs' rows say it
     except Exception as e:  # a budget too small for the plan: reported, the sweep goes on
         return p, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
@@ -158,15 +174,15 @@ def _init(profile_name: str) -> None:
     _PROFILE = load_profile(profile_name)
 
 
-def _run(task) -> tuple[dict, dict | None, object]:
+def run_row(mg, tm, prof, task) -> tuple[dict, dict | None, object]:
     """One simulated run: its ``runs.csv`` row, its trace when asked, and its issue order when asked (the
-    nondet runs that ``det-replay`` picks from). ``replay``: (seed, order) of the run det-replay replays."""
+    nondet runs that ``det-replay`` picks from). ``task``: (configuration, policy, seed, mean_only, want_trace,
+    want_order, replay), ``replay``: (seed, order) of the run det-replay replays."""
     from analysis.metrics import run_metrics
     from sim.engine import simulate
 
-    out, p, policy, seed, mean_only, want_trace, want_order, replay = task
-    mg, tm = _load(plan_path(out, p))
-    r = simulate(mg, _PROFILE, policy, seed, mean_only, tm, None if replay is None else replay[1])
+    p, policy, seed, mean_only, want_trace, want_order, replay = task
+    r = simulate(mg, prof, policy, seed, mean_only, tm, None if replay is None else replay[1])
     tr = r.trace(mg, p)
     row = {k: p[k] for k in ("model", "seq", "gpus", "budget", "budget_nbytes", "workload")}
     row["split"] = mg.stats.get("split", "tensor")
@@ -176,6 +192,37 @@ def _run(task) -> tuple[dict, dict | None, object]:
     row |= {"n_vertices": mg.n, "sim_wall_s": r.wall_s, "resident_nbytes": int(mg.out_nbytes[mg.preloaded()].sum()),
             "replayed_seed": -1 if replay is None else replay[0]}  # fmt: skip
     return row, (tr if want_trace else None), (r.order if want_order else None)
+
+
+def _run(args) -> tuple[dict, dict | None, object]:
+    """A pool worker's run: (out, task) with the plan read from ``out/plans``."""
+    out, task = args
+    mg, tm = _load(plan_path(out, task[0]))
+    return run_row(mg, tm, _PROFILE, task)
+
+
+class Processes:
+    """The sweep's tasks on a pool of local processes, whose workers read and write ``out/plans`` themselves."""
+
+    def __init__(self, jobs: int, profile: str):
+        self.jobs, self.profile = jobs, profile
+        self.where = f"{jobs} processes"
+
+    def __enter__(self) -> Processes:
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        self.pool = ctx.Pool(self.jobs, initializer=_init, initargs=(self.profile,))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.pool.terminate()
+
+    def compile(self, out: Path, plans: list[dict]):
+        """(configuration, seconds, error) of each plan as it is compiled (or found in ``out/plans``)."""
+        return self.pool.imap_unordered(compile_plan, [(out, p) for p in plans])
+
+    def run(self, out: Path, tasks: list[tuple]):
+        """(index in ``tasks``, ``run_row``'s result) of each run, in order."""
+        return enumerate(self.pool.imap(_run, [(out, t) for t in tasks], chunksize=1))
 
 
 def _write_csv(df, path: Path) -> None:
@@ -193,8 +240,16 @@ def _write_text(path: Path, text: str) -> None:
         f.write(text)
 
 
-def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = None, quiet: bool = False):
-    """Run the whole sweep; write ``runs.csv``, traces and the report into ``out``. Returns the summary."""
+def run_sweep(
+    cfg: SweepConfig,
+    out: str | Path = "reports",
+    jobs: int | None = None,
+    quiet: bool = False,
+    pool=None,
+):
+    """Run the whole sweep; write ``runs.csv``, traces and the report into ``out``. Returns the summary.
+    ``jobs``: local processes (default: all cores); ``pool``: where the tasks run instead (opened and closed
+    here), e.g. ``sim.cluster.ClusterSweep(address, cfg.profile)``."""
     import pandas as pd
 
     from analysis.report import write_report
@@ -204,19 +259,18 @@ def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = 
     out = Path(out)
     (out / "plans").mkdir(parents=True, exist_ok=True)
     (out / "traces").mkdir(exist_ok=True)
-    jobs = jobs or os.cpu_count() or 1
     plans = cfg.plans()
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     policies = list(cfg.policies)
     if "det-replay" in policies and "nondet" not in policies:
         policies.insert(0, "nondet")
         say("ablate: det-replay replays the fastest nondet run's order; adding nondet runs")
-    say(f"ablate: {len(plans)} plans x {len(policies)} policies x {cfg.seeds} seeds on {jobs} processes")
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    with ctx.Pool(jobs, initializer=_init, initargs=(cfg.profile,)) as pool:
+    ex = Processes(jobs or os.cpu_count() or 1, cfg.profile) if pool is None else pool
+    with ex:
+        say(f"ablate: {len(plans)} plans x {len(policies)} policies x {cfg.seeds} seeds on {ex.where}")
         ok = []
         with Progress(len(plans), "ablate: compile plans") as bar:
-            for i, (p, _, err) in enumerate(pool.imap_unordered(_compile, [(out, p) for p in plans]), 1):
+            for i, (p, _, err) in enumerate(ex.compile(out, plans), 1):
                 if err:
                     what = "" if p["workload"] == "prefill" else f" {p['workload']} batch {p['batch']}"
                     say(f"  skipped {p['model']} {p['seq']} {p['gpus']} GPUs {p['budget']}{what}: {err}")
@@ -239,18 +293,19 @@ def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = 
                     for pol in phase:
                         rec = replay and pol == "nondet"
                         for s in range(cfg.seeds):
-                            tasks.append((out, p, pol, s, False, is_tr and s == 0, rec, rep))
+                            tasks.append((p, pol, s, False, is_tr and s == 0, rec, rep))
                         if cfg.mean_only:
-                            tasks.append((out, p, pol, 0, True, False, False, rep))
+                            tasks.append((p, pol, 0, True, False, False, rep))
                         plan_of += [i] * (cfg.seeds + cfg.mean_only)
-                for i, (row, tr, order) in zip(plan_of, pool.imap(_run, tasks, chunksize=1), strict=True):
+                for k, (row, tr, order) in ex.run(out, tasks):  # in any order
                     rows.append(row)
                     if tr is not None:
                         traces[row["policy"]] = tr
-                    if order is not None and (i not in best or row["makespan_ns"] < best[i][0]):
-                        best[i] = (row["makespan_ns"], row["seed"], order)
+                    i, key = plan_of[k], (row["makespan_ns"], row["seed"])
+                    if order is not None and (i not in best or key < best[i][:2]):
+                        best[i] = (*key, order)
                     bar.update(len(rows))
-    order = ["model", "seq", "gpus", "budget_nbytes", "workload", "policy", "mean_only", "seed"]
+    order = ["model", "seq", "gpus", "budget_nbytes", "budget", "workload", "policy", "mean_only", "seed"]
     runs = pd.DataFrame(rows).sort_values(order, key=lambda c: c.map(_workload_rank) if c.name == "workload" else c)
     _write_csv(runs, out / "runs.csv")
     for pol, tr in traces.items():
@@ -268,6 +323,8 @@ def run_sweep(cfg: SweepConfig, out: str | Path = "reports", jobs: int | None = 
     sim_v = int(runs.n_vertices.sum())
     say(text)
     wrote = ", traces/" if traces else f" (no traces: the traced configuration {cfg.trace} did not run)"
-    say(f"\n{len(runs)} runs, {sim_v:,} simulated vertices, {wall:.1f} s wall on {jobs} processes; "
-        f"wrote {out}/runs.csv, summary.csv, figures/*.png{wrote}")
+    say(
+        f"\n{len(runs)} runs, {sim_v:,} simulated vertices, {wall:.1f} s wall on {ex.where}; "
+        f"wrote {out}/runs.csv, summary.csv, figures/*.png{wrote}"
+    )
     return text
