@@ -65,7 +65,8 @@ def register(sub) -> None:
         "nondet/det-kernels and nondet/det-replay (below 1: adapting at run time wins). Plans are compiled once "
         "and cached in OUT/plans. `--workloads prefill lora` adds one LoRA training step per configuration "
         "(--train-batch sequences of each length), reported next to that configuration's prefill. Options "
-        "override the config file, which overrides the defaults.",
+        "override the config file, which overrides the defaults. --scheduler runs the simulations on a Dask cluster "
+        "instead of local processes.",
         formatter_class=DefaultsHelp,
     )
     a.add_argument("--config", metavar="FILE.toml", help="sweep config ([ablate] table with the keys below)")
@@ -93,6 +94,13 @@ def register(sub) -> None:
     a.add_argument("--no-mean-only", action="store_true", help="skip the noise-free runs")
     a.add_argument("--profile", help="machine profile (default h100)")
     a.add_argument("--jobs", type=ck.COUNT, default=None, help="processes (default: all cores)")
+    a.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="run the simulations on a Dask cluster instead of local processes: its scheduler's address "
+        "(tcp://HOST:8786; workers need turnip installed), or local:N to start N worker processes here "
+        "(needs pip install 'turnip[cluster]'); same rows either way (docs/sweeps.md)",
+    )
     a.add_argument("--out", default="reports", help="output directory")
     a.add_argument("--force", action="store_true", help="compile configurations even when they are very large")
     a.set_defaults(func=cmd_ablate)
@@ -316,9 +324,29 @@ def _check_sweep(cfg, where: str, force: bool) -> None:
                  train=train_spec(p))  # fmt: skip
 
 
+def _check_scheduler(a) -> None:
+    """--scheduler well formed, not given with --jobs, and dask.distributed installed (imported only here)."""
+    from sim.cluster import ClusterError, distributed_module, parse_scheduler
+
+    if a.jobs is not None:
+        raise ck.CliError("--jobs sets local processes; with --scheduler the cluster's workers run the sweep "
+                          "(local:N starts N of them): drop --jobs", ck.USAGE)  # fmt: skip
+    try:
+        parse_scheduler(a.scheduler)
+    except ValueError as e:
+        raise ck.CliError(f"--scheduler {e}", ck.USAGE) from None
+    try:
+        distributed_module()
+    except ClusterError as e:
+        raise ck.CliError(str(e), ck.FAILED) from None
+
+
 def cmd_ablate(a) -> int:
+    from sim.cluster import ClusterError, ClusterSweep
     from sim.sweep import SweepConfig, run_sweep
 
+    if a.scheduler is not None:
+        _check_scheduler(a)
     budgets = None
     if a.budgets:
         budgets = {}
@@ -347,9 +375,12 @@ def cmd_ablate(a) -> int:
     from sim.sweep import SweepError
 
     try:
-        run_sweep(cfg, a.out, a.jobs)
+        pool = None if a.scheduler is None else ClusterSweep(a.scheduler, cfg.profile)
+        run_sweep(cfg, a.out, a.jobs, pool=pool)
     except SweepError as e:
         raise ck.CliError(f"{e}; raise the budgets (--budgets NAME=SIZE) or shorten the sequences", ck.FAILED) from None
+    except ClusterError as e:
+        raise ck.CliError(f"{e}; no results written to {a.out}", ck.FAILED) from None
     return 0
 
 
