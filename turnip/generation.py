@@ -24,6 +24,7 @@ from turnip.models import LlamaConfig
 from turnip.plancache import PlanCache
 
 STEP_INPUTS = ("x0", "rot", "W", "Eq", "Ek", "Pv")  # the decode plan's inputs that are not weights
+PREFILL_ROUND = 16  # prefill plans per prompt length rounded up to this many tokens
 
 
 class GenerateError(ValueError):
@@ -289,10 +290,12 @@ def generate(
 
 
 def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple) -> None:
-    """The prompts but their last tokens through the prefill plan (right-padded with id 0: no prompt token
-    sees a pad), their keys and values into ``cache``. ``run``: (backend, streams, options, policy, seed)."""
+    """The prompts but their last tokens through the prefill plan (right-padded with id 0 to a multiple of
+    ``PREFILL_ROUND`` tokens: no prompt token sees a pad, token tiles divide the length, and prompts of
+    similar lengths share a plan), their keys and values into ``cache``. ``run``: (backend, streams,
+    options, policy, seed)."""
     backend, streams, opts, policy, seed = run
-    seq = max(len(x) for x in ids) - 1
+    seq = -(-(max(len(x) for x in ids) - 1) // PREFILL_ROUND) * PREFILL_ROUND
     tg, mg = plans.get("prefill", len(ids), seq)
     padded = np.zeros((len(ids), seq), dtype=np.int64)
     for b, x in enumerate(ids):
