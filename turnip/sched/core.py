@@ -368,14 +368,18 @@ class Scheduler:
         holder, gpu_lanes, gpu_heaps = self.engine_holder, self._gpu_lanes[g], self._gpu_heaps[g]
         while streams:
             best_r, best_h, best_ln = -1, None, -1
-            if gpu_lanes:  # fixed lanes: their heads only
-                lanes, ptr, rank, status = self._lanes, self._ptr, self.rank, self.status
+            if gpu_lanes:  # fixed lanes: their heads only, when ready and their engine and lock are free
+                lanes, ptr, rank, status, engine = self._lanes, self._ptr, self.rank, self.status, self.engine
                 for ln in gpu_lanes:
                     p = ptr[ln]
                     if p < len(lanes[ln]):
                         u = lanes[ln][p]
-                        if status[u] == READY and (best_r < 0 or rank[u] < best_r) and self._free_for(u):
-                            best_r, best_ln = rank[u], ln
+                        if status[u] == READY and (best_r < 0 or rank[u] < best_r):
+                            e = engine[u]
+                            if e < 0 or holder[e] < 0:
+                                lk = self.lock[u]
+                                if lk < 0 or not self._lock_blocks(lk, u):
+                                    best_r, best_ln = rank[u], ln
             for h, e in gpu_heaps:
                 if h and (e < 0 or holder[e] < 0) and (best_r < 0 or h[0] < best_r):
                     best_r, best_h = h[0], h
@@ -403,13 +407,6 @@ class Scheduler:
             if e >= 0:
                 holder[e] = v
             out.append(v)
-
-    def _free_for(self, u: int) -> bool:
-        e = self.engine[u]
-        if e >= 0 and self.engine_holder[e] >= 0:
-            return False
-        lk = self.lock[u]
-        return lk < 0 or not self._lock_blocks(lk, u)
 
     # ---------------------------------------------------------------- diagnostics
     def stall_error(self, limit: int = 20) -> SchedulerStall:
