@@ -1,11 +1,11 @@
-"""The SimPy model: virtual GPUs driven by the same ``turnip.sched`` core as the real runtime.
+"""The discrete-event model: virtual GPUs driven by the same ``turnip.sched`` core as the real runtime.
 
 State it owns (virtual time in integer ns):
   host_free_ns        when the single host thread is free to issue the next command
   compute_free_ns[g]  when GPU g's kernel engine is free (kernels run one at a time, in issue order; one
                       that starts behind another takes the profile's concurrency factor, ``overlap_factor``)
   pcie[g][d]          the copy in flight on GPU g's host link in direction d (0: h2d, 1: d2h) as
-                      [v, bytes left, rate, last update ns, token]; both directions share the link: when
+                      [v, bytes left, rate, last update ns, token, end ns]; both directions share the link: when
                       both run each gets its share of ``pcie_both_bytes_per_s``, and the survivor speeds up
                       again when the other finishes (stale completions are recognised by their token)
   caps                the host behind the links (``MachineProfile.host_*_total_bytes_per_s``; None for one
@@ -19,24 +19,30 @@ State it owns (virtual time in integer ns):
                       what an idle GPU draws), and an empty one slows kernels that draw more than the limit;
                       under the shared-clock model it goes into debt and the debt lowers the GPU's clock
                       for every kernel (``MachineProfile``)
-Each launched vertex costs one ``Timeout`` when the host has issued it, one when its completion reaches the
-scheduler, and host-link copies one more when their bytes are through. No generator process per vertex.
-Every run records its issue order (``SimResult.order``), which ``det-replay`` replays (``fastest_run``).
+Events are handled in time order, ties in the order they were scheduled: the order of a SimPy
+``Environment``'s timeouts, kept in a heap of plain tuples (``Simulation._loop``). Each launched vertex is an
+event when the host has issued it (handled at once when nothing pending comes first) and one when its
+completion reaches the scheduler; host link copies one more when their bytes are through. Every run records its
+issue order (``SimResult.order``), which ``det-replay`` replays (``fastest_run``). What does not change from
+run to run of a plan (per-vertex lists, the scheduler's tables) is built once per timing model (``PlanData``).
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.timing import TimingModel
+from sim.timing import Draws, TimingModel
 from turnip.machine.costs import ENG_H2D, ENG_KERNEL, ENG_P2P, host_costs, link_rates
 from turnip.machine.profile import MachineProfile, host_total_bytes_per_s
 from turnip.memgraph.plan import MemGraph
 from turnip.sched import Scheduler
+from turnip.sched.replay import issue_order
 
 
 @dataclass(slots=True)
@@ -47,7 +53,7 @@ class SimResult:
     makespan_ns: int
     bound: dict
     n_vertices: int
-    wall_s: float
+    wall_s: float  # host seconds to set the run up (scheduler, draws) and run it
     issue_ns: np.ndarray = field(repr=False)
     start_ns: np.ndarray = field(repr=False)
     end_ns: np.ndarray = field(repr=False)
@@ -83,6 +89,8 @@ class SimResult:
 class Simulation:
     """One run of one memgraph under one policy and seed."""
 
+    EAGER = True  # a command whose issue comes before every pending event is issued at once, not through the heap
+
     def __init__(
         self,
         mg: MemGraph,
@@ -96,6 +104,7 @@ class Simulation:
         host: float | None = None,
         link: float | None = None,
         ordered_sums: bool = True,
+        draws: Draws | None = None,
     ):
         """``order``: the recorded issue order ``det-replay`` replays (``turnip.sched.replay``);
         ``power_level``: each GPU's power bucket at the start (ns; None: empty; ``simulate`` starts a run in
@@ -103,27 +112,21 @@ class Simulation:
         it) in place of the one drawn from ``host_excess_sd``; ``link``: the host links' time factor for this
         run (every copy between host and GPU pushes its bytes ``link`` times slower; its latency stays) in
         place of the one drawn from ``link_excess_sd`` (``TimingModel.link_factor``: correlated with the host
-        factor, drawn or given)."""
+        factor, drawn or given); ``draws``: this seed's draws (``TimingModel.draws``), when already taken."""
+        t0 = time.perf_counter()
         if host is not None and not host > 0:
             raise ValueError(f"host speed factor must be > 0, got {host}")
         if link is not None and (not link > 0 or math.isinf(link)):
             raise ValueError(f"host link factor must be > 0 and finite, got {link}")
         if mg.n_gpus > prof.n_gpus:
             raise ValueError(f"plan uses {mg.n_gpus} GPUs; profile {prof.name!r} has {prof.n_gpus}")
-        import simpy
-
         self.mg, self.prof, self.policy, self.seed, self.mean_only = mg, prof, policy, seed, mean_only
         self.tm = tm = tm or TimingModel(mg, prof)
-        self.env = simpy.Environment()
-        dur = tm.mean_ns() if policy == "nondet-cp" else None
-        self.core = Scheduler(mg, policy, prof.streams_per_gpu, dur_ns=dur, order=order, ordered_sums=ordered_sums)
-        d = tm.draws(None if mean_only else np.random.default_rng(seed))
+        pd = plan_data(tm) if tm.mg is mg else PlanData(tm)
+        self.core = pd.scheduler(policy, prof.streams_per_gpu, order, ordered_sums)
+        self.draws = d = draws or tm.draws(None if mean_only else np.random.default_rng(seed))
         self.f, self.fc, self.stall = d.factor.tolist(), d.factor_contended.tolist(), d.stall_ns.tolist()
-        self.eng = tm.eng.tolist()
-        self.gpu = mg.gpu.tolist()
-        self.src = mg.src_gpu.tolist()
-        self.kernel_ns = tm.kernel_ns.tolist()
-        self.overlap = tm.overlap.tolist()
+        self.eng, self.gpu, self.src, self.kernel_ns, self.overlap = pd.eng, pd.gpu, pd.src, pd.kernel_ns, pd.overlap
         self.host_factor = d.host if host is None else float(host)  # this run's host speed: every host cost x it
         h = host_costs(tm, self.host_factor)
         launch, self.handle_ns, self.handle_cmd_ns, self.completion_ns, self.poll_ns = h
@@ -139,8 +142,8 @@ class Simulation:
         self.bucket = [min(self.power_cap, x) for x in power_level] if power_level else [0.0] * mg.n_gpus
         self.throttled = False  # a kernel of this run was slowed by the power limit
         self.bucket_t = [0] * mg.n_gpus
-        self.nbytes = tm.nbytes.tolist()
-        self.launch_ns = launch.tolist()
+        self.nbytes = pd.nbytes
+        self.launch_ns = pd.launch_ns if launch is tm.launch_ns else launch.tolist()
         n, g = mg.n, mg.n_gpus
         self.issue, self.start, self.end, self.done = [0] * n, [0] * n, [0] * n, [0] * n
         self.handle = [0] * n  # host time spent handling each vertex's completion
@@ -157,12 +160,24 @@ class Simulation:
         self.rate_solo, self.rate_shared = tuple(x / link for x in solo), tuple(x / link for x in shared)
         self.caps = host_caps(prof, g, link)
         self._armed = None  # with caps: (the record whose end the one live timer waits for, that end's ns)
+        self._copying: list[int] = []  # with caps: the GPUs with a host link copy in flight, in order
+        self._q: list[tuple[int, int, int]] = []  # pending events: (t_ns, seq, code), see ``_loop``
+        self._seq = 0  # events scheduled so far: ties in time go in the order they were scheduled
+        self._through: list[tuple[int, int, int]] = []  # (GPU, direction, token) of each bytes-through event
+        self._setup_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ driver loop
     def run(self) -> SimResult:
         t0 = time.perf_counter()
-        self._perform(self.core.start(0))
-        self.env.run()
+        vs = self.core.start_ids(0)
+        t = 0
+        for v in vs:
+            t += self.launch_ns[v]
+            self.issue[v] = t
+            self.stream[v] = self.core.stream_of[v]
+        self.order += vs
+        self.host_free, self._seq = t, len(vs)
+        self._loop(vs)
         if not self.core.finished:  # pragma: no cover - the core raises SchedulerStall first
             raise self.core.stall_error()
         arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
@@ -176,7 +191,7 @@ class Simulation:
             host_factor=self.host_factor,
             link_factor=self.link_factor,
             n_vertices=self.mg.n,
-            wall_s=time.perf_counter() - t0,
+            wall_s=self._setup_s + time.perf_counter() - t0,
             issue_ns=issue,
             start_ns=arr(self.start),
             end_ns=arr(self.end),
@@ -187,49 +202,105 @@ class Simulation:
             order=arr(self.order),
         )
 
-    def _perform(self, cmds: list) -> None:
-        now = self.env.now
-        t = self.host_free if self.host_free > now else now
-        for c in cmds:
-            v = c.v
-            t += self.launch_ns[v]
-            self.issue[v] = t
-            self.stream[v] = c.stream
-            self.order.append(v)
-            self.env.timeout(t - now, v).callbacks.append(self._on_issued)
-        self.host_free = t
+    def _loop(self, batch: list[int]) -> None:
+        """Handle events in time order, ties in the order they were scheduled (as a SimPy ``Environment`` orders
+        its timeouts), until none is left. ``batch``: the vertices the host has just issued (their ``issue``
+        times set; their events numbered ``_seq - len(batch)`` on).
 
-    def _on_issued(self, ev) -> None:
-        v, now = ev.value, self.env.now
-        self.inflight += 1
-        e = self.eng[v]
-        if e == ENG_KERNEL:
-            g = self.gpu[v]
-            ready = now + self.prof.kernel_start_latency_ns
-            busy = self.compute_free[g] > ready
-            start = self.compute_free[g] if busy else ready
-            if self.copies_active[g]:
-                dur = self.kernel_ns[v] * self.fc[v] * self.prof.kernel_slowdown_with_copies
+        Pending events are ``(t_ns, seq, code)`` in the heap ``_q``: code ``2v`` vertex v issued, ``2v + 1`` its
+        completion reaching the host, ``-1 - i`` the bytes of host link copy ``_through[i]`` through (if it is
+        still current). A vertex of the batch whose issue comes before every pending event is handled at once
+        (``EAGER``), as it would be popped next; the rest of the batch then goes through the heap. Kernels, GPU to
+        GPU copies and completions are handled here, host link copies by ``_pcie_start`` and
+        ``_on_bytes_through`` (which number their events from ``_seq``: it is written back around them)."""
+        q, pop, push = self._q, heapq.heappop, heapq.heappush
+        prof, eager, through = self.prof, self.EAGER, self._through
+        eng, gpu, src, nbytes, stall = self.eng, self.gpu, self.src, self.nbytes, self.stall
+        kernel_ns, f, fc, overlap = self.kernel_ns, self.f, self.fc, self.overlap
+        issue, start, end, done, handle, stream = self.issue, self.start, self.end, self.done, self.handle, self.stream
+        launch, order, stream_of, complete = self.launch_ns, self.order, self.core.stream_of, self.core.complete_ids
+        compute_free, copies_active = self.compute_free, self.copies_active
+        start_latency, slowdown = prof.kernel_start_latency_ns, prof.kernel_slowdown_with_copies
+        p2p_latency, p2p_rate = prof.p2p_latency_ns, prof.p2p_bytes_per_s
+        completion, poll, handle_ns, handle_cmd = self.completion_ns, self.poll_ns, self.handle_ns, self.handle_cmd_ns
+        power = self._power_clock if self.clock else self._power_limited if self.limited else None
+        host_free, inflight, seq = self.host_free, self.inflight, self._seq
+        bi, bseq = 0, seq - len(batch)
+        while True:
+            if bi < len(batch):  # the next vertex of the batch: issued now, or all of the rest through the heap
+                v = batch[bi]
+                now = issue[v]
+                if not eager or (q and q[0][0] <= now):
+                    for u in batch[bi:]:
+                        push(q, (issue[u], bseq, u << 1))
+                        bseq += 1
+                    bi = len(batch)
+                    continue
+                bi += 1
+                bseq += 1
+            elif q:
+                now, _, code = pop(q)
+                if code < 0:
+                    self._seq = seq
+                    self._on_bytes_through(now, *through[-1 - code])
+                    seq = self._seq
+                    continue
+                v = code >> 1
+                if code & 1:  # v's completion reaches the host loop
+                    polled = now + poll * inflight  # the loop queries every in-flight vertex's end event in turn
+                    seen = host_free if host_free > polled else polled  # and sees it once it is free
+                    done[v] = seen
+                    inflight -= 1
+                    if eng[v] == ENG_P2P:
+                        copies_active[src[v]] -= 1
+                        copies_active[gpu[v]] -= 1
+                    batch = complete(v, seen)
+                    # it handles the completion (the longer, the more commands it hands back), then issues them
+                    h = handle_ns + handle_cmd * len(batch)
+                    handle[v] = h
+                    host_free = t = seen + h
+                    for u in batch:
+                        t += launch[u]
+                        issue[u] = t
+                        stream[u] = stream_of[u]
+                    order += batch
+                    host_free = t
+                    bi, bseq = 0, seq
+                    seq += len(batch)
+                    continue
             else:
-                dur = self.kernel_ns[v] * self.f[v]
-            dur = int(dur * self.overlap[v]) if busy else int(dur)  # it shares the GPU with the one before
-            if self.clock:
-                dur = self._power_clock(g, start, dur, v)
-            elif self.limited:
-                dur = self._power_limited(g, start, dur, v)
-            self.start[v], self.end[v] = start, start + dur
-            self.compute_free[g] = start + dur
-            self._deliver(v, start + dur - now)
-        elif e == ENG_P2P:
-            p = self.prof
-            dur = int((p.p2p_latency_ns + self.nbytes[v] * 1e9 / p.p2p_bytes_per_s) * self.f[v])
-            dur += self.stall[v]
-            self.start[v], self.end[v] = now, now + dur
-            self.copies_active[self.src[v]] += 1
-            self.copies_active[self.gpu[v]] += 1
-            self._deliver(v, dur)
-        else:
-            self._pcie_start(v, now, 0 if e == ENG_H2D else 1)
+                break
+            # v is issued at now
+            inflight += 1
+            e = eng[v]
+            if e == ENG_KERNEL:
+                g = gpu[v]
+                ready = now + start_latency
+                busy = compute_free[g] > ready
+                t = compute_free[g] if busy else ready
+                if copies_active[g]:
+                    dur = kernel_ns[v] * fc[v] * slowdown  # slowed and noisier while copies run
+                else:
+                    dur = kernel_ns[v] * f[v]
+                dur = int(dur * overlap[v]) if busy else int(dur)  # it shares the GPU with the one before
+                if power is not None:
+                    dur = power(g, t, dur, v)
+                start[v] = t
+                end[v] = compute_free[g] = t + dur
+                push(q, (t + dur + completion, seq, (v << 1) | 1))
+                seq += 1
+            elif e == ENG_P2P:
+                dur = int((p2p_latency + nbytes[v] * 1e9 / p2p_rate) * f[v]) + stall[v]
+                start[v], end[v] = now, now + dur
+                copies_active[src[v]] += 1
+                copies_active[gpu[v]] += 1
+                push(q, (now + dur + completion, seq, (v << 1) | 1))
+                seq += 1
+            else:
+                self._seq = seq
+                self._pcie_start(v, now, 0 if e == ENG_H2D else 1)
+                seq = self._seq
+        self.host_free, self.inflight, self._seq = host_free, inflight, seq
 
     def _power_limited(self, g: int, start: int, dur: int, v: int) -> int:
         """Duration of kernel v, ``dur`` ns at full clock, starting at ``start`` on GPU g under the power limit:
@@ -273,27 +344,11 @@ class Simulation:
         bt = zip(self.bucket, self.bucket_t, strict=True)
         return [min(self.power_cap, b + (max(0, end - t) + gap_ns) * self.refill) for b, t in bt]
 
-    def _deliver(self, v: int, delay_ns: int) -> None:
-        """The completion of v reaches the scheduler ``completion_ns`` after the device finishes it (and
-        ``completion_per_inflight_ns`` more per vertex then in flight: ``_on_done``)."""
-        self.env.timeout(delay_ns + self.completion_ns, v).callbacks.append(self._on_done)
-
-    def _on_done(self, ev) -> None:
-        v, now = ev.value, self.env.now
-        polled = now + self.poll_ns * self.inflight  # the loop queries every in-flight vertex's end event in turn
-        seen = self.host_free if self.host_free > polled else polled  # and sees it once it is free
-        self.done[v] = seen
-        self.inflight -= 1
-        if self.eng[v] == ENG_P2P:
-            self.copies_active[self.src[v]] -= 1
-            self.copies_active[self.gpu[v]] -= 1
-        cmds = self.core.complete(v, seen)
-        # it handles the completion (the more commands it hands back, the longer) before issuing anything else
-        h = self.handle_ns + self.handle_cmd_ns * len(cmds)
-        self.handle[v] = h
-        self.host_free = seen + h
-        if cmds:
-            self._perform(cmds)
+    def _deliver(self, v: int, end_ns: int) -> None:
+        """The completion of v, which the device finishes at ``end_ns``, reaches the scheduler ``completion_ns``
+        later (and ``completion_per_inflight_ns`` more per vertex then in flight: ``_on_done``)."""
+        heapq.heappush(self._q, (end_ns + self.completion_ns, self._seq, (v << 1) | 1))
+        self._seq += 1
 
     # ------------------------------------------------------------------ host link sharing
     def _pcie_start(self, v: int, now: int, d: int) -> None:
@@ -303,7 +358,9 @@ class Simulation:
         link = self.pcie[g]
         other = link[1 - d]
         if self.caps is not None:  # the host's caps: every copy's rate may change
-            link[d] = [v, self.nbytes[v] * (self.f[v] if other is None else self.fc[v]), 0.0, now, 0]
+            link[d] = [v, self.nbytes[v] * (self.f[v] if other is None else self.fc[v]), 0.0, now, 0, 0]
+            if other is None:
+                bisect.insort(self._copying, g)
             self._share(now)
             return
         if other is None:
@@ -320,26 +377,33 @@ class Simulation:
         self._token += 1
         rec[4] = self._token
         delay = max(0, math.ceil(rec[1] / rate - 1e-6))
-        self.env.timeout(delay, (g, d, self._token)).callbacks.append(self._on_bytes_through)
+        self._through_at(now + delay, g, d, self._token)
 
-    def _on_bytes_through(self, ev) -> None:
-        g, d, token = ev.value
+    def _through_at(self, t_ns: int, g: int, d: int, token: int) -> None:
+        """An event at ``t_ns``: the bytes of GPU g's copy in direction d through, if its token is still ``token``."""
+        self._through.append((g, d, token))
+        heapq.heappush(self._q, (t_ns, self._seq, -len(self._through)))
+        self._seq += 1
+
+    def _on_bytes_through(self, now: int, g: int, d: int, token: int) -> None:
         link = self.pcie[g]
         rec = link[d]
         if rec is None or rec[4] != token:
             return  # rescheduled since
-        now, v = self.env.now, rec[0]
+        v = rec[0]
         link[d] = None
         self.copies_active[g] -= 1
         other = link[1 - d]
         if self.caps is not None:
             self._armed = None  # it was this copy's
+            if other is None:
+                self._copying.remove(g)
             self._share(now)
         elif other is not None:
             self._reschedule(other, now, self.rate_solo[1 - d], g, 1 - d)
         tail = self.prof.copy_latency_ns + self.stall[v]
         self.end[v] = now + tail
-        self._deliver(v, tail)
+        self._deliver(v, now + tail)
 
     def _share(self, now: int) -> None:
         """Every active host copy's rate under the host's caps: its GPU's solo rate for its direction (the shared
@@ -350,7 +414,9 @@ class Simulation:
         act = []  # (record, GPU, direction, its GPU's rate)
         sum_h = sum_d = 0.0
         n_h = n_d = n_any = 0
-        for g, (h, o) in enumerate(self.pcie):
+        pcie = self.pcie
+        for g in self._copying:
+            h, o = pcie[g]
             if h is not None and o is not None:
                 act += ((h, g, 0, shared[0]), (o, g, 1, shared[1]))
                 sum_h, sum_d, n_h, n_d, n_any = sum_h + shared[0], sum_d + shared[1], n_h + 1, n_d + 1, n_any + 1
@@ -373,7 +439,10 @@ class Simulation:
             if r != rec[2]:
                 rec[1] -= rec[2] * (now - rec[3])
                 rec[2], rec[3] = r, now
-            end = rec[3] + max(0, math.ceil(rec[1] / r - 1e-6))
+                end = math.ceil(rec[1] / r - 1e-6)
+                rec[5] = end = now + (end if end > 0 else 0)
+            else:
+                end = rec[5]  # its rate, bytes left and their time as when its end was last worked out
             if end < first_ns:
                 first, first_ns = (rec, g, d), end
         armed = self._armed
@@ -384,8 +453,49 @@ class Simulation:
         self._token += 1
         first[0][4] = self._token
         self._armed = (first[0], first_ns)
-        ev = self.env.timeout(max(0, first_ns - now), (first[1], first[2], self._token))
-        ev.callbacks.append(self._on_bytes_through)
+        self._through_at(now + max(0, first_ns - now), first[1], first[2], self._token)
+
+
+class PlanData:
+    """What every run of one plan on one profile shares, built once (``plan_data``): the timing model's
+    per-vertex lists and a scheduler per policy and options, of which each run takes a fresh copy
+    (``Scheduler.fresh``)."""
+
+    MAX_SCHEDULERS = 16  # a det-replay scheduler per recorded order: the cache starts over past this many
+
+    def __init__(self, tm: TimingModel):
+        mg = tm.mg
+        self.tm = tm
+        self.eng, self.gpu, self.src = tm.eng.tolist(), mg.gpu.tolist(), mg.src_gpu.tolist()
+        self.kernel_ns, self.overlap, self.nbytes = tm.kernel_ns.tolist(), tm.overlap.tolist(), tm.nbytes.tolist()
+        self.launch_ns = tm.launch_ns.tolist()
+        self._sched: dict[tuple, Scheduler] = {}
+
+    def scheduler(self, policy: str, streams_per_gpu: int, order=None, ordered_sums: bool = True) -> Scheduler:
+        """A scheduler in its initial state, as ``Scheduler(mg, policy, streams_per_gpu, order=order,
+        ordered_sums=ordered_sums)`` (``nondet-cp``: the critical path of the timing model's means)."""
+        tm = self.tm
+
+        def make() -> Scheduler:
+            dur = tm.mean_ns() if policy == "nondet-cp" else None
+            return Scheduler(tm.mg, policy, streams_per_gpu, dur_ns=dur, order=order, ordered_sums=ordered_sums)
+
+        if (order is None) != (policy != "det-replay"):
+            return make()  # the scheduler's own error
+        key = (policy, streams_per_gpu, ordered_sums, None if order is None else issue_order(order).tobytes())
+        s = self._sched.get(key)
+        if s is None:
+            if len(self._sched) >= self.MAX_SCHEDULERS:
+                self._sched.clear()
+            s = self._sched[key] = make()
+        return s.fresh()
+
+
+def plan_data(tm: TimingModel) -> PlanData:
+    """``tm``'s ``PlanData``, built on first use and kept on ``tm``."""
+    if getattr(tm, "_plan_data", None) is None:
+        tm._plan_data = PlanData(tm)
+    return tm._plan_data
 
 
 def host_caps(prof: MachineProfile, n_gpus: int, link: float = 1.0) -> tuple[list, list, list] | None:
@@ -510,13 +620,15 @@ def simulate(
     that leaves every bucket fuller is settled: more would change nothing); ``power_full``: the GPUs start
     rested instead (their bucket full)."""
     if not power_limited(prof):
-        return Simulation(mg, prof, policy, seed, mean_only, tm, order, host=host, link=link,
-                          ordered_sums=ordered_sums).run()
+        return Simulation(
+            mg, prof, policy, seed, mean_only, tm, order, host=host, link=link, ordered_sums=ordered_sums
+        ).run()
     tm = tm or TimingModel(mg, prof)
     level = [power_model(mg, prof, tm).cap] * mg.n_gpus if power_full else _steady_guess(mg, prof, tm)
-    wall = 0.0
+    wall, draws = 0.0, None
     for _ in range(STEADY_PASSES):
-        s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level, host, link, ordered_sums)
+        s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level, host, link, ordered_sums, draws)
+        draws = s.draws  # the same seed's: the next pass takes them again
         res = s.run()
         wall += res.wall_s
         nxt = s.end_levels(prof.run_gap_ns)

@@ -82,27 +82,41 @@ class TimingModel(VertexCosts):
         c, z = (p.host_link_corr, np.log(host) / p.host_excess_sd) if p.host_excess_sd > 0 else (0.0, 0.0)
         return float(np.exp(p.link_excess_sd * (c * z + np.sqrt(1.0 - c * c) * link_z)))
 
+    def _classes(self) -> list[tuple]:
+        """Per engine class with vertices: its parameters, its vertices, those a table covers and the sd of their
+        excess, those a contended table covers and theirs (built once: every run draws over the same sets)."""
+        if getattr(self, "_by_class", None) is None:
+            e, has_c = self.eng, ~np.isnan(self.contended_cv)
+            out = []
+            for cls, ((m, s), (mc, sc)) in self._params.items():
+                sel = e == cls
+                if sel.any():
+                    t, tc = np.flatnonzero(sel & self.covered), np.flatnonzero(sel & has_c)
+                    sd_t, sd_tc = self.table_cv[t] * (1 + m), self.contended_cv[tc] * (1 + mc)
+                    out.append((m, s, mc, sc, np.flatnonzero(sel), t, sd_t, tc, sd_tc))
+            self._by_class = out
+            self._kernels = np.flatnonzero(e == ENG_KERNEL)
+        return self._by_class
+
     def _excess(self, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Duration / floor alone and contended (1 + e), and stall ns, per vertex."""
         n, e = self.mg.n, self.eng
         f, fc = np.ones(n), np.ones(n)
         z = rng.standard_normal((2, n)) if rng is not None else None
-        for cls, ((m, s), (mc, sc)) in self._params.items():
-            sel = e == cls
+        for m, s, mc, sc, sel, t, sd_t, tc, sd_tc in self._classes():
             f[sel] = 1 + _excess(m, s, None if z is None else z[0, sel])
             fc[sel] = 1 + _excess(mc, sc, None if z is None else z[1, sel])
             if z is not None:  # measured spread where a table covers the vertex (the means stay the profile's)
-                t = sel & self.covered
-                f[t] = 1 + _excess(m, self.table_cv[t] * (1 + m), z[0, t])
-                tc = sel & ~np.isnan(self.contended_cv)
-                fc[tc] = 1 + _excess(mc, self.contended_cv[tc] * (1 + mc), z[1, tc])
+                if len(t):
+                    f[t] = 1 + _excess(m, sd_t, z[0, t])
+                if len(tc):
+                    fc[tc] = 1 + _excess(mc, sd_tc, z[1, tc])
         p = self.prof
         if p.run_excess_mean > 0:  # one run-wide factor on every kernel (drawn only when modelled)
             z = None if rng is None else rng.standard_normal(1)
             r = 1 + float(np.asarray(_excess(p.run_excess_mean, p.run_excess_sd, z)).reshape(-1)[0])
-            kern = e == ENG_KERNEL
-            f[kern] *= r
-            fc[kern] *= r
+            f[self._kernels] *= r
+            fc[self._kernels] *= r
         copy = e != ENG_KERNEL
         if rng is None:
             stall_mean = p.stall_scale_ns * p.stall_alpha / (p.stall_alpha - 1) if p.stall_alpha > 1 else 0
