@@ -283,9 +283,10 @@ def run_sweep(
         replay = "det-replay" in policies
         n_tasks = len(ok) * len(policies) * (cfg.seeds + cfg.mean_only)
         rows, traces, best = [], {}, {}
+        first = [p for p in policies if p != "det-replay"]
         with Progress(n_tasks, "ablate: runs") as bar:
             # det-replay last: it replays the fastest noisy nondet run of its configuration (best[i])
-            for phase in ([p for p in policies if p != "det-replay"], ["det-replay"] if replay else []):
+            for phase in (first, ["det-replay"] if replay else []):
                 tasks, plan_of = [], []
                 for i, p in enumerate(ok):
                     is_tr = cfg.is_traced(p)
@@ -305,6 +306,7 @@ def run_sweep(
                     if order is not None and (i not in best or key < best[i][:2]):
                         best[i] = (*key, order)
                     bar.update(len(rows))
+    traces = {pol: traces[pol] for pol in [*first, "det-replay"] if pol in traces}  # the phases' order, not finishing
     order = ["model", "seq", "gpus", "budget_nbytes", "budget", "workload", "policy", "mean_only", "seed"]
     runs = pd.DataFrame(rows).sort_values(order, key=lambda c: c.map(_workload_rank) if c.name == "workload" else c)
     _write_csv(runs, out / "runs.csv")
