@@ -147,7 +147,6 @@ class Simulation:
         n, g = mg.n, mg.n_gpus
         self.issue, self.start, self.end, self.done = [0] * n, [0] * n, [0] * n, [0] * n
         self.handle = [0] * n  # host time spent handling each vertex's completion
-        self.stream = [-1] * n
         self.order: list[int] = []
         self.inflight = 0  # vertices issued and not yet seen done (the host loop polls each one's end event)
         self.host_free = 0
@@ -169,15 +168,14 @@ class Simulation:
     # ------------------------------------------------------------------ driver loop
     def run(self) -> SimResult:
         t0 = time.perf_counter()
-        vs = self.core.start_ids(0)
         t = 0
-        for v in vs:
+        for i, v in enumerate(self.core.start_ids(0)):  # issued one after another from 0
             t += self.launch_ns[v]
             self.issue[v] = t
-            self.stream[v] = self.core.stream_of[v]
-        self.order += vs
-        self.host_free, self._seq = t, len(vs)
-        self._loop(vs)
+            self.order.append(v)
+            heapq.heappush(self._q, (t, i, v << 1))
+        self.host_free, self._seq = t, len(self.order)
+        self._loop()
         if not self.core.finished:  # pragma: no cover - the core raises SchedulerStall first
             raise self.core.stall_error()
         arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
@@ -196,111 +194,140 @@ class Simulation:
             start_ns=arr(self.start),
             end_ns=arr(self.end),
             done_ns=arr(self.done),
-            stream=arr(self.stream),
+            stream=arr(self.core.stream_of),  # each vertex's slot, -1 for the resident inputs
             host_start_ns=issue - arr(self.launch_ns),
             handle_ns=arr(self.handle),
             order=arr(self.order),
         )
 
-    def _loop(self, batch: list[int]) -> None:
+    def _loop(self) -> None:
         """Handle events in time order, ties in the order they were scheduled (as a SimPy ``Environment`` orders
-        its timeouts), until none is left. ``batch``: the vertices the host has just issued (their ``issue``
-        times set; their events numbered ``_seq - len(batch)`` on).
+        its timeouts), until none is left.
 
         Pending events are ``(t_ns, seq, code)`` in the heap ``_q``: code ``2v`` vertex v issued, ``2v + 1`` its
         completion reaching the host, ``-1 - i`` the bytes of host link copy ``_through[i]`` through (if it is
-        still current). A vertex of the batch whose issue comes before every pending event is handled at once
-        (``EAGER``), as it would be popped next; the rest of the batch then goes through the heap. Kernels, GPU to
-        GPU copies and completions are handled here, host link copies by ``_pcie_start`` and
-        ``_on_bytes_through`` (which number their events from ``_seq``: it is written back around them)."""
+        still current). A completion hands the host a batch of commands to issue one after another; their issue
+        events take the next numbers at once, and each one whose issue comes before every pending event is
+        handled right there (``EAGER``), as the heap would pop it next; from the first that does not, the rest
+        of the batch goes through the heap (``_issue``). Kernels, GPU to GPU copies and completions are handled
+        here, host link copies by ``_pcie_start`` and ``_on_bytes_through`` (which number their events from
+        ``_seq``: it is written back around them)."""
         q, pop, push = self._q, heapq.heappop, heapq.heappush
         prof, eager, through = self.prof, self.EAGER, self._through
         eng, gpu, src, nbytes, stall = self.eng, self.gpu, self.src, self.nbytes, self.stall
         kernel_ns, f, fc, overlap = self.kernel_ns, self.f, self.fc, self.overlap
-        issue, start, end, done, handle, stream = self.issue, self.start, self.end, self.done, self.handle, self.stream
-        launch, order, stream_of, complete = self.launch_ns, self.order, self.core.stream_of, self.core.complete_ids
+        issue, start, end, done, handle = self.issue, self.start, self.end, self.done, self.handle
+        launch, order, complete = self.launch_ns, self.order, self.core.complete_ids
         compute_free, copies_active = self.compute_free, self.copies_active
         start_latency, slowdown = prof.kernel_start_latency_ns, prof.kernel_slowdown_with_copies
         p2p_latency, p2p_rate = prof.p2p_latency_ns, prof.p2p_bytes_per_s
         completion, poll, handle_ns, handle_cmd = self.completion_ns, self.poll_ns, self.handle_ns, self.handle_cmd_ns
         power = self._power_clock if self.clock else self._power_limited if self.limited else None
         host_free, inflight, seq = self.host_free, self.inflight, self._seq
-        bi, bseq = 0, seq - len(batch)
-        while True:
-            if bi < len(batch):  # the next vertex of the batch: issued now, or all of the rest through the heap
-                v = batch[bi]
-                now = issue[v]
-                if not eager or (q and q[0][0] <= now):
-                    for u in batch[bi:]:
-                        push(q, (issue[u], bseq, u << 1))
-                        bseq += 1
-                    bi = len(batch)
-                    continue
-                bi += 1
-                bseq += 1
-            elif q:
-                now, _, code = pop(q)
-                if code < 0:
-                    self._seq = seq
-                    self._on_bytes_through(now, *through[-1 - code])
-                    seq = self._seq
-                    continue
-                v = code >> 1
-                if code & 1:  # v's completion reaches the host loop
-                    polled = now + poll * inflight  # the loop queries every in-flight vertex's end event in turn
-                    seen = host_free if host_free > polled else polled  # and sees it once it is free
-                    done[v] = seen
-                    inflight -= 1
-                    if eng[v] == ENG_P2P:
-                        copies_active[src[v]] -= 1
-                        copies_active[gpu[v]] -= 1
-                    batch = complete(v, seen)
-                    # it handles the completion (the longer, the more commands it hands back), then issues them
-                    h = handle_ns + handle_cmd * len(batch)
-                    handle[v] = h
-                    host_free = t = seen + h
-                    for u in batch:
+        while q:
+            now, _, v = pop(q)
+            if v < 0:
+                self._seq = seq
+                self._on_bytes_through(now, *through[-1 - v])
+                seq = self._seq
+                continue
+            if not v & 1:  # an issue the heap held back
+                inflight += 1
+                self._seq = seq
+                self._issue(v >> 1, now)
+                seq = self._seq
+                continue
+            v >>= 1  # v's completion reaches the host loop
+            polled = now + poll * inflight  # the loop queries every in-flight vertex's end event in turn
+            seen = host_free if host_free > polled else polled  # and sees it once it is free
+            done[v] = seen
+            inflight -= 1
+            if eng[v] == ENG_P2P:
+                copies_active[src[v]] -= 1
+                copies_active[gpu[v]] -= 1
+            batch = complete(v, seen)
+            # it handles the completion (the longer, the more commands it hands back), then issues them
+            h = handle_ns + handle_cmd * len(batch)
+            handle[v] = h
+            host_free = t = seen + h
+            if not batch:
+                continue
+            order += batch
+            k0 = k = seq  # the batch's issue events are numbered from k0
+            seq += len(batch)
+            for v in batch:
+                t += launch[v]
+                issue[v] = t
+                if not eager or (q and q[0][0] <= t):  # a pending event comes first: this and the rest wait
+                    push(q, (t, k, v << 1))
+                    for u in batch[k - k0 + 1 :]:
                         t += launch[u]
                         issue[u] = t
-                        stream[u] = stream_of[u]
-                    order += batch
-                    host_free = t
-                    bi, bseq = 0, seq
-                    seq += len(batch)
-                    continue
-            else:
-                break
-            # v is issued at now
-            inflight += 1
-            e = eng[v]
-            if e == ENG_KERNEL:
-                g = gpu[v]
-                ready = now + start_latency
-                busy = compute_free[g] > ready
-                t = compute_free[g] if busy else ready
-                if copies_active[g]:
-                    dur = kernel_ns[v] * fc[v] * slowdown  # slowed and noisier while copies run
+                        k += 1
+                        push(q, (t, k, u << 1))
+                    break
+                k += 1
+                inflight += 1  # v is issued at t
+                e = eng[v]
+                if e == ENG_KERNEL:
+                    g = gpu[v]
+                    ready = t + start_latency
+                    busy = compute_free[g] > ready
+                    s = compute_free[g] if busy else ready
+                    if copies_active[g]:
+                        dur = kernel_ns[v] * fc[v] * slowdown  # slowed and noisier while copies run
+                    else:
+                        dur = kernel_ns[v] * f[v]
+                    dur = int(dur * overlap[v]) if busy else int(dur)  # it shares the GPU with the one before
+                    if power is not None:
+                        dur = power(g, s, dur, v)
+                    start[v] = s
+                    end[v] = compute_free[g] = s + dur
+                    push(q, (s + dur + completion, seq, (v << 1) | 1))
+                    seq += 1
+                elif e == ENG_P2P:
+                    dur = int((p2p_latency + nbytes[v] * 1e9 / p2p_rate) * f[v]) + stall[v]
+                    start[v], end[v] = t, t + dur
+                    copies_active[src[v]] += 1
+                    copies_active[gpu[v]] += 1
+                    push(q, (t + dur + completion, seq, (v << 1) | 1))
+                    seq += 1
                 else:
-                    dur = kernel_ns[v] * f[v]
-                dur = int(dur * overlap[v]) if busy else int(dur)  # it shares the GPU with the one before
-                if power is not None:
-                    dur = power(g, t, dur, v)
-                start[v] = t
-                end[v] = compute_free[g] = t + dur
-                push(q, (t + dur + completion, seq, (v << 1) | 1))
-                seq += 1
-            elif e == ENG_P2P:
-                dur = int((p2p_latency + nbytes[v] * 1e9 / p2p_rate) * f[v]) + stall[v]
-                start[v], end[v] = now, now + dur
-                copies_active[src[v]] += 1
-                copies_active[gpu[v]] += 1
-                push(q, (now + dur + completion, seq, (v << 1) | 1))
-                seq += 1
-            else:
-                self._seq = seq
-                self._pcie_start(v, now, 0 if e == ENG_H2D else 1)
-                seq = self._seq
+                    self._seq = seq
+                    self._pcie_start(v, t, 0 if e == ENG_H2D else 1)
+                    seq = self._seq
+            host_free = t
         self.host_free, self.inflight, self._seq = host_free, inflight, seq
+
+    def _issue(self, v: int, now: int) -> None:
+        """Vertex v issued at ``now`` (``_loop`` handles most issues itself, the same way)."""
+        e = self.eng[v]
+        if e == ENG_KERNEL:
+            g, prof = self.gpu[v], self.prof
+            ready = now + prof.kernel_start_latency_ns
+            busy = self.compute_free[g] > ready
+            start = self.compute_free[g] if busy else ready
+            if self.copies_active[g]:
+                dur = self.kernel_ns[v] * self.fc[v] * prof.kernel_slowdown_with_copies
+            else:
+                dur = self.kernel_ns[v] * self.f[v]
+            dur = int(dur * self.overlap[v]) if busy else int(dur)
+            if self.clock:
+                dur = self._power_clock(g, start, dur, v)
+            elif self.limited:
+                dur = self._power_limited(g, start, dur, v)
+            self.start[v] = start
+            self.end[v] = self.compute_free[g] = start + dur
+            self._deliver(v, start + dur)
+        elif e == ENG_P2P:
+            p = self.prof
+            dur = int((p.p2p_latency_ns + self.nbytes[v] * 1e9 / p.p2p_bytes_per_s) * self.f[v]) + self.stall[v]
+            self.start[v], self.end[v] = now, now + dur
+            self.copies_active[self.src[v]] += 1
+            self.copies_active[self.gpu[v]] += 1
+            self._deliver(v, now + dur)
+        else:
+            self._pcie_start(v, now, 0 if e == ENG_H2D else 1)
 
     def _power_limited(self, g: int, start: int, dur: int, v: int) -> int:
         """Duration of kernel v, ``dur`` ns at full clock, starting at ``start`` on GPU g under the power limit:
