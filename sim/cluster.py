@@ -97,9 +97,10 @@ class DaskPool:
             if isinstance(self.target, int):
                 import dask
 
-                with dask.config.set(LOCAL_CONFIG):  # passed on to the worker processes
+                # LOCAL_CONFIG is passed on to the worker processes; the HTTP server on a free port, not 8787
+                with dask.config.set(LOCAL_CONFIG):
                     self.cluster = d.LocalCluster(n_workers=self.target, threads_per_worker=1, processes=True,
-                                                  dashboard_address=None)  # fmt: skip
+                                                  dashboard_address=":0")  # fmt: skip
                 self.client = d.Client(self.cluster)
             else:
                 self.client = d.Client(self.target, timeout=CONNECT_TIMEOUT_S)

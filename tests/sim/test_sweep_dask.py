@@ -78,7 +78,7 @@ def kill_cluster(marker: Path, once: bool):
                     return
             os.kill(os.getpid(), signal.SIGKILL)
 
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
     with distributed.Client(cluster) as client:
         client.register_plugin(Kill(), name="kill")
     return cluster
