@@ -209,9 +209,9 @@ class Simulation:
         still current). A completion hands the host a batch of commands to issue one after another; their issue
         events take the next numbers at once, and each one whose issue comes before every pending event is
         handled right there (``EAGER``), as the heap would pop it next; from the first that does not, the rest
-        of the batch goes through the heap (``_issue``). Kernels, GPU to GPU copies and completions are handled
-        here, host link copies by ``_pcie_start`` and ``_on_bytes_through`` (which number their events from
-        ``_seq``: it is written back around them)."""
+        of the batch goes through the heap (and is handled the same way when popped). Kernels, GPU to GPU copies
+        and completions are handled here, host link copies by ``_pcie_start`` and ``_on_bytes_through`` (which
+        number their events from ``_seq``: it is written back around them)."""
         q, pop, push = self._q, heapq.heappop, heapq.heappush
         prof, eager, through = self.prof, self.EAGER, self._through
         eng, gpu, src, nbytes, stall = self.eng, self.gpu, self.src, self.nbytes, self.stall
@@ -225,48 +225,49 @@ class Simulation:
         power = self._power_clock if self.clock else self._power_limited if self.limited else None
         host_free, inflight, seq = self.host_free, self.inflight, self._seq
         while q:
-            now, _, v = pop(q)
-            if v < 0:
+            now, _, code = pop(q)
+            if code < 0:
                 self._seq = seq
-                self._on_bytes_through(now, *through[-1 - v])
+                self._on_bytes_through(now, *through[-1 - code])
                 seq = self._seq
                 continue
-            if not v & 1:  # an issue the heap held back
-                inflight += 1
-                self._seq = seq
-                self._issue(v >> 1, now)
-                seq = self._seq
-                continue
-            v >>= 1  # v's completion reaches the host loop
-            polled = now + poll * inflight  # the loop queries every in-flight vertex's end event in turn
-            seen = host_free if host_free > polled else polled  # and sees it once it is free
-            done[v] = seen
-            inflight -= 1
-            if eng[v] == ENG_P2P:
-                copies_active[src[v]] -= 1
-                copies_active[gpu[v]] -= 1
-            batch = complete(v, seen)
-            # it handles the completion (the longer, the more commands it hands back), then issues them
-            h = handle_ns + handle_cmd * len(batch)
-            handle[v] = h
-            host_free = t = seen + h
-            if not batch:
-                continue
-            order += batch
-            k0 = k = seq  # the batch's issue events are numbered from k0
-            seq += len(batch)
+            if code & 1:  # v's completion reaches the host loop
+                v = code >> 1
+                polled = now + poll * inflight  # the loop queries every in-flight vertex's end event in turn
+                seen = host_free if host_free > polled else polled  # and sees it once it is free
+                done[v] = seen
+                inflight -= 1
+                if eng[v] == ENG_P2P:
+                    copies_active[src[v]] -= 1
+                    copies_active[gpu[v]] -= 1
+                batch = complete(v, seen)
+                # it handles the completion (the longer, the more commands it hands back), then issues them
+                h = handle_ns + handle_cmd * len(batch)
+                handle[v] = h
+                host_free = t = seen + h
+                if not batch:
+                    continue
+                order += batch
+                k0 = k = seq  # the batch's issue events are numbered from k0
+                seq += len(batch)
+                popped = False
+            else:  # an issue the heap held back: handled as a batch of one, issued at now
+                batch, popped = (code >> 1,), True
             for v in batch:
-                t += launch[v]
-                issue[v] = t
-                if not eager or (q and q[0][0] <= t):  # a pending event comes first: this and the rest wait
-                    push(q, (t, k, v << 1))
-                    for u in batch[k - k0 + 1 :]:
-                        t += launch[u]
-                        issue[u] = t
-                        k += 1
-                        push(q, (t, k, u << 1))
-                    break
-                k += 1
+                if popped:
+                    t = now
+                else:
+                    t += launch[v]
+                    issue[v] = t
+                    if not eager or (q and q[0][0] <= t):  # a pending event comes first: this and the rest wait
+                        push(q, (t, k, v << 1))
+                        for u in batch[k - k0 + 1 :]:
+                            t += launch[u]
+                            issue[u] = t
+                            k += 1
+                            push(q, (t, k, u << 1))
+                        break
+                    k += 1
                 inflight += 1  # v is issued at t
                 e = eng[v]
                 if e == ENG_KERNEL:
@@ -296,38 +297,9 @@ class Simulation:
                     self._seq = seq
                     self._pcie_start(v, t, 0 if e == ENG_H2D else 1)
                     seq = self._seq
-            host_free = t
+            if not popped:
+                host_free = t
         self.host_free, self.inflight, self._seq = host_free, inflight, seq
-
-    def _issue(self, v: int, now: int) -> None:
-        """Vertex v issued at ``now`` (``_loop`` handles most issues itself, the same way)."""
-        e = self.eng[v]
-        if e == ENG_KERNEL:
-            g, prof = self.gpu[v], self.prof
-            ready = now + prof.kernel_start_latency_ns
-            busy = self.compute_free[g] > ready
-            start = self.compute_free[g] if busy else ready
-            if self.copies_active[g]:
-                dur = self.kernel_ns[v] * self.fc[v] * prof.kernel_slowdown_with_copies
-            else:
-                dur = self.kernel_ns[v] * self.f[v]
-            dur = int(dur * self.overlap[v]) if busy else int(dur)
-            if self.clock:
-                dur = self._power_clock(g, start, dur, v)
-            elif self.limited:
-                dur = self._power_limited(g, start, dur, v)
-            self.start[v] = start
-            self.end[v] = self.compute_free[g] = start + dur
-            self._deliver(v, start + dur)
-        elif e == ENG_P2P:
-            p = self.prof
-            dur = int((p.p2p_latency_ns + self.nbytes[v] * 1e9 / p.p2p_bytes_per_s) * self.f[v]) + self.stall[v]
-            self.start[v], self.end[v] = now, now + dur
-            self.copies_active[self.src[v]] += 1
-            self.copies_active[self.gpu[v]] += 1
-            self._deliver(v, now + dur)
-        else:
-            self._pcie_start(v, now, 0 if e == ENG_H2D else 1)
 
     def _power_limited(self, g: int, start: int, dur: int, v: int) -> int:
         """Duration of kernel v, ``dur`` ns at full clock, starting at ``start`` on GPU g under the power limit:
