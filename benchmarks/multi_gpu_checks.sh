@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Several GPUs of one server: the checks and measurements of the multi-GPU work, in calls that fit a 10-minute
-# limit (run from the repository root on the GPU machine; wheels for simpy and cuDNN's frontend in .whl/).
+# limit (run from the repository root on the GPU machine; wheels for cuDNN's frontend in .whl/).
 #   bash benchmarks/multi_gpu_checks.sh OUT diag     # ~4 min: where multi-GPU processes end badly, host link totals
 #   bash benchmarks/multi_gpu_checks.sh OUT tests    # GPU tests on every GPU (1, 2, 4)
 #   bash benchmarks/multi_gpu_checks.sh OUT prefill  # 7B prefill on 1, 2, 4 GPUs: splits, policies, reproducibility
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 out=${1:?output folder}
 what=${2:?diag, tests, prefill, lora, paper, dispatch or tampered}
 mkdir -p "$out"
-if [ -d .whl ] && ! python3 -c "import simpy, cudnn" 2>/dev/null; then
+if [ -d .whl ] && ! python3 -c "import cudnn" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH=".:/tmp/site:${PYTHONPATH:-}" PYTHONUNBUFFERED=1

@@ -1,4 +1,4 @@
-"""The SimPy model of a GPU server, driving the ``turnip.sched`` core in virtual time.
+"""The discrete-event model of a GPU server, driving the ``turnip.sched`` core in virtual time.
 
 from sim import simulate
 from turnip.machine import load_profile
