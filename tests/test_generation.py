@@ -17,6 +17,19 @@ BLOCK = 16  # 64 new tokens cross four cache blocks: four decode plans
 NEW = 64
 
 
+def random_llama(torch, transformers, cfg, seed: int, path):
+    """A ``LlamaForCausalLM`` of ``cfg`` (eager attention) with seeded weights large enough that greedy tokens
+    vary (norms near 1), saved to ``path``."""
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.ndim > 1 else 0.2) + (1.0 if "norm" in n else 0.0))
+    model.save_pretrained(path)
+    return model
+
+
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
     """(model directory, transformers model, prompts, each prompt's 64 greedy tokens from HF generate)."""
@@ -25,14 +38,8 @@ def hf(tmp_path_factory):
     cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
                                    max_position_embeddings=256, tie_word_embeddings=False)  # fmt: skip
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(torch.randn_like(p) * (0.3 if p.ndim > 1 else 0.2) + (1.0 if "norm" in n else 0.0))
     d = tmp_path_factory.mktemp("hf") / "tiny-llama"
-    model.save_pretrained(d)
+    model = random_llama(torch, transformers, cfg, 0, d)
     rng = np.random.default_rng(1)
     prompts = [rng.integers(3, VOCAB, size=n) for n in LENS]
     want = []
@@ -164,13 +171,7 @@ def test_grouped_query_llama3_tied_embeddings_equal_transformers(tmp_path):
     from tests.test_hf_models import GQA
 
     cfg = transformers.LlamaConfig(**{k: v for k, v in GQA.items() if k not in ("architectures", "model_type")})
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(1)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(torch.randn_like(p) * (0.3 if p.ndim > 1 else 0.2) + (1.0 if "norm" in n else 0.0))
-    model.save_pretrained(tmp_path)
+    model = random_llama(torch, transformers, cfg, 1, tmp_path)
     rng = np.random.default_rng(2)
     prompts = [rng.integers(3, GQA["vocab_size"], size=n) for n in (9, 3)]
     want = []
