@@ -59,21 +59,25 @@ def run_row(a, spec: str) -> list[dict]:
                 if ref is None:
                     ref = out
                 same = all(np.array_equal(ref[t], out[t]) for t in ref)
-                ms = sorted(r.makespan_ns / 1e6 for r in res)
-                k = len(res)
-                issue = sum(int((r.issue_ns - r.host_start_ns).sum()) for r in res) / k / 1e6
-                handle = sum(int(r.handle_ns.sum()) for r in res) / k / 1e6
-                poll = sum(r.poll_ns for r in res) / k / 1e6
-                hc = np.concatenate([r.host_cost_ns() for r in res])
                 rows.append({"model": a.model, "seq": seq, "budget": budget, "gpus": gpus,
-                             "t": parts[3] if len(parts) > 3 else "default",
-                             "variant": name, "policy": policy, "ms_median": ms[k // 2], "ms_min": ms[0],
-                             "bound_ms": bound, "vertices": mg.n, "issue_ms": issue, "handle_ms": handle,
-                             "poll_ms": poll, "host_us_p50": float(np.median(hc)) / 1e3,
-                             "equal_to_first": same, "load_s": round(load_s, 2),
-                             "capture_failures": len(getattr(be, "capture_failures", []))})  # fmt: skip
+                             "t": parts[3] if len(parts) > 3 else "default", "variant": name, "policy": policy}
+                            | timings(res, mg, be) | {"bound_ms": bound, "equal_to_first": same,
+                                                       "load_s": round(load_s, 2)})  # fmt: skip
                 print(_fmt(rows[-1], rows), flush=True)
     return rows
+
+
+def timings(res: list, mg, be) -> dict:
+    """Median and fastest makespan of runs ``res``, and the host's time per run: issuing, completion handling,
+    polling; the median host cost per vertex."""
+    ms = sorted(r.makespan_ns / 1e6 for r in res)
+    k = len(res)
+    hc = np.concatenate([r.host_cost_ns() for r in res])
+    return {"ms_median": ms[k // 2], "ms_min": ms[0], "vertices": mg.n,
+            "issue_ms": sum(int((r.issue_ns - r.host_start_ns).sum()) for r in res) / k / 1e6,
+            "handle_ms": sum(int(r.handle_ns.sum()) for r in res) / k / 1e6,
+            "poll_ms": sum(r.poll_ns for r in res) / k / 1e6, "host_us_p50": float(np.median(hc)) / 1e3,
+            "capture_failures": len(getattr(be, "capture_failures", []))}  # fmt: skip
 
 
 def lora_row(a, spec: str) -> list[dict]:
@@ -111,17 +115,10 @@ def lora_row(a, spec: str) -> list[dict]:
                 if i >= a.warmup:
                     res.append(r)
         ref = loss if ref is None else ref
-        ms = sorted(r.makespan_ns / 1e6 for r in res)
-        k = len(res)
-        hc = np.concatenate([r.host_cost_ns() for r in res])
         rows.append({"model": a.model, "seq": seq, "budget": budget, "gpus": gpus, "t": f"lora {batch}x{split}",
-                     "variant": name, "policy": "nondet", "ms_median": ms[k // 2], "ms_min": ms[0], "bound_ms": 0.0,
-                     "vertices": mg.n,
-                     "issue_ms": sum(int((r.issue_ns - r.host_start_ns).sum()) for r in res) / k / 1e6,
-                     "handle_ms": sum(int(r.handle_ns.sum()) for r in res) / k / 1e6,
-                     "poll_ms": sum(r.poll_ns for r in res) / k / 1e6, "host_us_p50": float(np.median(hc)) / 1e3,
-                     "equal_to_first": bool(loss == ref), "load_s": round(load_s, 2),
-                     "capture_failures": len(getattr(be, "capture_failures", []))})  # fmt: skip
+                     "variant": name, "policy": "nondet"}
+                    | timings(res, mg, be) | {"bound_ms": 0.0, "equal_to_first": bool(loss == ref),
+                                               "load_s": round(load_s, 2)})  # fmt: skip
         print(_fmt(rows[-1], rows), flush=True)
     return rows
 
