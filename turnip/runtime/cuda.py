@@ -22,7 +22,7 @@ records its end event, and the driver loop polls end events (``cuEventQuery``, a
 ``native_poll=True``: one compiled scan over every in-flight event, ``turnip.runtime._poll``: no steady gain
 measured, so off by default; no host callbacks: numba's ``add_callback`` is broken on the lent machines).
 ``lib_graphs`` (default) captures library calls that use their slot's workspace (cuDNN attention) as well, one
-graph per slot: 7B prefill 3-12% faster on 1-4 H100s, bitwise equal outputs
+graph per slot: 7B prefill 2-12% faster (nondet) on 1-4 H100s, bitwise equal outputs
 (``benchmarks/results/multi_gpu/README.md``). ``bound=False``
 launches through numba launchers instead (slower, for comparison).
 Sum-into groups are serialised by the scheduler's lock: the next writer launches only after the previous
@@ -382,9 +382,7 @@ class CudaBackend:
             while drv.cuEventQuery(self.ref[g]) == NOT_READY:  # spin: a blocking wait wakes up late
                 pass
             self._ref_host_ns[g] = time.perf_counter_ns()
-        self._in_flight.clear()
-        if self._fl is not None:
-            self._fl.clear()
+        self._forget_in_flight()
 
     def set_device_start(self, on: bool) -> None:
         """Record a start event before each vertex from the next run on (``on``), or not (runs then cost the
@@ -494,6 +492,11 @@ class CudaBackend:
             elif t > deadline:
                 return []
 
+    def _forget_in_flight(self) -> None:
+        self._in_flight.clear()
+        if self._fl is not None:
+            self._fl.clear()
+
     def in_flight(self) -> list[int]:
         return list(self._in_flight) if self._fl is None else self._fl.tolist()
 
@@ -503,9 +506,7 @@ class CudaBackend:
             self.drv.cuCtxSetCurrent(self.ctx[g])
             self.drv.cuCtxSynchronize()
         self.cur = -1
-        self._in_flight.clear()
-        if self._fl is not None:
-            self._fl.clear()
+        self._forget_in_flight()
 
     def end_run(self, t0_ns: int) -> tuple[np.ndarray, np.ndarray]:
         """Device start/end of every vertex from its events (-1 where the driver gives no time: the loop
