@@ -217,3 +217,13 @@ def reference(op: str):
 
     spec(op)
     return REFERENCE[op]
+
+
+def _add_import_ops() -> None:
+    """The ops of graphs imported from PyTorch (``turnip.torchimport.kernels``)."""
+    from turnip.torchimport.kernels import SPECS
+
+    OPS.update({n: OpSpec(n, arity, shape, work) for n, arity, shape, work in SPECS})
+
+
+_add_import_ops()

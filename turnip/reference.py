@@ -385,6 +385,13 @@ def mix(xs, p):
     return np.float32(0.5) * np.tanh(out)
 
 
+def _import_refs() -> dict[str, Ref]:
+    """The ops of graphs imported from PyTorch (``turnip.torchimport.kernels``)."""
+    from turnip.torchimport.kernels import REFS
+
+    return REFS
+
+
 REFERENCE: dict[str, Ref] = {
     f.__name__: f
     for f in (
@@ -393,6 +400,7 @@ REFERENCE: dict[str, Ref] = {
         rmsnorm_bwd, silu_mul_dg, sdpa_bwd, cols, xent, xent_bwd, cast, adam_m, adam_v, adam_p,
     )
 }
+REFERENCE.update(_import_refs())
 IN_PLACE = frozenset({"sum_into"})
 
 

@@ -104,8 +104,10 @@ def test_float64_reference_agrees_with_float32_reference(case):
 
 
 def test_llama_cases_cover_every_op():
-    assert {c.op for c in llama_cases(16)} == set(R.REFERENCE)
-    assert {c.op for c in tiny_cases()} == set(R.REFERENCE)
+    from turnip.torchimport.kernels import REFS as CPU_ONLY  # imported graphs' ops: numpy only so far
+
+    assert {c.op for c in llama_cases(16)} == set(R.REFERENCE) - set(CPU_ONLY)
+    assert {c.op for c in tiny_cases()} == set(R.REFERENCE) - set(CPU_ONLY)
 
 
 def test_grouped_query_attention_is_attention_over_repeated_key_heads():

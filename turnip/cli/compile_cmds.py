@@ -11,6 +11,7 @@ from turnip.cli import format_nbytes as _sz
 
 
 def register(sub) -> None:
+    from turnip.cli.torch_cmds import TORCH_HELP
     from turnip.compile import MODEL_HELP
     from turnip.models import HEADS
 
@@ -64,6 +65,7 @@ def register(sub) -> None:
                    help="compile even when the estimate is above the limits (2M vertices, 120 s, host memory)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     ck.add_train_flags(p)
+    p.add_argument("--torch", metavar="FILE.py:factory", help=TORCH_HELP)
     p.set_defaults(func=cmd_compile)
 
     v = sub.add_parser(
@@ -240,6 +242,11 @@ VERIFY_VERTICES_PER_S = 25_000  # measured on 2 cores (LLaMA-7B, 69K vertices)
 def cmd_compile(a) -> int:
     from turnip.memgraph.build import BuildConfig
     from turnip.memgraph.io import save_plan
+
+    if a.torch:  # a PyTorch module through torch.export (turnip.cli.torch_cmds)
+        from turnip.cli.torch_cmds import cmd_compile_torch
+
+        return cmd_compile_torch(a)
 
     t0 = time.perf_counter()
     ck.output_file(a.output, "-o")

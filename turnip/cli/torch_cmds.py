@@ -1,0 +1,79 @@
+"""``turnip compile --torch FILE.py:factory``: a PyTorch module exported and compiled (``turnip.from_torch``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+from turnip.cli import CliError
+from turnip.cli import args as ck
+
+TORCH_HELP = ("compile a PyTorch module instead of --model: FILE.py:factory, where factory() returns (module, "
+              "example_inputs); the program torch.export gives is lowered, tiled from --budget and --gpus "
+              "and planned")  # fmt: skip
+
+
+def load_factory(spec: str):
+    """(module, example_inputs) from ``FILE.py:factory``; usage errors name what is missing."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path or not name.isidentifier():
+        raise CliError(f"--torch {spec!r}: expected FILE.py:factory (a function returning (module, example_inputs))",
+                       ck.USAGE)  # fmt: skip
+    f = Path(path)
+    if not f.is_file():
+        raise CliError(f"--torch: {path}: no such file", ck.USAGE)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise CliError("--torch needs PyTorch: pip install torch (a CPU wheel is enough)", ck.FAILED) from None
+    mod_spec = importlib.util.spec_from_file_location(f"turnip_factory_{f.stem}", f)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    factory = getattr(mod, name, None)
+    if not callable(factory):
+        raise CliError(f"--torch: {path} has no function {name!r}", ck.USAGE)
+    made = factory()
+    if not isinstance(made, tuple) or len(made) != 2:
+        raise CliError(f"--torch: {name}() must return (module, example_inputs), not {type(made).__name__}", ck.USAGE)
+    return made
+
+
+def cmd_compile_torch(a) -> int:
+    from turnip.cli.compile_cmds import print_summary, summary, verify_with_progress
+    from turnip.memgraph.build import BuildConfig
+    from turnip.memgraph.io import save_plan
+    from turnip.torchimport.api import from_torch
+    from turnip.torchimport.trace import UnsupportedOps
+
+    t0 = time.perf_counter()
+    ck.output_file(a.output, "-o")
+    budget = ck.nbytes(a.budget, "--budget", minimum=1)
+    ck.nbytes(a.resident, "--resident", auto=True)
+    lb = ck.nbytes(a.lookahead_bytes, "--lookahead-bytes", minimum=1) if a.lookahead_bytes else None
+    module, inputs = load_factory(a.torch)
+    try:
+        imp = from_torch(module, inputs, budget=budget, gpus=a.gpus, dtype=a.dtype, resident=a.resident,
+                         config=BuildConfig(a.policy, a.lookahead, lb), name=f"torch:{Path(a.torch).name}")  # fmt: skip
+    except UnsupportedOps as e:
+        raise CliError(f"{e}; rewrite those ops or export a smaller part of the model", ck.FAILED) from None
+    d = summary(imp.tg, imp.mg) | {"tiles": imp.stats["tiles"], "total_s": round(time.perf_counter() - t0, 3)}
+    if a.verify:
+        d["violations"] = [str(v) for v in verify_with_progress(imp.mg, imp.tg)]
+    if a.output:
+        save_plan(a.output, imp.mg, imp.tg)
+        d["plan"] = a.output
+    if a.json:
+        print(json.dumps(d, indent=1))
+    else:
+        print_summary(d)
+        print(f"  tiles     {d['tiles'] or 'none (every dimension whole)'}")
+        if a.verify:
+            print(f"  verify    {'ok' if not d['violations'] else str(len(d['violations'])) + ' violations'}")
+        if a.output:
+            print(f"  wrote     {a.output}")
+    if d.get("violations"):
+        raise CliError(f"the plan has {len(d['violations'])} violations; this is a compiler bug: please report it",
+                       ck.FAILED)  # fmt: skip
+    return 0
