@@ -10,7 +10,8 @@ keeps the 64-byte ``cublasLtMatmulAlgo_t`` and the workspace that algorithm need
 returns a ``LibCall``: ``call(ctx)`` issues ``cublasLtMatmul`` with the stream slot's cuBLASLt handle
 (``ctx.handles['cublaslt']``, from ``lt_handle_create``), workspace and stream; every other argument is a
 ctypes object built at bind time. Inputs and output are fp16 (CUDA_R_16F), bf16 (CUDA_R_16BF) or fp32
-(CUDA_R_32F); accumulation is CUBLAS_COMPUTE_32F (no TF32) with fp32 alpha/beta (beta = 0).
+(CUDA_R_32F); accumulation is CUBLAS_COMPUTE_32F (no TF32) with fp32 alpha/beta (beta = 0, or 1 with an
+addend: D = alpha A B + C, C another tensor laid out as D).
 
 Host cost (H100, CUDA 13.1, ``benchmarks/cublaslt_speed.py``): ``cublasLtMatmul`` itself takes ~12-17 us per
 call (the 16-argument ctypes call is ~2 us of that; the heuristic's other algorithms cost the same), so
@@ -350,8 +351,10 @@ class LtGemm:
         # prebuilt ctypes arguments shared by every bind
         self._alpha = ctypes.c_float(self.alpha)
         self._beta = ctypes.c_float(0.0)
+        self._beta1 = ctypes.c_float(1.0)
         self._alpha_p = _P(ctypes.addressof(self._alpha))
         self._beta_p = _P(ctypes.addressof(self._beta))
+        self._beta1_p = _P(ctypes.addressof(self._beta1))
         self._algo_p = _P(ctypes.addressof(self._algo))
 
     def _cap_u32(self, attr: int) -> int:
@@ -361,19 +364,22 @@ class LtGemm:
                "cublasLtMatmulAlgoCapGetAttribute", f"(attribute {attr})")
         return int(v.value)
 
-    def bind(self, c_ptr: int, a_ptr: int, b_ptr: int) -> LibCall:
-        """A ``LibCall`` computing out (``c_ptr``) = alpha * einsum(first ``a_ptr``, second ``b_ptr``)."""
+    def bind(self, c_ptr: int, a_ptr: int, b_ptr: int, addend_ptr: int | None = None) -> LibCall:
+        """A ``LibCall`` computing out (``c_ptr``) = alpha * einsum(first ``a_ptr``, second ``b_ptr``), plus
+        the tensor at ``addend_ptr`` (laid out as the output: cuBLASLt's C operand, beta 1) when given."""
         if self._closed:
             raise RuntimeError(f"{self.what}: bind after close()")
         x, y = (int(b_ptr), int(a_ptr)) if self.swap else (int(a_ptr), int(b_ptr))
-        for ptr, al, name in ((x, self.align[0], "A"), (y, self.align[1], "B"), (int(c_ptr), self.align[2], "C"),
+        src = int(c_ptr) if addend_ptr is None else int(addend_ptr)
+        for ptr, al, name in ((x, self.align[0], "A"), (y, self.align[1], "B"), (src, self.align[2], "C"),
                               (int(c_ptr), self.align[3], "D")):
             if al > 1 and ptr % al:
                 raise ValueError(f"{self.what}: cuBLAS operand {name} pointer {ptr:#x} not {al}-byte aligned "
                                  "as the chosen algorithm needs")
         a_l, b_l, c_l = self._layouts
-        c = _P(int(c_ptr))
-        pre = (self._desc, self._alpha_p, _P(x), a_l, _P(y), b_l, self._beta_p, c, c_l, c, c_l, self._algo_p)
+        c, d = _P(src), _P(int(c_ptr))
+        beta = self._beta_p if addend_ptr is None else self._beta1_p
+        pre = (self._desc, self._alpha_p, _P(x), a_l, _P(y), b_l, beta, c, c_l, d, c_l, self._algo_p)
         matmul, what = self._lib.cublasLtMatmul, self.what
 
         def call(ctx):

@@ -128,8 +128,11 @@ def _fast(op, in_shapes, out_shape, dtype, params):
 # ---------------------------------------------------------------- contractions
 
 
-def _gemm(plan: gm.EinsumPlan, in_shapes, out_shape, dtype, alpha: float, opts: dict):
-    """(path, run, bind) of one einsum as a GEMM."""
+def _gemm(plan: gm.EinsumPlan, in_shapes, out_shape, dtype, alpha: float, opts: dict, addend: bool = False):
+    """(path, run, bind) of one einsum as a GEMM; ``addend``: a third input added to the product (cuBLASLt:
+    its C operand with beta 1; other paths: the GEMM, then an add in place)."""
+    if addend and not (opts["gemm"] in ("auto", "cublaslt") and gm.cupy_usable()):
+        return _then_add(_gemm(plan, in_shapes, out_shape, dtype, alpha, opts), out_shape, dtype, opts)
     gemm = opts["gemm"]
     if gemm != "numba" and gm.cupy_usable():
         layout = gm.cublas_layout(plan)
@@ -142,11 +145,16 @@ def _gemm(plan: gm.EinsumPlan, in_shapes, out_shape, dtype, alpha: float, opts: 
 
             def bind(out, ins):
                 if lt is not None:
-                    return lt.bind(_ptr(out), _ptr(ins[0]), _ptr(ins[1]))
-                a, b = ins
+                    return lt.bind(_ptr(out), _ptr(ins[0]), _ptr(ins[1]), _ptr(ins[2]) if addend else None)
+                a, b = ins[:2]
                 return LibCall(lambda ctx: g(ctx.numba_stream, out, a, b), 0, "cublas")
 
-            return ("cublaslt" if lt is not None else "cublas"), run, bind
+            built = ("cublaslt" if lt is not None else "cublas"), run, bind
+            if addend and lt is None:
+                return _then_add(built, out_shape, dtype, opts)
+            if addend:  # the direct (unbound) path adds after the GEMM
+                return built[0], _then_add(built, out_shape, dtype, opts)[1], bind
+            return built
         if gemm in ("cublas", "cublaslt"):
             raise ValueError(f"einsum {plan.subscripts!r} is not a single strided cuBLAS GEMM")
     elif gemm in ("cublas", "cublaslt"):
@@ -159,6 +167,35 @@ def _gemm(plan: gm.EinsumPlan, in_shapes, out_shape, dtype, alpha: float, opts: 
     k = Compiled(cg.jit(gm.numba_gemm_source(plan, bf)), types, grid, block)
     a32 = np.float32(alpha)
     return ("numba-gemm", *_kern(k, lambda out, ins: (ins[0], ins[1], out, a32, *sizes), bf))
+
+
+def _then_add(built, out_shape, dtype: str, opts: dict):
+    """(path, run, bind) of a GEMM ``built`` followed by out += addend (the third input), on the same stream."""
+    path, run, bind = built
+    _, add_run, _, add_bind = _simple(2, "v0 + v1")([out_shape, out_shape], out_shape, dtype, {}, opts)
+
+    def run2(stream, out, ins):
+        run(stream, out, ins[:2])
+        add_run(stream, out, [out, ins[2]])
+
+    def bind2(out, ins):
+        calls = [bind(out, ins[:2]), add_bind(out, [out, ins[2]])]
+
+        def call(ctx):
+            for c in calls:
+                if isinstance(c, LibCall):
+                    c(ctx)
+                else:
+                    r = launch_raw(c, int(ctx.stream))
+                    if r:
+                        raise RuntimeError(f"cuLaunchKernel of einsum's addend: CUDA error {r}")
+
+        libs = {c.lib for c in calls if isinstance(c, LibCall) and c.lib}
+        ok = all(c.capturable for c in calls if isinstance(c, LibCall))
+        ws = max((c.ws_nbytes for c in calls if isinstance(c, LibCall)), default=0)
+        return LibCall(call, ws, f"einsum {path} + addend", capturable=ok, lib=next(iter(libs), None))
+
+    return path + "+add", run2, bind2
 
 
 def _lt(layout, dtype: str, alpha: float, opts: dict):
@@ -176,9 +213,11 @@ def _lt(layout, dtype: str, alpha: float, opts: dict):
 
 
 def _einsum(in_shapes, out_shape, dtype, params, opts):
-    _need(len(in_shapes) == 2, "einsum takes two inputs")
+    _need(len(in_shapes) in (2, 3), "einsum takes two operands and an optional addend")
+    _need(len(in_shapes) == 2 or in_shapes[2] == out_shape, f"einsum's addend {in_shapes[-1]} is not {out_shape}")
     plan = gm.plan_einsum(params["subscripts"], in_shapes[0], in_shapes[1], out_shape)
-    path, run, bind = _gemm(plan, in_shapes, out_shape, dtype, float(params.get("scale", 1.0)), opts)
+    path, run, bind = _gemm(plan, in_shapes[:2], out_shape, dtype, float(params.get("scale", 1.0)), opts,
+                            addend=len(in_shapes) == 3)
     return path, run, plan.flops(), bind
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import os
 import re
 from pathlib import Path
 
@@ -34,11 +35,20 @@ def compiler_fingerprint() -> str:
     """Short hash of the compiler's source: plan caches keyed on it never serve a plan built by other code."""
     root = Path(__file__).parent
     h = hashlib.sha256()
-    src = [*root.glob("graph*.py"), root / "models.py", root / "hfconfig.py", root / "taskgraph.py"]
+    src = [*root.glob("graph*.py"), root / "models.py", root / "hfconfig.py", root / "taskgraph.py", root / "fuse.py"]
     for f in sorted([*src, *root.glob("memgraph/*.py")]):
         h.update(f.name.encode())
         h.update(f.read_bytes())
+    h.update(f"fold={fold_adds_on()}".encode())
     return h.hexdigest()[:12]
+
+
+FOLD_SWITCH = "TURNIP_FOLD_ADDS"  # "1": sums folded into the einsums that produce their terms (turnip.fuse)
+
+
+def fold_adds_on() -> bool:
+    """Whether ``make_taskgraph`` folds sums into einsums (``turnip.fuse``; ``TURNIP_FOLD_ADDS``)."""
+    return os.environ.get(FOLD_SWITCH, "0") == "1"
 
 
 MAX_NBYTES = 1 << 60  # 1 EiB: larger sizes are typos (and overflow the plan's int64 arrays)
@@ -74,7 +84,16 @@ def make_taskgraph(
     the budget when it is given; ``head``: ``turnip.models.HEADS`` or auto (``resolve_head``); ``train``: a
     ``turnip.train.TrainSpec`` for one LoRA training step instead of a prefill; ``batch``: prompts of a
     prefill; ``split``: across GPUs by tensor blocks or by layers (``turnip.models.SPLITS``; ``auto`` is
-    ``compile_model``'s)."""
+    ``compile_model``'s). Sums fold into the einsums producing their terms where ``fold_adds_on()``."""
+    tg = _taskgraph(model, seq, gpus, dtype, tiles, seed, n_layers, budget_nbytes, head, train, batch, split)
+    if fold_adds_on() and tg.meta.get("model") not in ("paper-matmul", "random"):
+        from turnip.fuse import fold_adds
+
+        tg = fold_adds(tg)
+    return tg
+
+
+def _taskgraph(model, seq, gpus, dtype, tiles, seed, n_layers, budget_nbytes, head, train, batch, split) -> TaskGraph:
     cfg = llama_config(model)
     if split != "tensor" and cfg is None:
         raise ValueError(f"split {split!r} applies to LLaMA models; {model} has a fixed placement")

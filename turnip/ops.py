@@ -25,8 +25,14 @@ class OpSpec:
 
 
 def _einsum_shape(ins: list[Shape], p: dict) -> Shape:
-    ext = _einsum_extents(ins, p)
-    return tuple(ext[l] for l in p["subscripts"].split("->")[1])
+    """Two operands, and optionally an addend of the output's shape (out = scale * einsum(a, b) + addend)."""
+    if len(ins) not in (2, 3):
+        raise ValueError(f"einsum {p['subscripts']}: takes two operands and an optional addend, got {len(ins)}")
+    ext = _einsum_extents(ins[:2], p)
+    out = tuple(ext[l] for l in p["subscripts"].split("->")[1])
+    if len(ins) == 3 and tuple(ins[2]) != out:
+        raise ValueError(f"einsum {p['subscripts']}: addend {tuple(ins[2])} is not the output's shape {out}")
+    return out
 
 
 def _einsum_extents(ins: list[Shape], p: dict) -> dict[str, int]:
@@ -153,7 +159,8 @@ def _per_elem(k: float) -> Callable[[list[Shape], Shape, dict], float]:
 OPS: dict[str, OpSpec] = {
     s.name: s
     for s in (
-        OpSpec("einsum", 2, _einsum_shape, lambda ins, out, p: 2.0 * _n(tuple(_einsum_extents(ins, p).values()))),
+        OpSpec("einsum", None, _einsum_shape,
+               lambda ins, out, p: 2.0 * _n(tuple(_einsum_extents(ins[:2], p).values())) + _n(out) * (len(ins) - 2)),
         OpSpec("add_n", None, _broadcast, lambda ins, out, p: float(_n(out) * len(ins))),
         OpSpec("mul", 2, _broadcast, _per_elem(1)),
         OpSpec("scale", 1, _same, _per_elem(1)),

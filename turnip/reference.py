@@ -43,10 +43,13 @@ def _out(x: np.ndarray, like: np.ndarray) -> np.ndarray:
 
 
 def einsum(xs, p):
-    """out = scale * einsum(subscripts, a, b); fp32 accumulation."""
-    a, b = xs
-    r = np.einsum(p["subscripts"], _f32(a), _f32(b), optimize=True)
-    return _out(r * np.float32(p.get("scale", 1.0)), a)
+    """out = scale * einsum(subscripts, a, b) (+ addend, a third input of the output's shape); fp32
+    accumulation."""
+    a, b = xs[:2]
+    r = np.einsum(p["subscripts"], _f32(a), _f32(b), optimize=True) * np.float32(p.get("scale", 1.0))
+    if len(xs) == 3:
+        r = r + _f32(xs[2])
+    return _out(r, a)
 
 
 def visible_keys(tq: int, tk: int, p) -> np.ndarray:
