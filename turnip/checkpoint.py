@@ -7,9 +7,11 @@ no file stays open or mapped between calls. ``read`` gives one tensor in its own
 rows of a 2-D tensor picked by token ids (reading only those rows), ``iter_inputs(tg, ids)`` the
 taskgraph's logical inputs (``turnip.runtime.weights``: Hugging Face tensors reshaped, ``x0`` gathered
 from the embedding table) in file order, converted to the compute dtype, holding at most one tensor, its
-converted copy and a float32 chunk at a time. ``iter_weights(tg, path)`` and ``load_weights`` are its fronts
-by path. This module owns reading weights into a plan's inputs; it uses ``turnip.runtime.weights``' names,
-layouts and dtypes, which never imports it back.
+converted copy and a float32 chunk at a time; ``inputs(tg, ids)`` the same stream as an object that
+``write_streaming`` reads on threads straight into the backend's host input region
+(``turnip.runtime.loader``: the same bytes at the disk's speed). ``iter_weights(tg, path)`` and
+``load_weights`` are its fronts by path. This module owns reading weights into a plan's inputs; it uses
+``turnip.runtime.weights``' names, layouts and dtypes, which never imports it back.
 
 Invariants checked when opening: every tensor the index names lies in a shard whose header lists it; every
 header entry's byte range matches its dtype and shape and lies inside its file. Every problem is a
@@ -175,6 +177,26 @@ class Checkpoint:
         when None, or the file's own ``x0`` if it has one). Everything is checked before the first tensor
         is read."""
         lg = logical_inputs(tg)
+        for name, h, rows in self.input_plan(tg, ids, seed, only):
+            raw = self.read(h.name) if rows is None else self.read_rows(h.name, rows)
+            x = _convert(raw, compute_dtype(tg, name), h, name)
+            del raw
+            yield name, x.reshape(lg[name][0])
+            del x
+
+    def inputs(self, tg, ids=None, seed: int = 0, only=None, threads: int | None = None):
+        """``iter_inputs`` as an object (``turnip.runtime.loader.CheckpointInputs``; checked when first used,
+        as ``iter_inputs`` is): iterating it yields the same pairs, and ``write_streaming`` of it reads the files
+        on ``threads`` workers straight into the backend's host input region (the same bytes, at the disk's
+        speed)."""
+        from turnip.runtime.loader import CheckpointInputs
+
+        return CheckpointInputs(self, tg, ids, seed, only, CheckpointError, threads)
+
+    def input_plan(self, tg, ids=None, seed: int = 0, only=None) -> list[tuple[str, TensorHeader, np.ndarray | None]]:
+        """(logical name, header of the tensor it comes from, its rows or None: all) per logical input of
+        ``tg`` (those in ``only``), in file order, every one checked (``iter_inputs``)."""
+        lg = logical_inputs(tg)
         if only is not None:
             unknown = sorted(set(only) - set(lg))
             if unknown:
@@ -186,7 +208,7 @@ class Checkpoint:
             raise CheckpointError("token ids were given but the taskgraph has no embedded input (tg.meta['embed'])")
         plan = []  # (file position, name, header, rows to gather or None)
         arch = tg.meta.get("arch") or (self.config or {}).get("model_type") or "llama"
-        shapes = {k: v[0] for k, v in lg.items()}
+        shapes = {k: v[0] for k, v in logical_inputs(tg).items()}
         for name, (shape, _) in lg.items():
             if name == x0 and (ids is not None or name not in self._headers):
                 h = self._table(embed["table"], shape)
@@ -199,12 +221,7 @@ class Checkpoint:
                 h, rows = self._source(name, shape, arch, shapes)
             plan.append(((self.files.index(h.file), h.offset), name, h, rows))
         plan.sort(key=lambda t: t[0])
-        for _, name, h, rows in plan:
-            raw = self.read(h.name) if rows is None else self.read_rows(h.name, rows)
-            x = _convert(raw, compute_dtype(tg, name), h, name)
-            del raw
-            yield name, x.reshape(lg[name][0])
-            del x
+        return [(name, h, rows) for _, name, h, rows in plan]
 
     def _typed(self, name: str) -> tuple[TensorHeader, np.dtype]:
         h = self.header(name)

@@ -11,6 +11,8 @@
 - Reading weight files into these logical inputs is ``turnip.checkpoint``'s (``Checkpoint.iter_inputs``,
   ``iter_weights``, ``load_weights``: a ``.safetensors`` file with either set of names, or a sharded Hugging
   Face model directory), which uses the names, layouts and dtypes here; this module never imports it.
+  ``Checkpoint.inputs`` is such a stream that ``write_streaming`` reads on threads straight into the host
+  input region (``turnip.runtime.loader``).
 - ``tile_inputs(tg, logical)``: {taskgraph input tensor: tile} as views, ready for ``write_inputs``.
 - ``write_random_inputs(backend, tg, seed)``: what ``write_streaming`` of ``iter_random_inputs`` writes, the
   same bytes, filled by a thread pool straight into the backend's host input region (``RandomInputs``: such a
@@ -199,9 +201,11 @@ def check_ids(ids, n_rows: int | None, what: str, error: type[Exception] = Value
 def write_streaming(backend, tg, tensors) -> int:
     """Write logical inputs into a loaded backend one at a time: each (name, array) of ``tensors`` is cut
     into its tiles, copied into the backend's host input region (pinned memory on a GPU) and dropped, so
-    the host holds the region plus one tensor, never a second copy of the model. Returns bytes written."""
-    if isinstance(tensors, RandomInputs):
-        return write_random_inputs(backend, tg, tensors.seed, tensors.skip, ids=tensors.ids)
+    the host holds the region plus one tensor, never a second copy of the model. A stream that knows a
+    faster way in (``write_into(backend, tg)``: ``RandomInputs``, a checkpoint's ``Checkpoint.inputs``)
+    takes it. Returns bytes written."""
+    if hasattr(tensors, "write_into"):
+        return tensors.write_into(backend, tg)
     n = 0
     for name, x in tensors:
         tiles = tile_inputs(tg, {name: x})
@@ -222,6 +226,9 @@ class RandomInputs:
 
     def __iter__(self):
         return ((k, x) for k, x in iter_random_inputs(self.tg, self.seed, ids=self.ids) if k not in self.skip)
+
+    def write_into(self, backend, tg) -> int:
+        return write_random_inputs(backend, tg, self.seed, self.skip, ids=self.ids)
 
 
 def write_random_inputs(backend, tg, seed: int = 0, skip=(), threads: int | None = None, ids=None,

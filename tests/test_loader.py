@@ -1,0 +1,147 @@
+"""The threaded checkpoint loader (``Checkpoint.inputs``, ``turnip.runtime.loader``) writes the same bytes as
+the one-tensor-at-a-time path (``iter_inputs``): fp32, fp16 and bf16 files into fp16, bf16 and fp32 tiles,
+sharded, Hugging Face names, Phi-3's fused tensors, tiles split along later dimensions, pieces and row blocks
+smaller than a tensor; a truncated file or an fp16 overflow is one line naming the file and tensor."""
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import turnip.runtime.loader as ld
+from turnip.checkpoint import Checkpoint, CheckpointError, write_checkpoint
+from turnip.compile import make_taskgraph
+from turnip.hfconfig import hf_source
+from turnip.runtime.loader import HostRegion
+from turnip.runtime.weights import logical_inputs, write_streaming
+
+pytestmark = pytest.mark.unit
+
+CONFIG = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "vocab_size": 101, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+          "max_position_embeddings": 256, "tie_word_embeddings": False}  # fmt: skip
+ARCH = {"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM"}
+TILES = {"t": 8, "h": 1, "f": 48, "v": 51}  # heads, FFN and vocabulary split: wo and w_down tiles are strided
+SEQ = 16
+
+
+def taskgraph(tmp_path, arch: str = "llama", dtype: str = "fp16"):
+    d = tmp_path / f"cfg-{arch}-{dtype}"
+    d.mkdir(exist_ok=True)
+    cfg = CONFIG | {"model_type": arch, "architectures": [ARCH[arch]]}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return make_taskgraph(str(d), SEQ, 1, dtype, TILES, budget_nbytes=40_000, head="last"), cfg
+
+
+def hf_checkpoint(path, tg, cfg, disk: str, shard_nbytes=None, seed: int = 0):
+    """A Hugging Face directory with every tensor ``tg`` reads (fused ones once), random values."""
+    rng = np.random.default_rng(seed)
+    shapes = {k: v[0] for k, v in logical_inputs(tg).items()}
+    tensors = {"model.embed_tokens.weight": rng.standard_normal((cfg["vocab_size"], cfg["hidden_size"]))}
+    for k in shapes:
+        if k != "x0":
+            name, shape, _ = hf_source(cfg["model_type"], k, shapes)
+            tensors[name] = rng.standard_normal(shape) * (2.0 if k.endswith("norm") else 0.3)
+    return Checkpoint(write_checkpoint(path, cfg, tensors, shard_nbytes=shard_nbytes, dtype=disk))
+
+
+def both_ways(tg, ck, ids=None, threads=None) -> tuple[np.ndarray, np.ndarray]:
+    """The host regions written by the old path and by the loader."""
+    old, new = HostRegion(tg), HostRegion(tg)
+    write_streaming(old, tg, iter(ck.iter_inputs(tg, ids)))
+    src = ck.inputs(tg, ids, threads=threads)
+    n = write_streaming(new, tg, src)
+    assert n == int(tg.nbytes[tg.kind == 0].sum()) and src.nbytes_read > 0 and "GB/s" in src.summary()
+    return old.host_in, new.host_in
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
+@pytest.mark.parametrize("disk", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("compute", ["fp16", "bf16", "fp32"])
+def test_the_same_bytes_as_one_tensor_at_a_time(tmp_path, monkeypatch, arch, disk, compute):
+    """Tiny pieces and conversion chunks: every tensor is many tasks, strided tiles many row blocks."""
+    monkeypatch.setattr(ld, "PIECE_NBYTES", 1000)
+    monkeypatch.setattr(ld, "CONVERT_NBYTES", 300)
+    monkeypatch.setattr(ld, "CHUNK_ELEMS", 100)
+    tg, cfg = taskgraph(tmp_path, arch, compute)
+    ck = hf_checkpoint(tmp_path / "m", tg, cfg, disk, shard_nbytes=20_000)
+    assert len(ck.files) > 2
+    ids = np.random.default_rng(3).integers(0, cfg["vocab_size"], SEQ)
+    old, new = both_ways(tg, ck, ids, threads=3)
+    assert old.any() and np.array_equal(old, new)
+
+
+def test_one_thread_default_pieces_and_random_ids(tmp_path):
+    tg, cfg = taskgraph(tmp_path)
+    ck = hf_checkpoint(tmp_path / "m", tg, cfg, "bf16")
+    old, new = both_ways(tg, ck, threads=1)
+    assert np.array_equal(old, new)
+
+
+def test_a_compiled_plan_on_the_cpu_backend_resident_inputs_too(tmp_path):
+    from turnip.compile import build_with_resident
+    from turnip.runtime import open_backend
+
+    tg, cfg = taskgraph(tmp_path)
+    ck = hf_checkpoint(tmp_path / "m", tg, cfg, "bf16", shard_nbytes=30_000)
+    mg = build_with_resident(tg, 60_000, resident="20000")
+    got = []
+    for src in (iter(ck.iter_inputs(tg)), ck.inputs(tg)):
+        with open_backend("cpu", mg, 2) as be:
+            write_streaming(be, tg, src)
+            got.append([be.host_in.copy(), *(a.copy() for a in be.arenas)])
+    assert mg.stats.get("resident_input_nbytes", 0) > 0
+    assert all(np.array_equal(a, b) for a, b in zip(*got, strict=True))
+
+
+def test_the_same_values_as_numpy_for_every_bf16(tmp_path):
+    """bf16 -> fp16 in integer steps: every bf16 that fits fp16 (subnormals, zeros, signs) as numpy casts it."""
+    u = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    x = u[(u & 0x7FFF) <= 0x477F].view(ml_dtypes.bfloat16)
+    src = ld.Source(tmp_path / "f", 0, x.dtype, x.shape, "t", "t")
+    out = np.zeros(x.shape, np.float16)
+    ld._put(out, x, ld._Worker(), src, ValueError)
+    assert np.array_equal(out.view(np.uint16), x.astype(np.float16).view(np.uint16))
+    nan = np.array([1.0, np.nan, -2.0], np.float32).astype(ml_dtypes.bfloat16)
+    out = np.zeros(3, np.float16)
+    ld._put(out, nan, ld._Worker(), src, ValueError)
+    assert out[0] == 1 and np.isnan(out[1]) and out[2] == -2
+
+
+def one_line(e) -> str:
+    msg = str(e.value)
+    assert "\n" not in msg and isinstance(e.value, CheckpointError), msg
+    return msg
+
+
+@pytest.mark.parametrize("disk", ["fp16", "bf16"])
+def test_a_file_cut_short_after_opening(tmp_path, disk):
+    """Straight reads (fp16) and reads into scratch (bf16 -> fp16): the file and its last tensor named."""
+    tg, cfg = taskgraph(tmp_path)
+    ck = hf_checkpoint(tmp_path / "m", tg, cfg, disk, shard_nbytes=30_000)
+    last = ck.files[-1]
+    with open(last, "r+b") as f:
+        f.truncate(last.stat().st_size - 10)
+    with pytest.raises(CheckpointError) as e:
+        write_streaming(HostRegion(tg), tg, ck.inputs(tg, threads=4))
+    msg = one_line(e)
+    tail = max((h for h in map(ck.header, ck.tensor_names) if h.file == last), key=lambda h: h.offset)
+    assert str(last) in msg and repr(tail.name) in msg and "cut short" in msg, msg
+    with pytest.raises(CheckpointError) as e:  # opened again: refused before reading
+        Checkpoint(tmp_path / "m")
+    assert last.name in one_line(e) and "truncated" in one_line(e)
+
+
+def test_values_beyond_fp16_are_refused_naming_the_tensor(tmp_path):
+    tg, cfg = taskgraph(tmp_path)
+    big = "model.layers.1.mlp.down_proj.weight"
+    ck = hf_checkpoint(tmp_path / "m", tg, cfg, "bf16")
+    w = ck.read(big).astype(np.float32)
+    w[3, 5] = 7e4
+    tensors = {k: ck.read(k) for k in ck.tensor_names} | {big: w}
+    ck = Checkpoint(write_checkpoint(tmp_path / "m2", cfg, tensors, dtype="bf16"))
+    with pytest.raises(CheckpointError) as e:
+        write_streaming(HostRegion(tg), tg, ck.inputs(tg))
+    msg = one_line(e)
+    assert repr(big) in msg and "L1.w_down" in msg and "beyond fp16" in msg and "7.01e+04" in msg, msg
