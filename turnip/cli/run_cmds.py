@@ -236,7 +236,7 @@ def _inputs(a, tg, ids=None, ckpt=None):
         return random_inputs(tg, np.random.default_rng(a.seed))
     if not tg.meta.get("train"):
         if ckpt is not None:
-            return ckpt.iter_inputs(tg, ids=ids, seed=a.seed)
+            return ckpt.inputs(tg, ids=ids, seed=a.seed)  # write_streaming reads it on threads
         return RandomInputs(tg, a.seed, ids=ids)  # write_streaming fills it from threads
     # a training step: fresh adapters (PEFT's initialisation) and the ids' next tokens; the rest as for a prefill
     from turnip.train import AdapterState, next_token_targets
@@ -262,6 +262,8 @@ def _write_inputs(a, tg, be, source) -> dict | None:
         return source
     if not a.check:
         write_streaming(be, tg, source)
+        if hasattr(source, "summary"):  # a checkpoint: bytes read, time and rate
+            print(source.summary())
         return None
     values = tile_inputs(tg, dict(source))
     be.write_inputs(values)

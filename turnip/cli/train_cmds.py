@@ -160,8 +160,7 @@ def cmd_train(a) -> int:
         frozen = set(tg.meta["input_blocks"]) - per_step
         t2 = time.perf_counter()
         if ckpt is not None:
-            src = ckpt.iter_inputs(tg, seed=a.seed, only=frozen)
-            nbytes = write_streaming(be, tg, ((k, x) for k, x in src if k not in per_step))
+            nbytes = write_streaming(be, tg, ckpt.inputs(tg, seed=a.seed, only=frozen))  # read on threads
         else:
             nbytes = write_random_inputs(be, tg, a.seed, skip=per_step)
         t_write = time.perf_counter() - t2
