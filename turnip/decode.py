@@ -27,6 +27,7 @@ reshapes, a one-hot einsum (``S``, (1, B * Hk_b, B, Hk_b)) moves them across. On
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -261,6 +262,47 @@ def state_inputs(tg: TaskGraph) -> tuple[int, ...]:
     return tuple(int(c["input"]) for c in tg.meta["kv"])
 
 
+def context_blocks(context: int, block: int = DEFAULT_BLOCK) -> int:
+    """Cache blocks of the step whose new token is the ``context``-th of its sequence (it writes slot
+    ``context - 1``): the bucket ``turnip generate`` runs that step in."""
+    if context < 1 or block < 1:
+        raise ValueError(f"a decode step needs a context and a block size >= 1, got {context} and {block}")
+    return (context - 1) // block + 1
+
+
+def decode_vertices(cfg: LlamaConfig, n_blocks: int, n_gpus: int = 1, dtype: str = "fp16",
+                    budget_nbytes: int | None = None) -> int:  # fmt: skip
+    """Taskgraph vertices of ``decode_step`` over ``n_blocks`` cache blocks (any batch and block size), from
+    the step of one block: each further block adds a K and a V input and an ``sdpa`` per (layer, key-value
+    head block), and more than one block an ``attn_combine`` each."""
+    n, heads = _one_block(cfg, n_gpus, dtype, budget_nbytes)
+    return n + (n_blocks - 1) * 3 * heads + (heads if n_blocks > 1 else 0)
+
+
+@functools.lru_cache(maxsize=32)
+def _one_block(cfg: LlamaConfig, n_gpus: int, dtype: str, budget_nbytes: int | None) -> tuple[int, int]:
+    """Vertices of a one-block step and its (layer, key-value head block) pairs."""
+    tg = decode_step(cfg, DecodeShape(1, 1, 1), n_gpus, dtype, budget_nbytes)
+    return tg.n, len(tg.meta["kv"]) // 2
+
+
+def decode_plan(cfg: LlamaConfig, context: int, batch: int = 1, n_gpus: int = 1, budget_nbytes: int = 6 << 30,
+                dtype: str = "fp16", block: int = DEFAULT_BLOCK, verify: bool = False):  # fmt: skip
+    """(taskgraph, memgraph) of the decode step ``turnip generate`` runs for ``batch`` sequences whose new
+    token is the ``context``-th (``context_blocks``), built as its ``PlanCache`` builds it: the cache kept on
+    the GPUs when it takes at most a quarter of the budget, else streamed from the host; the resident weights
+    that move the fewest bytes per step."""
+    from turnip.plancache import PlanCache
+
+    plans = PlanCache(cfg, budget_nbytes, n_gpus, dtype, block, verify=verify)
+    return plans.get("decode", batch, context_blocks(context, block))
+
+
+def cache_nbytes(tg: TaskGraph) -> int:
+    """Bytes of a decode step's cache blocks (all GPUs)."""
+    return int(tg.nbytes[list(state_inputs(tg))].sum())
+
+
 # ---------------------------------------------------------------- the prefill that fills the cache
 
 
@@ -311,5 +353,6 @@ def prune(g: Graph) -> Graph:
     return out
 
 
-__all__ = ["BIG", "DEFAULT_BLOCK", "PAD", "DecodeShape", "TilingError", "carry_pairs", "check_decodable",
-           "decode_graph", "decode_step", "prefill_kv", "prune", "state_inputs", "width"]  # fmt: skip
+__all__ = ["BIG", "DEFAULT_BLOCK", "PAD", "DecodeShape", "TilingError", "cache_nbytes", "carry_pairs",
+           "check_decodable", "context_blocks", "decode_graph", "decode_plan", "decode_step", "decode_vertices",
+           "prefill_kv", "prune", "state_inputs", "width"]  # fmt: skip
