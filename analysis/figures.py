@@ -28,9 +28,15 @@ def _save(fig, path: Path) -> None:
         fig.savefig(f, format="png", dpi=110)
 
 
+def _seq(seq) -> str:
+    """A length for a label: 4K for 4096, 100 for 100."""
+    seq = int(seq)
+    return f"{seq // 1024}K" if seq >= 1024 and seq % 1024 == 0 else str(seq)
+
+
 def _label(row) -> str:
     w = workload_label(row.get("workload", "prefill"))
-    return f"{row['model']} {int(row['seq']) // 1024}K {int(row['gpus'])}g {row['budget']}{w}"
+    return f"{row['model']} {_seq(row['seq'])} {int(row['gpus'])}g {row['budget']}{w}"
 
 
 def speedup(table, path: Path, other: str = "nondet") -> None:
@@ -120,7 +126,7 @@ def offload_volume(runs, path: Path) -> None:
         g = g.sort_values("budget_nbytes")
         moved = (g.offload_nbytes + g.reload_nbytes + g.input_nbytes) / 1e9
         ax.plot(g.budget_nbytes / 2**30, moved, "o-", color=f"C{j % 10}",
-                label=f"{model} {seq // 1024}K {gpus}g{workload_label(work)}")  # fmt: skip
+                label=f"{model} {_seq(seq)} {gpus}g{workload_label(work)}")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xlabel("budget per GPU (GiB)")
     ax.set_ylabel("host<->GPU bytes moved (GB)")

@@ -7,9 +7,11 @@ Runs of different policies with the same seed share their random draws, so each 
 seed ``ratio = makespan(nondet) / makespan(baseline)`` (below 1: adapting at run time wins), reported as the
 mean with a 95% Student-t interval over seeds, and the speedup ``mean(baseline / nondet) - 1``.
 
-A configuration is (model, seq, gpus, budget, workload): a prefill and a LoRA training step of the same
-model, length, GPU count and budget are two rows, prefill first (``WORKLOADS``), never pooled. Run tables
-written before workloads existed are prefills (``with_workload``).
+A configuration is (model, seq, gpus, budget, workload): a prefill, a LoRA training step and a decode step
+(over a KV cache of ``seq`` tokens) of the same model, length, GPU count and budget are three rows, in
+``WORKLOADS`` order, never pooled. Run tables written before workloads existed are prefills
+(``with_workload``); where they have ``tokens_per_s`` (tokens a run processes per simulated second: one per
+sequence for a decode step), each policy's mean is reported beside its makespan.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 CONFIG = ["model", "seq", "gpus", "budget", "workload"]
-WORKLOADS = ("prefill", "lora")  # report order; others after them by name
+WORKLOADS = ("prefill", "lora", "decode")  # report order; others after them by name
 BASELINES = ("det", "det-kernels", "det-replay")
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 15: 2.13,
        20: 2.09, 30: 2.04}  # fmt: skip
@@ -80,6 +82,7 @@ def speedup_table(runs, base: str = "det", other: str = "nondet"):
             row["resident_nbytes"] = int(grp.resident_nbytes.iloc[0])
         if len(b_ms):
             row |= {f"{other}_ms": b_ms.mean() / 1e6, f"{other}_efficiency": lb / b_ms.mean()}
+            row |= _tokens_per_s(grp, other)
         for bl in baselines:
             a_ms = grp[grp.policy == bl].set_index("seed").makespan_ns
             seeds = a_ms.index.intersection(b_ms.index)
@@ -90,6 +93,7 @@ def speedup_table(runs, base: str = "det", other: str = "nondet"):
             mo_a = mo[mo.policy == bl].makespan_ns
             mo_ratio = mo_b.iloc[0] / mo_a.iloc[0] if len(mo_a) and len(mo_b) else np.nan
             r = f"{other}_over_{bl}"
+            row |= _tokens_per_s(grp, bl)
             row |= {f"{bl}_ms": a_ms[seeds].mean() / 1e6, f"{bl}_efficiency": lb / a_ms[seeds].mean(),
                     r: ratio[0], f"{r}_ci_low": ratio[1], f"{r}_ci_high": ratio[2], f"{r}_mean_only": mo_ratio,
                     f"speedup_over_{bl}_pct": speedup[0] * 100}  # fmt: skip
@@ -99,6 +103,13 @@ def speedup_table(runs, base: str = "det", other: str = "nondet"):
         if any(f"{other}_over_{bl}" in row for bl in baselines):
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _tokens_per_s(grp, policy: str) -> dict:
+    """``{policy}_tokens_per_s``: the mean over ``policy``'s runs in ``grp`` (nothing without the column)."""
+    if "tokens_per_s" not in grp:
+        return {}
+    return {f"{policy}_tokens_per_s": float(grp[grp.policy == policy].tokens_per_s.mean())}
 
 
 def policy_order(policies) -> list[str]:

@@ -1,9 +1,12 @@
 """Ablation sweeps: models x seq lens x GPU counts x budgets x workloads x policies x seeds, on all local cores.
 
-A workload (``WORKLOADS``) is what a plan computes: ``prefill`` (the default) or ``lora``, one LoRA training
+A workload (``WORKLOADS``) is what a plan computes: ``prefill`` (the default), ``lora``, one LoRA training
 step of ``train_batch`` sequences of the configuration's length (``LORA``: rank 16 on q, k, v and the FFN,
-activation checkpointing when it must); each run's row names it (``workload``), so the report compares
-prefill and training of one model, length, GPU count and budget side by side and never mixes them.
+activation checkpointing when it must), or ``decode``, one decode step of ``decode_batch`` sequences over a KV
+cache of the configuration's length (rounded up to ``decode_block`` slots: the plan ``turnip generate`` runs,
+``turnip.decode.decode_plan``; tensor split, its own resident sets); each run's row names it (``workload``),
+so the report compares prefill, training and decoding of one model, length, GPU count and budget side by side
+and never mixes them.
 
 Plans are compiled once each (in parallel; inputs kept resident as ``--resident`` says, ``auto`` by default as
 for ``turnip run``) and cached as plan files under ``<out>/plans/`` (named with the compiler's source
@@ -24,6 +27,7 @@ runs it, so the rows are the same apart from ``TIMING_COLUMNS``.
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -35,7 +39,7 @@ from pathlib import Path
 from turnip.machine.profile import load_profile
 
 GiB = 1 << 30
-WORKLOADS = ("prefill", "lora")
+WORKLOADS = ("prefill", "lora", "decode")
 LORA = {"rank": 16, "targets": "q,k,v,ffn", "checkpoint": "auto"}  # the sweep's training step
 TIMING_COLUMNS = ("sim_wall_s",)  # runs.csv's columns that time this machine, not the simulated one
 
@@ -58,6 +62,8 @@ class SweepConfig:
     trace: dict = field(default_factory=lambda: {"model": "llama-7b", "seq": 4096, "gpus": 1, "budget": "tight"})
     workloads: tuple[str, ...] = ("prefill",)  # WORKLOADS
     train_batch: int = 1  # sequences per LoRA training step (workload lora)
+    decode_batch: int = 1  # sequences per decode step (workload decode)
+    decode_block: int = 256  # cache slots per block (workload decode; turnip.decode.DEFAULT_BLOCK)
     split: str = "auto"  # across GPUs: tensor, layers, or auto (the plan predicted faster on ``profile``)
 
     @staticmethod
@@ -71,11 +77,13 @@ class SweepConfig:
         return SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
     def plans(self) -> list[dict]:
-        """One dict per configuration; a training step's also has ``batch``."""
+        """One dict per configuration; a training step's also has ``batch``, a decode step's ``batch`` and
+        ``block`` (and the tensor split: a decode plan has no other)."""
         return [
             {"model": m, "seq": s, "gpus": g, "budget": b, "budget_nbytes": _nbytes(v), "workload": w,
              "resident": str(self.resident), "split": self.split, "split_profile": self.profile}
             | ({"batch": self.train_batch} if w == "lora" else {})
+            | ({"batch": self.decode_batch, "block": self.decode_block, "split": "tensor"} if w == "decode" else {})
             for m in self.models
             for s in self.seqs
             for g in self.gpus
@@ -100,9 +108,9 @@ def _workload_rank(w: str) -> int:
 
 
 def train_spec(p: dict):
-    """The ``TrainSpec`` of a configuration (None for a prefill)."""
+    """The ``TrainSpec`` of a configuration (None for a prefill or a decode step)."""
     w = p.get("workload", "prefill")
-    if w == "prefill":
+    if w in ("prefill", "decode"):
         return None
     if w != "lora":
         raise ValueError(f"unknown workload {w!r}; use one of {', '.join(WORKLOADS)}")
@@ -117,15 +125,26 @@ def plan_path(out: Path, p: dict) -> Path:
 
     res = "" if str(p.get("resident", "0")) == "0" else f"_r{p['resident']}"
     work = "" if p.get("workload", "prefill") == "prefill" else f"_{p['workload']}-b{p['batch']}"
+    if p.get("workload") == "decode":  # its resident sets are the generator's, whatever ``resident`` says
+        res, work = "", f"{work}-t{p['block']}"
     split = p.get("split", "tensor")
     split = (
         ""
         if split == "tensor" or p["gpus"] < 2
         else f"_{split}" + (f"-{Path(str(p.get('split_profile'))).stem}" if split == "auto" else "")
     )
-    name = (f"{p['model']}_{p['seq']}_{p['gpus']}g_{p['budget_nbytes']}{res}{work}{split}_"
-            f"{compiler_fingerprint()}.tplan")  # fmt: skip
+    fp = _decode_fingerprint() if p.get("workload") == "decode" else compiler_fingerprint()
+    name = f"{p['model']}_{p['seq']}_{p['gpus']}g_{p['budget_nbytes']}{res}{work}{split}_{fp}.tplan"
     return out / "plans" / name
+
+
+@functools.cache
+def _decode_fingerprint() -> str:
+    """The fingerprint of decode plans (``turnip.plancache.plan_fingerprint``: the compiler's and the decode
+    modules' source), once per process."""
+    from turnip.plancache import plan_fingerprint
+
+    return plan_fingerprint()
 
 
 def compile_plan(args, split_profile=None) -> tuple[dict, float, str | None]:
@@ -140,6 +159,8 @@ def compile_plan(args, split_profile=None) -> tuple[dict, float, str | None]:
     from turnip.memgraph.io import save_plan
 
     t0 = time.perf_counter()
+    if p.get("workload") == "decode":
+        return _compile_decode(path, p, t0)
     try:
         tg, mg = compile_model(p["model"], p["seq"], p["gpus"], p["budget_nbytes"], resident=p.get("resident", "0"),
                                train=train_spec(p), split=p.get("split", "tensor"),
@@ -149,6 +170,33 @@ def compile_plan(args, split_profile=None) -> tuple[dict, float, str | None]:
         return p, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
     save_plan(path, mg)
     return p, time.perf_counter() - t0, None
+
+
+def _compile_decode(path: Path, p: dict, t0: float) -> tuple[dict, float, str | None]:
+    """``compile_plan`` of a decode step (``turnip.decode.decode_plan``); ``mg.stats`` gets the split, the
+    step's batch and its cache's bytes and slots, which the runs' rows report."""
+    from turnip.decode import cache_nbytes, decode_plan
+    from turnip.memgraph.io import save_plan
+    from turnip.models import llama_config
+
+    try:
+        cfg = llama_config(p["model"])
+        if cfg is None:
+            raise ValueError(f"decode steps need a LLaMA-family model, not {p['model']!r}")
+        tg, mg = decode_plan(cfg, p["seq"], p["batch"], p["gpus"], p["budget_nbytes"], block=p["block"])
+    except Exception as e:  # as compile_plan: reported, the sweep goes on
+        return p, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
+    d = tg.meta["decode"]
+    mg.stats |= {"split": "tensor", "cache_nbytes": cache_nbytes(tg), "cache_slots": d["n_blocks"] * d["block"]}
+    save_plan(path, mg)
+    return p, time.perf_counter() - t0, None
+
+
+def tokens_per_run(p: dict) -> int:
+    """Tokens one run of configuration ``p`` processes: a prefill's ``seq``, a training step's ``batch`` x
+    ``seq``, a decode step's ``batch`` (one new token per sequence)."""
+    w = p.get("workload", "prefill")
+    return int(p.get("batch", 1)) * (1 if w == "decode" else int(p["seq"]))
 
 
 _PLANS: dict = {}
@@ -186,8 +234,11 @@ def run_row(mg, tm, prof, task) -> tuple[dict, dict | None, object]:
     tr = r.trace(mg, p)
     row = {k: p[k] for k in ("model", "seq", "gpus", "budget", "budget_nbytes", "workload")}
     row["split"] = mg.stats.get("split", "tensor")
+    row |= {"batch": int(p.get("batch", 1)), "cache_nbytes": int(mg.stats.get("cache_nbytes", 0)),
+            "cache_slots": int(mg.stats.get("cache_slots", 0))}  # fmt: skip
     row |= {"policy": policy, "seed": seed, "mean_only": mean_only, "lower_bound_ns": r.lower_bound_ns}
     row |= run_metrics(tr.spans, mg.n_gpus)
+    row["tokens_per_s"] = tokens_per_run(p) * 1e9 / row["makespan_ns"] if row["makespan_ns"] else 0.0
     row |= {f"bound_{k}": v for k, v in r.bound.items() if k != "lower_bound_ns"}
     row |= {"n_vertices": mg.n, "sim_wall_s": r.wall_s, "resident_nbytes": int(mg.out_nbytes[mg.preloaded()].sum()),
             "replayed_seed": -1 if replay is None else replay[0]}  # fmt: skip

@@ -55,6 +55,6 @@ def test_ablate_workloads(tmp_path, capsys):
     assert pd.read_csv(out / "summary.csv").workload.tolist() == ["prefill", "lora"]
     assert main(["report", str(out)]) == 0
     cfg = tmp_path / "bad.toml"
-    cfg.write_text('[ablate]\nworkloads = ["decode"]\n')
+    cfg.write_text('[ablate]\nworkloads = ["serve"]\n')
     assert main(["ablate", "--config", str(cfg), "--out", str(out)]) == 2
     assert "workloads" in capsys.readouterr().err
