@@ -18,6 +18,7 @@ POLICY_HELP = (
 
 def register(sub) -> None:
     from turnip.compile import MODELS
+    from turnip.decode import DEFAULT_BLOCK
     from turnip.sched import POLICIES
 
     s = sub.add_parser(
@@ -26,7 +27,9 @@ def register(sub) -> None:
         description="Simulate a compiled plan on a virtual GPU server (SimPy), driving the same scheduler "
         "core as real runs. PLAN is a plan file from `turnip compile -o`, or MODEL:SEQ:GPUS:BUDGET "
         "(e.g. llama-7b:4096:1:6GiB; MODEL may be a Hugging Face model directory) to compile on the fly "
-        "as `turnip compile` does by default (budget-aware tiles, --resident auto).",
+        "as `turnip compile` does by default (budget-aware tiles, --resident auto). With --decode, "
+        "MODEL:SEQ:GPUS:BUDGET is one decode step of --batch sequences over a KV cache of SEQ tokens, the plan "
+        "`turnip generate` runs (docs/generate.md): per-step time, tokens/s and nondet against det.",
         formatter_class=DefaultsHelp,
     )
     s.add_argument("plan", metavar="PLAN", help="a plan file (`turnip compile -o`) or MODEL:SEQ:GPUS:BUDGET")
@@ -49,6 +52,14 @@ def register(sub) -> None:
     s.add_argument("--trace", metavar="OUT.json", help="write the first run as a Chrome/Perfetto trace")
     s.add_argument("--csv", metavar="OUT.csv",
                    help="write one row per run (makespan, lower bound, its host and host link factors)")
+    s.add_argument("--vs", choices=[*POLICIES, "none"], metavar="POLICY",
+                   help="also run POLICY with the same seeds and print the paired makespan ratio --policy/POLICY "
+                   "(default: det with --decode, or nondet where --policy is det; none otherwise)")
+    s.add_argument("--decode", action="store_true",
+                   help="MODEL:SEQ:GPUS:BUDGET is one decode step: --batch sequences whose new token is the SEQ-th, "
+                   "over a cache of SEQ slots rounded up to --block (a decode plan file is recognised by itself)")
+    s.add_argument("--block", type=ck.COUNT, default=None,
+                   help=f"--decode: cache slots per block, as `turnip generate --block` (default {DEFAULT_BLOCK})")
     ck.add_train_flags(s)  # for MODEL:SEQ:GPUS:BUDGET: a LoRA training step, SEQ tokens per sequence
     ck.add_split_flag(s)  # for MODEL:SEQ:GPUS:BUDGET
     s.set_defaults(func=cmd_simulate)
@@ -63,8 +74,9 @@ def register(sub) -> None:
         "issue order of each configuration's fastest nondet run, replayed fixed), 5 seeds (+ one noise-free run "
         "each), on the h100 profile. The report gives per configuration the paired makespan ratios nondet/det, "
         "nondet/det-kernels and nondet/det-replay (below 1: adapting at run time wins). Plans are compiled once "
-        "and cached in OUT/plans. `--workloads prefill lora` adds one LoRA training step per configuration "
-        "(--train-batch sequences of each length), reported next to that configuration's prefill. Options "
+        "and cached in OUT/plans. `--workloads prefill lora decode` adds one LoRA training step (--train-batch "
+        "sequences of each length) and one decode step (--decode-batch sequences over a KV cache of each length) "
+        "per configuration, reported next to that configuration's prefill. Options "
         "override the config file, which overrides the defaults. --scheduler runs the simulations on a Dask cluster "
         "instead of local processes.",
         formatter_class=DefaultsHelp,
@@ -77,11 +89,15 @@ def register(sub) -> None:
     a.add_argument("--budgets", nargs="+", metavar="NAME=SIZE", help="default tight=1GiB roomy=16GiB")
     a.add_argument("--policies", nargs="+", choices=POLICIES,
                    help="default nondet det det-kernels det-replay (det-replay adds nondet when absent)")
-    a.add_argument("--workloads", nargs="+", choices=["prefill", "lora"],
-                   help="what each plan computes: prefill, and/or lora: one LoRA training step (rank 16 on q, k, v "
-                   "and the FFN, checkpointing auto) of --train-batch sequences of each length, reported next to "
-                   "the prefill of the same configuration (default prefill)")
+    a.add_argument("--workloads", nargs="+", choices=["prefill", "lora", "decode"],
+                   help="what each plan computes: prefill; lora: one LoRA training step (rank 16 on q, k, v "
+                   "and the FFN, checkpointing auto) of --train-batch sequences of each length; decode: one decode "
+                   "step of --decode-batch sequences over a KV cache of each length (the plan `turnip generate` "
+                   "runs); each reported next to the prefill of the same configuration (default prefill)")
     a.add_argument("--train-batch", type=ck.COUNT, metavar="N", help="sequences per LoRA training step (default 1)")
+    a.add_argument("--decode-batch", type=ck.COUNT, metavar="N", help="sequences per decode step (default 1)")
+    a.add_argument("--decode-block", type=ck.COUNT, metavar="T",
+                   help=f"cache slots per block of a decode step (default {DEFAULT_BLOCK})")
     a.add_argument("--seeds", type=ck.COUNT, help="seeds per configuration and policy (default 5)")
     a.add_argument("--resident", metavar="auto|BYTES",
                    help="inputs kept on the GPU across runs: auto (a quarter of the budget when the plan still "
@@ -122,12 +138,17 @@ def register(sub) -> None:
 
 def _plan(spec: str, force: bool, seed: int = 0, train: argparse.Namespace | None = None):
     """The memgraph of PLAN and its trace metadata. ``train``: the parsed training flags (``--train lora``
-    and the rest; ``ck.add_train_flags``), which apply when PLAN is MODEL:SEQ:GPUS:BUDGET."""
+    and the rest; ``ck.add_train_flags``), which apply when PLAN is MODEL:SEQ:GPUS:BUDGET, and ``--decode``
+    and ``--block``; a decode step's metadata has ``workload`` decode (``_decode_meta``)."""
     from pathlib import Path
 
     from turnip.cli.compile_cmds import build_plan, compile_args, load_plan_arg, split_profile
-    from turnip.compile import MODELS
 
+    decode = getattr(train, "decode", False)
+    if getattr(train, "block", None) is not None and not decode:
+        raise ck.CliError("--block applies to --decode only; drop it, or add --decode", ck.USAGE)
+    if decode and getattr(train, "train", "none") != "none":
+        raise ck.CliError("--decode and --train lora are different plans; pass one of them", ck.USAGE)
     flags = {k: getattr(train, k) for k in ("train", "batch", "rank", "alpha", "targets", "lr", "checkpoint", "split")
              if train is not None and hasattr(train, k)}  # fmt: skip
     flags["profile"] = split_profile(train) if train is not None else None  # --profile picks the split
@@ -137,7 +158,33 @@ def _plan(spec: str, force: bool, seed: int = 0, train: argparse.Namespace | Non
                               "with `turnip compile --train lora` instead)", ck.USAGE)  # fmt: skip
         if train is not None:
             ck.unused_flags(train, plan_file=spec)
-        return load_plan_arg(spec)[0], {"plan": spec}
+        if getattr(train, "block", None) is not None:
+            raise ck.CliError(f"--block: {spec} is a compiled plan, which fixes it; drop it", ck.USAGE)
+        mg, tg = load_plan_arg(spec)
+        meta = {"plan": spec}
+        if tg is not None and tg.meta.get("head") == "decode":
+            return mg, meta | _decode_meta(tg, mg)
+        if decode:
+            raise ck.CliError(f"--decode: {spec} is not a decode step's plan; drop --decode, or pass "
+                              "MODEL:SEQ:GPUS:BUDGET", ck.USAGE)  # fmt: skip
+        return mg, meta
+    model, seq_n, gpus_n, budget = _parse_spec(spec)
+    if decode:
+        return _decode_plan(model, seq_n, gpus_n, budget, train, force)
+    a = argparse.Namespace(model=model, seq=seq_n, gpus=gpus_n, budget=budget, dtype="fp16", tile=[], resident="auto",
+                           **flags)  # fmt: skip
+    tiles, nbytes, est = compile_args(a, force, budget_flag=f"BUDGET in {spec!r}")
+    tg, mg = build_plan(a, tiles, nbytes, est, seed=seed)
+    meta = {"model": model, "seq": seq_n, "gpus": gpus_n, "budget": budget, "split": tg.meta.get("split", "tensor")}
+    if ck.train_spec(a) is not None:
+        meta |= {"workload": "lora", "batch": a.batch}
+    return mg, meta
+
+
+def _parse_spec(spec: str) -> tuple[str, int, int, str]:
+    """MODEL:SEQ:GPUS:BUDGET as (model, seq, gpus, budget text); usage errors say what is wrong."""
+    from turnip.compile import MODELS
+
     parts = spec.rsplit(":", 3)  # MODEL may be a path
     if len(parts) != 4 and (spec.endswith(".tplan") or "/" in spec):
         raise ck.CliError(f"{spec}: no such plan file; write one with `turnip compile -o {spec}`, or pass "
@@ -156,34 +203,72 @@ def _plan(spec: str, force: bool, seed: int = 0, train: argparse.Namespace | Non
     except argparse.ArgumentTypeError as e:
         which = "SEQ" if not seq.isdigit() or int(seq) < 1 else "GPUS"
         raise ck.CliError(f"{which} in {spec!r}: {e}; e.g. llama-7b:4096:1:6GiB", ck.USAGE) from None
-    a = argparse.Namespace(model=model, seq=seq_n, gpus=gpus_n, budget=budget, dtype="fp16", tile=[], resident="auto",
-                           **flags)  # fmt: skip
-    tiles, nbytes, est = compile_args(a, force, budget_flag=f"BUDGET in {spec!r}")
-    tg, mg = build_plan(a, tiles, nbytes, est, seed=seed)
-    meta = {"model": model, "seq": seq_n, "gpus": gpus_n, "budget": budget, "split": tg.meta.get("split", "tensor")}
-    if ck.train_spec(a) is not None:
-        meta |= {"workload": "lora", "batch": a.batch}
-    return mg, meta
+    return model, seq_n, gpus_n, budget
 
 
-def cmd_simulate(a) -> int:
-    import numpy as np
+def decode_guard(model: str, seq: int, gpus: int, budget_nbytes: int, block: int, force: bool, where: str):
+    """The LLaMA config of a decode step of ``model`` over a cache of ``seq`` tokens: usage errors for a model
+    that has none or that decode plans do not run (``where`` names the argument), and a refusal (exit 1) of a
+    plan too large to compile in reasonable time, unless ``force`` (as ``ck.guard`` for prefills)."""
+    from turnip.compile import BUILD_VERTICES_PER_S, LOWER_VERTICES_PER_S, MAX_COMPILE_S, MAX_VERTICES
+    from turnip.decode import check_decodable, context_blocks, decode_vertices
+    from turnip.models import llama_config
 
-    from sim.engine import simulate
-    from sim.timing import TimingModel
+    cfg = llama_config(model)
+    if cfg is None:
+        raise ck.CliError(f"{where}: decode steps need a LLaMA-family model, not {model}", ck.USAGE)
+    try:
+        check_decodable(cfg)
+        n = decode_vertices(cfg, context_blocks(seq, block), gpus, "fp16", budget_nbytes)
+    except ValueError as e:
+        raise ck.CliError(f"{where}: {e}", ck.USAGE) from None
+    compile_s = n / LOWER_VERTICES_PER_S + 4 * n / BUILD_VERTICES_PER_S  # up to four resident sets built
+    if (n > MAX_VERTICES or compile_s > MAX_COMPILE_S) and not force:
+        raise ck.CliError(f"{where}: a decode step of {model} over {seq} tokens would have {n:,} taskgraph vertices "
+                          f"(about {compile_s:,.0f} s to compile); use a shorter context or a larger --block, or "
+                          "pass --force", ck.FAILED)  # fmt: skip
+    return cfg
+
+
+def _decode_plan(model: str, seq: int, gpus: int, budget: str, a, force: bool):
+    """``--decode``: the decode step's memgraph and metadata (``turnip.decode.decode_plan``)."""
+    from turnip.decode import DEFAULT_BLOCK, decode_plan
+    from turnip.memgraph.build import BudgetError
+
+    if getattr(a, "split", "auto") == "layers":
+        raise ck.CliError("--split layers: a decode step is split by tensor blocks; drop --split", ck.USAGE)
+    where = f"{model}:{seq}:{gpus}:{budget}"
+    nbytes = ck.nbytes(budget, f"BUDGET in {where!r}", minimum=1)
+    block = a.block or DEFAULT_BLOCK
+    cfg = decode_guard(model, seq, gpus, nbytes, block, force, where)
+    try:
+        tg, mg = decode_plan(cfg, seq, a.batch, gpus, nbytes, block=block)
+    except BudgetError as e:
+        raise ck.CliError(f"{e}; raise BUDGET in {where!r}", ck.FAILED) from None
+    meta = {"model": model, "seq": seq, "gpus": gpus, "budget": budget, "split": "tensor"}
+    return mg, meta | _decode_meta(tg, mg)
+
+
+def _decode_meta(tg, mg) -> dict:
+    """A decode step's metadata: workload, batch, block, its cache's slots, bytes and whether it streams."""
+    from turnip.decode import cache_nbytes, state_inputs
+    from turnip.memgraph.plan import KIND_INPUT
+
+    d = tg.meta["decode"]
+    streamed = mg.tensor[(mg.kind == KIND_INPUT) & ~mg.preloaded()]
+    return {"workload": "decode", "batch": int(tg.meta["batch"]), "block": int(d["block"]),
+            "cache_slots": int(d["n_blocks"] * d["block"]), "cache_nbytes": cache_nbytes(tg),
+            "cache_streamed": bool(set(state_inputs(tg)) & set(streamed.tolist()))}  # fmt: skip
+
+
+def _runs(mg, prof, tm, policy: str, a, progress: str):
+    """``a.runs`` simulated runs of ``policy`` (seeds ``a.seed``...): their rows, the first run's result, and
+    for det-replay the words saying whose order it replays."""
+    from sim.engine import fastest_run, simulate
     from turnip.progress import Progress
 
-    ck.output_file(a.trace, "--trace")
-    ck.output_file(a.csv, "--csv")
-    if a.record_runs is not None and a.policy != "det-replay":
-        raise ck.CliError("--record-runs applies to --policy det-replay only; drop it", ck.USAGE)
-    prof = ck.load_profile(a.profile)
-    mg, meta = _plan(a.plan, a.force, a.seed, a)
-    tm = TimingModel(mg, prof)
     order, replayed = None, ""
-    if a.policy == "det-replay":
-        from sim.engine import fastest_run
-
+    if policy == "det-replay":
         n_rec = a.record_runs or a.runs
         with Progress(n_rec, "simulate: record nondet orders") as bar:
             best = fastest_run(mg, prof, range(a.seed, a.seed + n_rec), a.mean_only, tm, progress=bar.update,
@@ -191,28 +276,55 @@ def cmd_simulate(a) -> int:
         order = best.order
         replayed = (f"replaying the issue order of nondet seed {best.seed} ({best.makespan_ns / 1e6:.3f} ms, the "
                     f"fastest of {n_rec} nondet runs)")  # fmt: skip
-    rows = []
-    with Progress(a.runs, "simulate") as bar:
+    rows, first = [], None
+    with Progress(a.runs, progress) as bar:
         for i in range(a.runs):
-            r = simulate(mg, prof, a.policy, a.seed + i, a.mean_only, tm, order, host=a.host_factor,
+            r = simulate(mg, prof, policy, a.seed + i, a.mean_only, tm, order, host=a.host_factor,
                          link=a.link_factor)  # fmt: skip
-            if i == 0:
-                first = r  # its bound is the one printed
-                if a.trace:
-                    r.trace(mg, meta).write_chrome(a.trace)
-            rows.append({"seed": r.seed, "makespan_ns": r.makespan_ns, "lower_bound_ns": r.lower_bound_ns,
-                         "wall_s": r.wall_s, "host_factor": r.host_factor, "link_factor": r.link_factor})  # fmt: skip
+            first = first or r  # its bound is the one printed
+            rows.append({"policy": policy, "seed": r.seed, "makespan_ns": r.makespan_ns,
+                         "lower_bound_ns": r.lower_bound_ns, "wall_s": r.wall_s, "host_factor": r.host_factor,
+                         "link_factor": r.link_factor})  # fmt: skip
             bar.update(i + 1)
+    return rows, first, replayed
+
+
+def cmd_simulate(a) -> int:
+    import numpy as np
+
+    from sim.timing import TimingModel
+
+    ck.output_file(a.trace, "--trace")
+    ck.output_file(a.csv, "--csv")
+    if a.record_runs is not None and "det-replay" not in (a.policy, a.vs):
+        raise ck.CliError("--record-runs applies to --policy det-replay (or --vs det-replay) only; drop it", ck.USAGE)
+    prof = ck.load_profile(a.profile)
+    mg, meta = _plan(a.plan, a.force, a.seed, a)
+    decode = meta.get("workload") == "decode"
+    vs = a.vs if a.vs is not None else ("none" if not decode else "nondet" if a.policy == "det" else "det")
+    vs = None if vs in ("none", a.policy) else vs
+    tm = TimingModel(mg, prof)
+    rows, first, replayed = _runs(mg, prof, tm, a.policy, a, "simulate")
+    if a.trace:
+        first.trace(mg, meta).write_chrome(a.trace)
+    other = _runs(mg, prof, tm, vs, a, f"simulate {vs}") if vs else ([], None, "")
     ms = np.array([x["makespan_ns"] for x in rows]) / 1e6
     eff = np.mean([x["lower_bound_ns"] / x["makespan_ns"] for x in rows])  # each run against its own bound
-    wall = sum(x["wall_s"] for x in rows)
-    rate = f"{mg.n * len(rows) / wall:,.0f}" if wall > 0 else "-"
-    step = f", one LoRA training step of {meta['batch']} x {meta['seq']} tokens" if "batch" in meta else ""
+    wall = sum(x["wall_s"] for x in rows + other[0])
+    rate = f"{mg.n * len(rows + other[0]) / wall:,.0f}" if wall > 0 else "-"
+    lora = meta.get("workload") == "lora"
+    step = f", one LoRA training step of {meta['batch']} x {meta['seq']} tokens" if lora else ""
+    if decode:
+        seqs = f"{meta['batch']} sequence{'s' * (meta['batch'] > 1)}"
+        where = "streamed from the host" if meta["cache_streamed"] else "kept on the GPUs"
+        step = (f", one decode step of {seqs} over a cache of {meta['cache_slots']} slots ({meta['block']} per "
+                f"block, {meta['cache_nbytes'] / 2**20:.1f} MiB, {where})")  # fmt: skip
     host = f", host costs x {a.host_factor:g}" if a.host_factor is not None else ""
     host += f", host link copies x {a.link_factor:g}" if a.link_factor is not None else ""
     print(f"{mg.n} vertices{step}, {mg.n_gpus} GPU(s), policy {a.policy}, profile {prof.name}{host}, {a.runs} run(s)")
-    if replayed:
-        print(replayed)
+    for words in (replayed, other[2]):
+        if words:
+            print(words)
     print(f"makespan  mean {ms.mean():.3f} ms  sd {ms.std():.3f}  min {ms.min():.3f}  max {ms.max():.3f}")
     drawn = a.runs > 1 and not a.mean_only and (
         (a.host_factor is None and prof.host_excess_sd > 0) or (a.link_factor is None and prof.link_excess_sd > 0))
@@ -220,6 +332,14 @@ def cmd_simulate(a) -> int:
     parts = format_bound(first.bound, 1)
     print(f"lower bound {first.lower_bound_ns / 1e6:.3f} ms{which} ({parts})")
     print(f"efficiency {eff:.3f}; simulated {rate} vertices/s")
+    if decode:
+        print(f"per step {ms.mean():.3f} ms: {meta['batch'] * 1e3 / ms.mean():,.1f} tokens/s ({seqs} x 1 token)")
+    if vs:
+        ms_vs = np.array([x["makespan_ns"] for x in other[0]]) / 1e6
+        ratio = ms / ms_vs  # the same seeds: paired
+        per = f": {meta['batch'] * 1e3 / ms_vs.mean():,.1f} tokens/s" if decode else ""
+        print(f"{a.policy}/{vs} {ratio.mean():.3f} (paired over {len(ratio)} seeds: {ratio.min():.3f}.."
+              f"{ratio.max():.3f}; below 1: {a.policy} faster); {vs} mean {ms_vs.mean():.3f} ms{per}")  # fmt: skip
     if a.trace:
         print(f"trace: {a.trace} (open in https://ui.perfetto.dev)")
     if a.csv:
@@ -227,8 +347,11 @@ def cmd_simulate(a) -> int:
 
         from turnip.fileio import atomic_write
 
+        df = pd.DataFrame(rows + other[0]).assign(mean_only=a.mean_only, **meta)
+        if decode:
+            df["tokens_per_s"] = meta["batch"] * 1e9 / df.makespan_ns
         with atomic_write(a.csv, newline="") as f:
-            pd.DataFrame(rows).assign(policy=a.policy, mean_only=a.mean_only, **meta).to_csv(f, index=False)
+            df.to_csv(f, index=False)
     return 0
 
 
@@ -237,7 +360,9 @@ SWEEP_KEYS = {"models": "list of model names", "seqs": "list of sequence lengths
               "mean_only": "true/false", "profile": "machine profile name or file",
               "resident": "auto or bytes of inputs kept resident per GPU",
               "trace": "table with model, seq, gpus, budget, workload",
-              "workloads": "list of prefill, lora", "train_batch": "sequences per LoRA training step"}  # fmt: skip
+              "workloads": "list of prefill, lora, decode", "train_batch": "sequences per LoRA training step",
+              "decode_batch": "sequences per decode step",
+              "decode_block": "cache slots per block of a decode step"}  # fmt: skip
 
 
 def _read_config(path: str) -> dict:
@@ -317,9 +442,15 @@ def _check_sweep(cfg, where: str, force: bool) -> None:
     work = cfg.workloads
     if not isinstance(work, tuple | list) or not work or any(w not in WORKLOADS for w in work):
         bad("workloads", f"is {cfg.workloads!r}; it must be a list of {', '.join(WORKLOADS)}")
-    if isinstance(cfg.train_batch, bool) or not isinstance(cfg.train_batch, int) or cfg.train_batch < 1:
-        bad("train_batch", f"is {cfg.train_batch!r}; it must be an integer >= 1")
+    for key in ("train_batch", "decode_batch", "decode_block"):
+        v = getattr(cfg, key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            bad(key, f"is {v!r}; it must be an integer >= 1")
     for p in cfg.plans():
+        if p["workload"] == "decode":
+            decode_guard(p["model"], p["seq"], p["gpus"], p["budget_nbytes"], p["block"], force,
+                         f"{where}: decode of {p['model']} at {p['seq']} tokens")  # fmt: skip
+            continue
         ck.guard(p["model"], p["seq"], p["gpus"], "fp16", None, None, p["budget_nbytes"], force, quiet=True,
                  train=train_spec(p))  # fmt: skip
 
@@ -361,7 +492,7 @@ def cmd_ablate(a) -> int:
     over = {"models": a.models, "seqs": a.seqs, "gpus": a.gpus, "budgets": budgets, "policies": a.policies,
             "seeds": a.seeds, "profile": a.profile, "mean_only": False if a.no_mean_only else None,
             "resident": a.resident, "workloads": a.workloads, "train_batch": a.train_batch,
-            "split": a.split}  # fmt: skip
+            "decode_batch": a.decode_batch, "decode_block": a.decode_block, "split": a.split}  # fmt: skip
     ck.output_dir(a.out, "--out")
     given_trace = {}  # the config file's [ablate.trace], which must name a configuration of the grid
     if a.config:
