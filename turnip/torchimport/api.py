@@ -16,20 +16,22 @@ import numpy as np
 
 from turnip.graph import Tiling
 from turnip.torchimport.ir import choose_tiles, emit, lower_imported
+from turnip.torchimport.patterns import fuse, live
 
 
 @dataclass
 class Imported:
     """A compiled imported program: taskgraph ``tg``, memgraph ``mg``, the constant inputs' values by graph
-    input name, the user inputs (graph input name and shape, in call order; None where unused) and the
+    input name, the user inputs (name and the graph input's shape, in call order; None where unused) and the
     outputs (a graph output's name and how its blocks become the torch tensor, or a constant)."""
 
     tg: object
     mg: object
     values: dict[str, np.ndarray]
-    inputs: list[tuple[str | None, tuple[int, ...]]]
+    inputs: list[tuple[str, tuple[int, ...] | None]]
     outputs: list[dict]
     stats: dict = field(default_factory=dict)
+    gathers: dict = field(default_factory=dict)  # graph input -> (user input name, table): rows gathered on the host
 
     def verify(self) -> list:
         from turnip.memgraph.verify import verify
@@ -41,9 +43,13 @@ class Imported:
         from turnip.memgraph.interp import NP_DTYPE
 
         full = dict(self.values)
+        given = {}
         for (name, shape), a in zip(self.inputs, args, strict=True):
-            if name is not None:
-                full[name] = np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a).reshape(shape)
+            given[name] = np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a)
+            if shape is not None:
+                full[name] = given[name].reshape(shape)
+        for name, (src, table) in self.gathers.items():
+            full[name] = table[given[src].reshape(-1).astype(np.int64)]
         out = {}
         for name, (_shape, blocks) in self.tg.meta["input_blocks"].items():
             for starts, v in blocks:
@@ -78,7 +84,7 @@ def _layout(ir, v) -> dict:
     seq = [d for g in v.groups for d in g]
     phys = [d for d in seq if d in dims]
     rest = [d for d in dims if d not in phys]
-    return {"name": f"{ir.recs[v.rec].op}{v.rec}", "perm": [dims.index(d) for d in phys + rest],
+    return {"name": ir.recs[v.rec].name, "perm": [dims.index(d) for d in phys + rest],
             "present": [ir.ext[d] for d in phys], "placed": [ir.ext[d] if d in dims else 1 for d in seq],
             "full": [ir.ext[d] for d in seq],
             "shape": [int(np.prod([ir.ext[d] for d in g])) for g in v.groups]}  # fmt: skip
@@ -96,10 +102,11 @@ def export(module, example_inputs):
 
 
 def from_torch(module, example_inputs, budget: int | str = "6GiB", gpus: int = 1, dtype: str = "fp32",
-               resident="0", config=None, name: str = "") -> Imported:  # fmt: skip
+               resident="0", config=None, name: str = "", fuse_ops: bool = True) -> Imported:  # fmt: skip
     """Compile ``module`` (a ``torch.nn.Module``) for ``example_inputs`` under ``budget`` bytes per GPU on
     ``gpus`` GPUs, computing in ``dtype`` (fp32, fp16, bf16). Ops with no lowering are refused in one
-    ``UnsupportedOps`` naming each with its count; a budget too small for some vertex raises ``BudgetError``."""
+    ``UnsupportedOps`` naming each with its count; a budget too small for some vertex raises ``BudgetError``.
+    ``fuse_ops``: chains that are one of turnip's fused ops become it (``turnip.torchimport.patterns``)."""
     from turnip.compile import build_with_resident, parse_nbytes
     from turnip.torchimport.trace import trace
 
@@ -111,16 +118,18 @@ def from_torch(module, example_inputs, budget: int | str = "6GiB", gpus: int = 1
     t0 = time.perf_counter()
     ep, args = export(module, example_inputs)
     t1 = time.perf_counter()
-    ir, user, outs, _ = trace(ep, args, dtype)
-    blocks = choose_tiles(ir, b, gpus)
-    g, values, tiles, order = emit(ir, blocks)
+    ir, user, outs, ctx = trace(ep, args, dtype)
+    fused = fuse(ir) if fuse_ops else {}
+    keep = live(ir)
+    blocks = choose_tiles(ir, keep, b, gpus)
+    g, values, tiles, order = emit(ir, keep, blocks)
     tg = lower_imported(g, Tiling(tiles, n_gpus=gpus, parallel=order))
     tg.meta.update(model=name or f"torch:{type(module).__name__}", dtype=dtype, n_gpus=gpus, source="torch.export")
     t2 = time.perf_counter()
     mg = build_with_resident(tg, b, config, resident)
-    placed = {ir.recs[r].name: r for r in range(len(ir.recs)) if ir.recs[r].op == "input"}
-    inputs = [(u.name, ir.shape(placed[u.name])) if u.name in placed else (None, u.shape) for u in user]
+    placed = {ir.recs[r].name: r for r in keep if ir.recs[r].op == "input"}
+    inputs = [(u.name, ir.shape(placed[u.name]) if u.name in placed else None) for u in user]
     outputs = [_layout(ir, o) if hasattr(o, "rec") else {"value": np.asarray(o)} for o in outs]
     stats = {"export_s": t1 - t0, "lower_s": t2 - t1, "build_s": time.perf_counter() - t2, "tiles": tiles,
-             "ir_records": len(ir.recs)}  # fmt: skip
-    return Imported(tg, mg, values, inputs, outputs, stats)
+             "ir_records": len(ir.recs), "fused": fused}  # fmt: skip
+    return Imported(tg, mg, values, inputs, outputs, stats, ctx.gathers)

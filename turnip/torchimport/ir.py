@@ -84,25 +84,25 @@ class IR:
         return math.prod(self.shape(r)) * DTYPE_NBYTES[self.recs[r].dtype]
 
 
-def tileable(ir: IR) -> set[int]:
+def tileable(ir: IR, live: list[int]) -> set[int]:
     """The class roots that may be tiled: not whole, never twice in one tensor, larger than 1."""
     no = {ir.find(d) for d in ir.whole}
-    for r in ir.recs:
+    for r in (ir.recs[i] for i in live):
         roots = [ir.find(d) for d in r.dims]
         no.update(x for x in roots if roots.count(x) > 1)
-    return {ir.find(d) for r in ir.recs for d in r.dims if ir.ext[d] > 1} - no
+    return {ir.find(d) for i in live for d in ir.recs[i].dims if ir.ext[d] > 1} - no
 
 
 MIN_TILE = 4  # automatic tiling stops halving a dimension's tile here
 
 
-def choose_tiles(ir: IR, budget_nbytes: int | None, n_gpus: int = 1) -> dict[int, int]:
+def choose_tiles(ir: IR, live: list[int], budget_nbytes: int | None, n_gpus: int = 1) -> dict[int, int]:
     """Blocks per tiled class: classes of the largest vertex (its inputs plus its output) are halved, the largest
     tile first, until every vertex takes at most a quarter of the budget; on several GPUs the two classes
     holding the most weight bytes get at least one block per GPU (as the LLaMA builder splits heads and FFN).
     A vertex that no tile shrinks (a whole embedding table) is left as it is: BuildMemgraph says if it does not
     fit."""
-    ok = tileable(ir)
+    ok = tileable(ir, live)
     blocks = dict.fromkeys(ok, 1)
 
     def tile(d: int) -> int:
@@ -114,7 +114,8 @@ def choose_tiles(ir: IR, budget_nbytes: int | None, n_gpus: int = 1) -> dict[int
 
     if n_gpus > 1:
         weight: dict[int, int] = {}
-        for i, r in enumerate(ir.recs):
+        for i in live:
+            r = ir.recs[i]
             if r.value is not None:
                 for d in r.dims:
                     if ir.find(d) in ok:
@@ -124,25 +125,28 @@ def choose_tiles(ir: IR, budget_nbytes: int | None, n_gpus: int = 1) -> dict[int
     if budget_nbytes is None:
         return blocks
     cap = budget_nbytes // 4
-    kernels = [i for i, r in enumerate(ir.recs) if r.op != "input"]
+    kernels = [i for i in live if ir.recs[i].op != "input"]
     for _ in range(64 * max(1, len(blocks))):
         cost = {i: block_nbytes(i) + sum(block_nbytes(j) for j in ir.recs[i].inputs) for i in kernels}
         split = None
         for worst in sorted((i for i in kernels if cost[i] > cap), key=cost.get, reverse=True):
-            cands = {ir.find(d) for j in (worst, *ir.recs[worst].inputs) for d in ir.recs[j].dims}
-            cands = [c for c in cands if c in blocks and tile(c) > min(ir.ext[c], MIN_TILE)]
-            if cands:  # the largest tile of the costliest vertex that can still shrink
-                split = max(cands, key=tile)
-                break
+            shrink = {j: [ir.find(d) for d in ir.recs[j].dims if ir.find(d) in blocks and tile(d) > MIN_TILE]
+                      for j in dict.fromkeys((worst, *ir.recs[worst].inputs))}  # fmt: skip
+            part = sum(block_nbytes(j) for j, cs in shrink.items() if cs)
+            if not part or part <= cap // 2 and cost[worst] - part > cap // 2:
+                continue  # a whole tensor (an embedding table) is most of it: tiling the rest would not help
+            j = max((j for j, cs in shrink.items() if cs), key=block_nbytes)  # the largest tensor that shrinks,
+            split = max(shrink[j], key=tile)  # by its largest tile
+            break
         if split is None:
             break
         blocks[split] = min(ir.ext[split], blocks[split] * 2)
     return blocks
 
 
-def emit(ir: IR, blocks: dict[int, int]) -> tuple[Graph, dict[str, np.ndarray], dict, str]:
-    """The logical graph, the constant inputs' values by name, the tiles by letter and the letters of tiled
-    classes in the order their blocks go round-robin over GPUs (weight classes before the others)."""
+def emit(ir: IR, live: list[int], blocks: dict[int, int]) -> tuple[Graph, dict[str, np.ndarray], dict, str]:
+    """The logical graph of the ``live`` records, the constant inputs' values by name, the tiles by letter and
+    the letters of tiled classes in the order their blocks go round-robin over GPUs (weight classes first)."""
     tiled = sorted((c for c, n in blocks.items() if n > 1), key=lambda c: (-blocks[c], c))
     if len(tiled) > 26:
         tiled = tiled[:26]
@@ -155,7 +159,9 @@ def emit(ir: IR, blocks: dict[int, int]) -> tuple[Graph, dict[str, np.ndarray], 
 
     g = Graph(dtype=ir.dtype)
     values = {}
-    for i, r in enumerate(ir.recs):
+    gid = {r: i for i, r in enumerate(live)}
+    for i in live:
+        r = ir.recs[i]
         dims, shape = letters(r.dims), ir.shape(i)
         if r.op == "input":
             g.input(r.name, dims, shape, dtype=r.dtype)
@@ -165,9 +171,9 @@ def emit(ir: IR, blocks: dict[int, int]) -> tuple[Graph, dict[str, np.ndarray], 
         p = dict(r.params)
         if r.op == "einsum":
             p = {"subscripts": _subscripts(ir, r, upper), "scale": float(p.get("scale", 1.0))}
-        g._new(r.op, r.inputs, dims, shape, p, r.name, dtype=r.dtype)
-    g.outputs = list(ir.outputs)
-    weights = {ir.find(d) for r in ir.recs if r.value is not None for d in r.dims}
+        g._new(r.op, [gid[j] for j in r.inputs], dims, shape, p, r.name, dtype=r.dtype)
+    g.outputs = [gid[r] for r in ir.outputs]
+    weights = {ir.find(d) for i in live if ir.recs[i].value is not None for d in ir.recs[i].dims}
     order = "".join(upper[c] for c in sorted(tiled, key=lambda c: c not in weights))
     return g, values, tiles, order
 

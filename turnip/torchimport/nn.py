@@ -105,6 +105,8 @@ def embedding(ctx: Context, w, ids, padding_idx=-1, scale_grad=False, sparse=Fal
     if not _is_tensor(w):
         raise Unsupported("an embedding table that is computed")
     ir = ctx.ir
+    if isinstance(ids, Inp) and sum(s > 1 for s in ids.shape) <= 1:  # gathered on the host, as the builder does
+        return _host_gather(ctx, w, ids)
     iv = ctx.force(ids)
     if len(physical(ir, iv)) != 1:
         raise Unsupported("token ids of more than one sequence")
@@ -115,6 +117,20 @@ def embedding(ctx: Context, w, ids, padding_idx=-1, scale_grad=False, sparse=Fal
     ir.keep_whole(v, d)
     r = ir.add("embed", [iv.rec, table.rec], out)
     return TV(r, [tuple(out[0] if e == i else e for e in g) for g in iv.groups] + [(out[1],)])
+
+
+def _host_gather(ctx: Context, w, ids: Inp) -> TV:
+    """The embedded prompt as an input filled on the host from the table's rows (``Context.gathers``): the table
+    never goes to the GPU for it, whatever the vocabulary."""
+    from turnip.torchimport.trace import to_numpy
+
+    ir = ctx.ir
+    n = math.prod(ids.shape)
+    dims = ([ir.dim(n)] if n > 1 else []) + [ir.dim(w.shape[1])]
+    name = f"{ids.name}.embedded"
+    r = ir.add("input", [], dims, name=name)
+    ctx.gathers[name] = (ids.name, to_numpy(w, ir.dtype))
+    return TV(r, [(dims[0],) if s > 1 else () for s in ids.shape] + [(dims[-1],)])
 
 
 def conv2d(ctx: Context, x, w, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):

@@ -29,6 +29,7 @@ class Context:
         self.forced: dict[int, tuple] = {}
         self.names: dict[int, str] = {}  # id(constant tensor) -> parameter name
         self.placed: dict[str, int] = {}  # user input name -> record
+        self.gathers: dict[str, tuple] = {}  # input filled on the host -> (user input name, embedding table)
 
     # -- values to records
     def force(self, v) -> TV:
