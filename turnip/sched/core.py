@@ -2,14 +2,21 @@
 
 State it owns (every vertex ``v`` is in exactly one state, ``status[v]``):
   WAITING   some dependency not done (``missing[v] > 0``)
-  READY     all dependencies done; queued in its class heap, parked on its lock (``lock_wait``: held, or
-            not its turn), or (fixed-order classes) waiting for its turn in its fixed-order lane
+  READY     all dependencies done; queued in its GPU's heap (``heaps``), put aside while its copy engine is
+            busy (``parked``), parked on its lock (``lock_wait``: held, or not its turn), or (fixed-order
+            classes) waiting for its turn in its fixed-order lane
   RUNNING   launched: holds one stream slot of its issuing GPU, its copy engine (if a copy) and its
             sum-into lock (if in a lock group) until its completion event arrives
   DONE      completed
 Resources: ``streams_per_gpu`` slots per GPU; one host→device and one device→host engine per GPU; one
 engine per directed GPU→GPU link; one lock per lock group. The issuing GPU of a vertex is ``gpu[v]``,
 except a transfer, which is issued by (and ordered on) its source GPU.
+
+Dispatch launches the best-ranked ready vertex whose engine and lock are free. A GPU's heap holds the ranks of
+its ready vertices, kernels and copies together; one whose engine turns out busy when it comes up is moved to
+that engine's ``parked`` heap, and each release of an engine moves its best parked vertex back: whenever an
+engine is free, the best of its ready vertices is in its GPU's heap, so the heap's best launchable vertex is
+the best of all.
 
 Fixed-order vertices sit in lanes (per GPU; per engine queue for ``det-replay``), each issued strictly in
 sequence by a pointer; of a GPU's ready lane heads the best rank goes first.
@@ -41,7 +48,7 @@ adapts nothing at run time).
 
 from __future__ import annotations
 
-import heapq
+from heapq import heapify, heappop, heappush
 
 import numpy as np
 
@@ -154,12 +161,10 @@ class Scheduler:
         # order the lanes follow too, so the first member not yet launched never waits on a later one
         self.ordered_sums = ordered_sums or policy == "det-replay"
         self._lock_seq = lock_turns(order, self.lock) if self.ordered_sums else None
-        self._gpu_queues = [[q for q in range(self._n_engines + g) if self._queue_owner(q) == i] for i in range(g)]
-        # the queues a vertex can enter (the rest stay empty: dispatch never looks at them), with the engine
-        # each waits for (-1: a kernel queue, no engine)
-        used = set(queue[~is_fixed].tolist())
-        self._gpu_used = [[(q, q if q < self._n_engines else -1) for q in qs if q in used] for qs in self._gpu_queues]
         self._succ = [self.succ_idx[a:b] for a, b in zip(self.succ_ptr, self.succ_ptr[1:], strict=False)]
+        # where a vertex goes once ready: its GPU's heap (the GPU, >= 0), its lane (-1: fixed order), or a lock
+        # check first (-2)
+        self._ready_q = np.where(is_fixed, -1, np.where(mg.lock_group >= 0, -2, owner)).tolist()
         self._indegree = mg.indegree().tolist()
         pre = mg.preloaded()
         self._roots = np.flatnonzero((mg.indegree() == 0) & ~pre).tolist()  # ready at the start
@@ -175,7 +180,8 @@ class Scheduler:
         self.engine_holder = [-1] * self._n_engines
         self.lock_holder: dict[int, int] = {}
         self.lock_wait: dict[int, list[int]] = {}
-        self.heaps: list[list[int]] = [[] for _ in range(self._n_engines + g)]
+        self.heaps: list[list[int]] = [[] for _ in range(g)]  # per GPU
+        self.parked: list[list[int]] = [[] for _ in range(self._n_engines)]  # per engine
         self._ptr = [0] * len(self._lanes)
         self._lock_ptr = dict.fromkeys(self._lock_seq or (), 0)
         self.n_running = 0
@@ -184,8 +190,6 @@ class Scheduler:
         self.started = False
         self._dirty = bytearray(g)
         self._dirty_list: list[int] = []
-        heaps = self.heaps
-        self._gpu_heaps = [[(heaps[q], e) for q, e in qs] for qs in self._gpu_used]
 
     def fresh(self) -> Scheduler:
         """A new scheduler of the same plan, policy and options in its initial state (before ``start``). It
@@ -195,14 +199,6 @@ class Scheduler:
         s.__dict__.update(self.__dict__)
         s._reset()
         return s
-
-    def _queue_owner(self, q: int) -> int:
-        g = self.n_gpus
-        if q < 2 * g:
-            return q % g
-        if q < 2 * g + g * g:
-            return (q - 2 * g) // g
-        return q - 2 * g - g * g
 
     @property
     def finished(self) -> bool:
@@ -268,41 +264,39 @@ class Scheduler:
         e = self.engine[v]
         if e >= 0:
             self.engine_holder[e] = -1
-        dirty, dl = self._dirty, self._dirty_list
-        if not dirty[g]:
-            dirty[g] = 1
-            dl.append(g)
-        lk = self.lock[v]
-        if lk >= 0:
-            del self.lock_holder[lk]
-            for og in self._lock_gpus[lk]:
-                self._mark(og)
-            waiters = self.lock_wait.get(lk)
-            if waiters:  # wake one waiter only (the next in turn, or the best): the others could not take it
-                self._wake(lk, waiters)
-        missing = self.missing
+            if self.parked[e]:  # its best parked vertex back into the heap
+                heappush(self.heaps[g], heappop(self.parked[e]))
+        dirty, dl = self._dirty, self._dirty_list  # GPUs to dispatch besides g (g always is)
+        if self.lock[v] >= 0:
+            self._release(self.lock[v])
+        missing, ready_q, heaps, rank = self.missing, self._ready_q, self.heaps, self.rank
         for s in self._succ[v]:
             m = missing[s] - 1
             missing[s] = m
             if m == 0:  # ready (``_make_ready``, inlined)
                 status[s] = READY
-                if not self.fixed[s]:
-                    lk = self.lock[s]
-                    if lk >= 0 and self._lock_blocks(lk, s):
-                        heapq.heappush(self.lock_wait.setdefault(lk, []), self.rank[s])
-                        continue
-                    heapq.heappush(self.heaps[self.queue[s]], self.rank[s])
-                gs = owner[s]
-                if not dirty[gs]:
-                    dirty[gs] = 1
-                    dl.append(gs)
-        if len(dl) != 1:
+                q = ready_q[s]  # its GPU, when it goes to the GPU's heap at once
+                if q >= 0:
+                    heappush(heaps[q], rank[s])
+                else:
+                    if q == -2:
+                        lk = self.lock[s]
+                        if self._lock_blocks(lk, s):
+                            heappush(self.lock_wait.setdefault(lk, []), rank[s])
+                            continue
+                        heappush(heaps[owner[s]], rank[s])
+                    q = owner[s]
+                if q != g and not dirty[q]:
+                    dirty[q] = 1
+                    dl.append(q)
+        if dl:
+            if not dirty[g]:
+                dirty[g] = 1
+                dl.append(g)
             return self._dispatch_dirty()
-        out: list[int] = []  # ``_dispatch_dirty`` of one GPU, inlined
-        g = dl.pop()
-        dirty[g] = 0
+        out: list[int] = []  # ``_dispatch_dirty`` of g alone, inlined
         self._dispatch(g, out)
-        if self.n_running == 0 and self.n_done < self.n:
+        if not out and self.n_running == 0 and self.n_done < self.n:
             raise self.stall_error()
         return out
 
@@ -312,14 +306,23 @@ class Scheduler:
             self._dirty[g] = 1
             self._dirty_list.append(g)
 
+    def _release(self, lk: int) -> None:
+        """Lock ``lk``'s holder completed: the lock is free; its GPUs are dispatched and its next waiter woken."""
+        del self.lock_holder[lk]
+        for og in self._lock_gpus[lk]:
+            self._mark(og)
+        waiters = self.lock_wait.get(lk)
+        if waiters:  # wake one waiter only (the next in turn, or the best): the others could not take it
+            self._wake(lk, waiters)
+
     def _make_ready(self, v: int) -> None:
         self.status[v] = READY
         if not self.fixed[v]:
             lk = self.lock[v]
             if lk >= 0 and self._lock_blocks(lk, v):
-                heapq.heappush(self.lock_wait.setdefault(lk, []), self.rank[v])
+                heappush(self.lock_wait.setdefault(lk, []), self.rank[v])
                 return
-            heapq.heappush(self.heaps[self.queue[v]], self.rank[v])
+            heappush(self.heaps[self.owner[v]], self.rank[v])
         self._mark(self.owner[v])
 
     def _lock_blocks(self, lk: int, v: int) -> bool:
@@ -330,18 +333,18 @@ class Scheduler:
         """Lock ``lk`` was released: move its next waiter (ordered sums: the next member, if parked; else the
         best) from ``lock_wait`` to its class heap."""
         if self._lock_seq is None:
-            r = heapq.heappop(waiters)
+            r = heappop(waiters)
         else:
             seq, p = self._lock_seq[lk], self._lock_ptr[lk]
             r = self.rank[seq[p]] if p < len(seq) else -1
             if r not in waiters:
                 return
             waiters.remove(r)
-            heapq.heapify(waiters)
+            heapify(waiters)
         if not waiters:
             del self.lock_wait[lk]
         u = self._by_rank[r]
-        heapq.heappush(self.heaps[self.queue[u]], r)
+        heappush(self.heaps[self.owner[u]], r)
         self._mark(self.owner[u])
 
     def _dispatch_dirty(self) -> list[int]:
@@ -365,48 +368,58 @@ class Scheduler:
         streams = self.free_streams[g]
         if not streams:
             return
-        holder, gpu_lanes, gpu_heaps = self.engine_holder, self._gpu_lanes[g], self._gpu_heaps[g]
+        heap, holder, engine, by_rank = self.heaps[g], self.engine_holder, self.engine, self._by_rank
+        gpu_lanes = self._gpu_lanes[g]
+        launched = 0
         while streams:
-            best_r, best_h, best_ln = -1, None, -1
+            best_r, best_ln = self.n, -1  # n: above every rank
             if gpu_lanes:  # fixed lanes: their heads only, when ready and their engine and lock are free
-                lanes, ptr, rank, status, engine = self._lanes, self._ptr, self.rank, self.status, self.engine
+                lanes, ptr, rank, status = self._lanes, self._ptr, self.rank, self.status
                 for ln in gpu_lanes:
                     p = ptr[ln]
                     if p < len(lanes[ln]):
                         u = lanes[ln][p]
-                        if status[u] == READY and (best_r < 0 or rank[u] < best_r):
+                        if status[u] == READY and rank[u] < best_r:
                             e = engine[u]
                             if e < 0 or holder[e] < 0:
                                 lk = self.lock[u]
                                 if lk < 0 or not self._lock_blocks(lk, u):
                                     best_r, best_ln = rank[u], ln
-            for h, e in gpu_heaps:
-                if h and (e < 0 or holder[e] < 0) and (best_r < 0 or h[0] < best_r):
-                    best_r, best_h = h[0], h
-            if best_h is not None:
-                v = self._by_rank[heapq.heappop(best_h)]
-                lk = self.lock[v]
-                if lk >= 0 and self._lock_blocks(lk, v):
-                    heapq.heappush(self.lock_wait.setdefault(lk, []), best_r)
+            v = -1
+            while heap and heap[0] < best_r:  # the heap's best launchable vertex, if better than the lanes'
+                r = heappop(heap)
+                u = by_rank[r]
+                e = engine[u]
+                if e >= 0 and holder[e] >= 0:
+                    heappush(self.parked[e], r)  # back when its engine is released
                     continue
-            elif best_ln >= 0:
+                lk = self.lock[u]
+                if lk >= 0 and self._lock_blocks(lk, u):
+                    heappush(self.lock_wait.setdefault(lk, []), r)
+                    if e >= 0 and self.parked[e]:  # the engine's next best is now the best of its parked
+                        heappush(heap, heappop(self.parked[e]))
+                    continue
+                v = u
+                break
+            if v < 0:
+                if best_ln < 0:
+                    break
                 v = self._lanes[best_ln][self._ptr[best_ln]]
                 self._ptr[best_ln] += 1
-            else:
-                return
+                lk = self.lock[v]
             # launch v (it holds its slot, engine and lock until its completion)
             self.status[v] = RUNNING
             self.stream_of[v] = streams.pop()
-            self.n_running += 1
-            lk = self.lock[v]
+            launched += 1
             if lk >= 0:
                 self.lock_holder[lk] = v
                 if self._lock_seq is not None:
                     self._lock_ptr[lk] += 1
-            e = self.engine[v]
+            e = engine[v]
             if e >= 0:
                 holder[e] = v
             out.append(v)
+        self.n_running += launched
 
     # ---------------------------------------------------------------- diagnostics
     def stall_error(self, limit: int = 20) -> SchedulerStall:
@@ -481,7 +494,7 @@ class Scheduler:
             assert w, f"lock {lk} has an empty wait list"
             blocked = self._lock_seq is None or all(self._lock_blocks(lk, self._by_rank[r]) for r in w)
             assert blocked, f"lock {lk}: a parked member's turn came and it was not woken"
-        queued = [self._by_rank[r] for h in self.heaps for r in h]
+        queued = [self._by_rank[r] for h in self.heaps + self.parked for r in h]
         queued += [self._by_rank[r] for w in self.lock_wait.values() for r in w]
         assert len(queued) == len(set(queued)), "a vertex is queued twice"
         for v in queued:
