@@ -9,10 +9,13 @@ any program that computes the same chain is fused:
   rotary    add(mul(x, cos), mul(cat(neg(x[..., h:]), x[..., :h]), sin))    -> rotary(x), when the constant
             tables are turnip's own for positions 0.. and some theta
   silu_mul  mul(silu(g), u)                                                 -> silu_mul(g, u)
+  gelu      0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))                 -> ew gelu_tanh(x)
   add, mul, affine(alpha), silu on operands of the output's layout          -> add_n, mul, scale, silu
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -37,12 +40,14 @@ def _aligned(ir: IR, r: int) -> bool:
 
 def fuse(ir: IR) -> dict[str, int]:
     """Rewrite every chain of ``ir`` that is one fused op; the counts per pattern."""
-    done = {"rmsnorm": 0, "rotary": 0, "silu_mul": 0, "plain": 0}
+    done = {"rmsnorm": 0, "rotary": 0, "gelu_tanh": 0, "silu_mul": 0, "plain": 0}
     for r in range(len(ir.recs)):
         if _rmsnorm(ir, r):
             done["rmsnorm"] += 1
         elif _rotary(ir, r):
             done["rotary"] += 1
+        elif _gelu_tanh(ir, r):
+            done["gelu_tanh"] += 1
     for r in range(len(ir.recs)):
         done["silu_mul"] += _silu_mul(ir, r)
     for r in range(len(ir.recs)):
@@ -83,6 +88,37 @@ def _rmsnorm(ir: IR, r: int) -> bool:
             rec = ir.recs[r]
             rec.op, rec.inputs, rec.params = "rmsnorm", [x, w], {"eps": eps}
             return True
+    return False
+
+
+def _affine_of(ir: IR, r: int, alpha: float, beta: float) -> int | None:
+    """The operand of ``r`` when ``r`` is ``alpha * x + beta`` on x's layout, else None."""
+    rec = ir.recs[r]
+    if not (_ew(ir, r, "affine") and _aligned(ir, r) and len(ir.recs[rec.inputs[0]].dims) == len(rec.dims)):
+        return None
+    p = rec.params
+    ok = abs(p.get("alpha", 1.0) - alpha) <= 1e-6 * abs(alpha) and abs(p.get("beta", 0.0) - beta) <= 1e-6
+    return rec.inputs[0] if ok else None
+
+
+def _gelu_tanh(ir: IR, r: int) -> bool:
+    """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), as GPT-2's GELU writes it, is one ``ew gelu_tanh``."""
+    if not (_ew(ir, r, "mul") and len(ir.recs[r].inputs) == 2 and _aligned(ir, r)):
+        return False
+    for a, w in (ir.recs[r].inputs, ir.recs[r].inputs[::-1]):
+        x, v = _affine_of(ir, a, 0.5, 0.0), _affine_of(ir, w, 1.0, 1.0)
+        if x is None or v is None or not _ew(ir, v, "tanh"):
+            continue
+        s = _affine_of(ir, ir.recs[v].inputs[0], math.sqrt(2.0 / math.pi), 0.0)
+        if s is None or not (_ew(ir, s, "add") and _aligned(ir, s) and x in ir.recs[s].inputs):
+            continue
+        q = ir.recs[s].inputs[1 - ir.recs[s].inputs.index(x)]
+        p = _affine_of(ir, q, 0.044715, 0.0)
+        if p is None or not (_ew(ir, p, "pow") and ir.recs[p].params["alpha"] == 3.0 and ir.recs[p].inputs == [x]):
+            continue
+        rec = ir.recs[r]
+        rec.inputs, rec.params = [x], {"fn": "gelu_tanh", "n": len(rec.dims), "axes": [list(range(len(rec.dims)))]}
+        return True
     return False
 
 

@@ -24,6 +24,8 @@ def torch_shape(ctx: Context, v) -> tuple[int, ...]:
 def reshape(ctx: Context, x, shape):
     ir = ctx.ir
     shape = _resolve(shape, math.prod(torch_shape(ctx, x)))
+    if isinstance(x, Inp) and x.name not in ctx.placed:  # not placed yet: the caller's array is reshaped
+        return Inp(x.name, shape, x.is_int)
     if isinstance(x, Lin):
         y = _lin_reshape(ctx, x, shape)
         if y is not None:
