@@ -77,6 +77,7 @@ class Copy:
     count: int
     dst: np.ndarray | None = None
     rows: list = field(default_factory=list)
+    ahead: Copy | None = None  # a later task whose file range to read ahead (``load``)
 
     @property
     def file_offset(self) -> int:
@@ -152,8 +153,10 @@ def load(loads: list, threads: int | None = None, error: type[Exception] = Value
     for f in {c.src.file: c.src for c in copies}.values():
         os.close(_open(f, error))  # an unreadable file fails here, before any thread starts
     local, opened = _Worker(), []
+    n = max(1, min(threads or THREADS, len(copies)))
+    for c, later in zip(copies, copies[n:], strict=False):
+        c.ahead = later  # the piece this worker likely takes next, one per worker in flight
     try:
-        n = max(1, min(threads or THREADS, len(copies)))
         if n == 1:
             for c in copies:
                 _run(c, local, opened, error)
@@ -179,15 +182,24 @@ def _open(src: Source, error) -> int:
         raise error(f"{src.file}: cannot read: {e.strerror or e}") from None
 
 
-def _run(c: Copy, local: _Worker, opened: list, error) -> None:
-    src = c.src
+def _fd(src: Source, local: _Worker, opened: list, error) -> int:
+    """This worker's descriptor of ``src``'s file (opened on first use, listed in ``opened``)."""
     fd = local.fds.get(src.file)
     if fd is None:
         fd = local.fds[src.file] = _open(src, error)
         opened.append(fd)  # list.append is atomic
+    return fd
+
+
+def _run(c: Copy, local: _Worker, opened: list, error) -> None:
+    src = c.src
+    fd = _fd(src, local, opened, error)
     if c.dst is not None and c.dst.dtype == src.dtype:
         _pread(fd, c.dst.view(np.uint8), c.file_offset, src, error)  # straight into the tile
         return
+    if c.ahead is not None and hasattr(os, "posix_fadvise"):  # from a cold disk while this piece is copied
+        os.posix_fadvise(_fd(c.ahead.src, local, opened, error), c.ahead.file_offset, c.ahead.nbytes,
+                         os.POSIX_FADV_WILLNEED)  # fmt: skip
     if c.dst is not None:  # converted from scratch a cache-sized part at a time
         isz, step = src.dtype.itemsize, max(1, CONVERT_NBYTES // src.dtype.itemsize)
         for a in range(0, c.count, step):
@@ -260,6 +272,9 @@ def _bf16_fp16(dst: np.ndarray, x: np.ndarray, local: _Worker, src: Source, erro
 def _via_f32(dst: np.ndarray, x: np.ndarray, local: _Worker, src: Source, error) -> None:
     if dst.dtype == _F16:
         _check_fp16(x, src, error)
+    if x.dtype == _F32:
+        np.copyto(dst, x, casting="unsafe")
+        return
     t = local.f32[: x.size].reshape(x.shape) if x.size <= CHUNK_ELEMS else np.empty(x.shape, np.float32)
     np.copyto(t, x, casting="unsafe")
     np.copyto(dst, t, casting="unsafe")
