@@ -97,8 +97,8 @@ MIN_TILE = 4  # automatic tiling stops halving a dimension's tile here
 
 
 def choose_tiles(ir: IR, live: list[int], budget_nbytes: int | None, n_gpus: int = 1) -> dict[int, int]:
-    """Blocks per tiled class: classes of the largest vertex (its inputs plus its output) are halved, the largest
-    tile first, until every vertex takes at most a quarter of the budget; on several GPUs the two classes
+    """Blocks per tiled class: in rounds, each vertex above a quarter of the budget (its inputs plus its output)
+    halves the largest tile of its largest tensor, until every vertex fits; on several GPUs the two classes
     holding the most weight bytes get at least one block per GPU (as the LLaMA builder splits heads and FFN).
     A vertex that no tile shrinks (a whole embedding table) is left as it is: BuildMemgraph says if it does not
     fit."""
@@ -126,21 +126,23 @@ def choose_tiles(ir: IR, live: list[int], budget_nbytes: int | None, n_gpus: int
         return blocks
     cap = budget_nbytes // 4
     kernels = [i for i in live if ir.recs[i].op != "input"]
-    for _ in range(64 * max(1, len(blocks))):
+    for _ in range(64):  # every round halves one tile of each vertex above the cap
         cost = {i: block_nbytes(i) + sum(block_nbytes(j) for j in ir.recs[i].inputs) for i in kernels}
-        split = None
-        for worst in sorted((i for i in kernels if cost[i] > cap), key=cost.get, reverse=True):
+        split = set()
+        for worst in (i for i in kernels if cost[i] > cap):
             shrink = {j: [ir.find(d) for d in ir.recs[j].dims if ir.find(d) in blocks and tile(d) > MIN_TILE]
                       for j in dict.fromkeys((worst, *ir.recs[worst].inputs))}  # fmt: skip
             part = sum(block_nbytes(j) for j, cs in shrink.items() if cs)
             if not part or part <= cap // 2 and cost[worst] - part > cap // 2:
                 continue  # a whole tensor (an embedding table) is most of it: tiling the rest would not help
+            if any(c in split for cs in shrink.values() for c in cs):
+                continue  # shrinks this round already
             j = max((j for j, cs in shrink.items() if cs), key=block_nbytes)  # the largest tensor that shrinks,
-            split = max(shrink[j], key=tile)  # by its largest tile
+            split.add(max(shrink[j], key=lambda c: -(-ir.ext[c] // blocks[c])))  # by its largest tile
+        if not split:
             break
-        if split is None:
-            break
-        blocks[split] = min(ir.ext[split], blocks[split] * 2)
+        for c in split:
+            blocks[c] = min(ir.ext[c], blocks[c] * 2)
     return blocks
 
 
