@@ -44,6 +44,7 @@ PIECE_NBYTES = 8 << 20  # file bytes per task (and per worker's scratch buffer)
 CONVERT_NBYTES = 1 << 20  # file bytes read into scratch and converted at once (stays in cache)
 CHUNK_ELEMS = 1 << 18  # elements converted at once through a float32 chunk
 THREADS = min(16, os.cpu_count() or 1)
+READ_AHEAD_PIECES = 64  # how far the read-ahead stream runs ahead of the workers
 _BF16, _F16, _F32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
 _FP16_MAX = float(np.finfo(np.float16).max)
 _FP16_OK_BITS = {_BF16: 0x477F, _F32: 0x477FE000}  # largest |x| (as bits without the sign) that fits fp16
@@ -77,7 +78,6 @@ class Copy:
     count: int
     dst: np.ndarray | None = None
     rows: list = field(default_factory=list)
-    ahead: Copy | None = None  # a later task whose file range to read ahead (``load``)
 
     @property
     def file_offset(self) -> int:
@@ -154,15 +154,15 @@ def load(loads: list, threads: int | None = None, error: type[Exception] = Value
         os.close(_open(f, error))  # an unreadable file fails here, before any thread starts
     local, opened = _Worker(), []
     n = max(1, min(threads or THREADS, len(copies)))
-    for c, later in zip(copies, copies[n:], strict=False):
-        c.ahead = later  # the piece this worker likely takes next, one per worker in flight
+    ahead = _ReadAhead(copies, READ_AHEAD_PIECES)
+    ahead.start()
     try:
         if n == 1:
             for c in copies:
-                _run(c, local, opened, error)
+                _run(c, local, opened, error, ahead)
         else:
             with ThreadPoolExecutor(n, thread_name_prefix="turnip-load") as ex:
-                futures = [ex.submit(_run, c, local, opened, error) for c in copies]
+                futures = [ex.submit(_run, c, local, opened, error, ahead) for c in copies]
                 try:
                     for f in futures:
                         f.result()
@@ -170,9 +170,53 @@ def load(loads: list, threads: int | None = None, error: type[Exception] = Value
                     for f in futures:
                         f.cancel()
     finally:
+        ahead.finish()
         for fd in opened:
             os.close(fd)
     return sum(c.nbytes for c in copies)
+
+
+class _ReadAhead(threading.Thread):
+    """Asks the kernel for the file ranges of ``copies`` in their order (``POSIX_FADV_WILLNEED``), at most
+    ``window`` pieces ahead of the workers: one sequential stream from a cold disk however many workers
+    copy, and a page cache that is read ahead of them. Advice only: an error stops it, nothing else."""
+
+    def __init__(self, copies: list, window: int):
+        super().__init__(name="turnip-readahead", daemon=True)
+        self.copies, self.window, self.started, self.done = copies, window, 0, False
+        self.cond = threading.Condition()
+
+    def run(self) -> None:
+        if not hasattr(os, "posix_fadvise"):
+            return
+        fds: dict[Path, int] = {}
+        try:
+            for i, c in enumerate(self.copies):
+                with self.cond:
+                    while i - self.started >= self.window and not self.done:
+                        self.cond.wait()
+                    if self.done:
+                        return
+                if c.src.file not in fds:
+                    fds[c.src.file] = os.open(c.src.file, os.O_RDONLY)
+                os.posix_fadvise(fds[c.src.file], c.file_offset, c.nbytes, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            return
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    def began(self) -> None:
+        """A worker took its next piece."""
+        with self.cond:
+            self.started += 1
+            self.cond.notify()
+
+    def finish(self) -> None:
+        with self.cond:
+            self.done = True
+            self.cond.notify()
+        self.join()
 
 
 def _open(src: Source, error) -> int:
@@ -191,15 +235,13 @@ def _fd(src: Source, local: _Worker, opened: list, error) -> int:
     return fd
 
 
-def _run(c: Copy, local: _Worker, opened: list, error) -> None:
+def _run(c: Copy, local: _Worker, opened: list, error, ahead: _ReadAhead) -> None:
+    ahead.began()
     src = c.src
     fd = _fd(src, local, opened, error)
     if c.dst is not None and c.dst.dtype == src.dtype:
         _pread(fd, c.dst.view(np.uint8), c.file_offset, src, error)  # straight into the tile
         return
-    if c.ahead is not None and hasattr(os, "posix_fadvise"):  # from a cold disk while this piece is copied
-        os.posix_fadvise(_fd(c.ahead.src, local, opened, error), c.ahead.file_offset, c.ahead.nbytes,
-                         os.POSIX_FADV_WILLNEED)  # fmt: skip
     if c.dst is not None:  # converted from scratch a cache-sized part at a time
         isz, step = src.dtype.itemsize, max(1, CONVERT_NBYTES // src.dtype.itemsize)
         for a in range(0, c.count, step):
@@ -258,15 +300,14 @@ def _bf16_fp16(dst: np.ndarray, x: np.ndarray, local: _Worker, src: Source, erro
         _check_fp16(x, src, error)
         np.copyto(dst, x, casting="unsafe")
         return
-    np.left_shift(m, 3, out=h)
+    np.left_shift(u, 3, out=h)  # the sign bit falls off
     np.subtract(h, 0xC000, out=h)  # (exponent - 127 + 15) << 10 | mantissa << 3, modulo 2**16
     mf, hf = m.reshape(-1), h.reshape(-1)
     small = np.flatnonzero(mf < 0x3880)  # below 2**-14: fp16 subnormals, zero
     if small.size:
         hf[small] = _SMALL_BF16_FP16[mf[small]]
     np.bitwise_and(u, 0x8000, out=m)
-    np.bitwise_or(h, m, out=h)
-    np.copyto(dst.view(np.uint16), h)
+    np.bitwise_or(h, m, out=dst.view(np.uint16))  # the sign back, straight into the tile
 
 
 def _via_f32(dst: np.ndarray, x: np.ndarray, local: _Worker, src: Source, error) -> None:
