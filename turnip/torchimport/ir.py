@@ -23,6 +23,7 @@ import numpy as np
 
 from turnip.graph import Graph, Tiling, _Lowering
 from turnip.graph_lower import lower_attention
+from turnip.memgraph.interp import NP_DTYPE
 from turnip.memgraph.plan import DTYPE_NBYTES
 from turnip.taskgraph import TaskGraph
 
@@ -35,7 +36,7 @@ class Rec:
     params: dict
     name: str
     dtype: str
-    value: np.ndarray | None = None  # the data of a constant input
+    value: np.ndarray | None = None  # the data of a constant input (float32 or int32; ``dtype`` at emission)
 
 
 @dataclass
@@ -98,8 +99,8 @@ MIN_TILE = 4  # automatic tiling stops halving a dimension's tile here
 
 def choose_tiles(ir: IR, live: list[int], budget_nbytes: int | None, n_gpus: int = 1) -> dict[int, int]:
     """Blocks per tiled class: in rounds, each vertex above a quarter of the budget (its inputs plus its output)
-    halves the largest tile of its largest tensor, until every vertex fits; on several GPUs the two classes
-    holding the most weight bytes get at least one block per GPU (as the LLaMA builder splits heads and FFN).
+    halves the largest tile of its largest tensor, until every vertex fits; every class of a weight matrix
+    that allows it starts at max(2, GPUs) blocks (as the LLaMA builder splits heads, FFN and vocabulary).
     A vertex that no tile shrinks (a whole embedding table) is left as it is: BuildMemgraph says if it does not
     fit."""
     ok = tileable(ir, live)
@@ -112,16 +113,13 @@ def choose_tiles(ir: IR, live: list[int], budget_nbytes: int | None, n_gpus: int
     def block_nbytes(r: int) -> int:
         return math.prod(tile(d) for d in ir.recs[r].dims) * DTYPE_NBYTES[ir.recs[r].dtype]
 
-    if n_gpus > 1:
-        weight: dict[int, int] = {}
-        for i in live:
-            r = ir.recs[i]
-            if r.value is not None:
-                for d in r.dims:
-                    if ir.find(d) in ok:
-                        weight[ir.find(d)] = weight.get(ir.find(d), 0) + ir.nbytes(i)
-        for root in sorted(weight, key=weight.get, reverse=True)[:2]:
-            blocks[root] = min(ir.ext[root], max(blocks[root], n_gpus))
+    for i in live:  # weight dimensions (heads, FFN, vocabulary) in at least max(2, GPUs) blocks, as the builder
+        r = ir.recs[i]
+        if r.value is not None and r.value.ndim > 1:
+            for d in r.dims:
+                c = ir.find(d)
+                if c in blocks and ir.ext[c] >= 2 * MIN_TILE * max(2, n_gpus):
+                    blocks[c] = max(blocks[c], max(2, n_gpus))
     if budget_nbytes is None:
         return blocks
     cap = budget_nbytes // 4
@@ -149,11 +147,8 @@ def choose_tiles(ir: IR, live: list[int], budget_nbytes: int | None, n_gpus: int
 def emit(ir: IR, live: list[int], blocks: dict[int, int]) -> tuple[Graph, dict[str, np.ndarray], dict, str]:
     """The logical graph of the ``live`` records, the constant inputs' values by name, the tiles by letter and
     the letters of tiled classes in the order their blocks go round-robin over GPUs (weight classes first)."""
-    tiled = sorted((c for c, n in blocks.items() if n > 1), key=lambda c: (-blocks[c], c))
-    if len(tiled) > 26:
-        tiled = tiled[:26]
-    upper = {c: string.ascii_uppercase[i] for i, c in enumerate(tiled)}
-    tiles = {upper[c]: -(-ir.ext[c] // blocks[c]) for c in tiled}
+    upper = _letters(ir, live, {c: -(-ir.ext[c] // n) for c, n in blocks.items() if n > 1})
+    tiles = {upper[c]: -(-ir.ext[c] // blocks[c]) for c in upper}
 
     def letters(dims) -> str:
         lower = iter(string.ascii_lowercase)
@@ -168,16 +163,36 @@ def emit(ir: IR, live: list[int], blocks: dict[int, int]) -> tuple[Graph, dict[s
         if r.op == "input":
             g.input(r.name, dims, shape, dtype=r.dtype)
             if r.value is not None:
-                values[r.name] = r.value
+                values[r.name] = r.value.astype(NP_DTYPE[r.dtype], copy=False)
             continue
         p = dict(r.params)
         if r.op == "einsum":
             p = {"subscripts": _subscripts(ir, r, upper), "scale": float(p.get("scale", 1.0))}
         g._new(r.op, [gid[j] for j in r.inputs], dims, shape, p, r.name, dtype=r.dtype)
     g.outputs = [gid[r] for r in ir.outputs]
-    weights = {ir.find(d) for i in live if ir.recs[i].value is not None for d in ir.recs[i].dims}
-    order = "".join(upper[c] for c in sorted(tiled, key=lambda c: c not in weights))
+    weights = {upper.get(ir.find(d)) for i in live if ir.recs[i].value is not None for d in ir.recs[i].dims}
+    order = "".join(sorted(tiles, key=lambda x: (x not in weights, x)))
     return g, values, tiles, order
+
+
+def _letters(ir: IR, live: list[int], tile: dict[int, int]) -> dict[int, str]:
+    """An upper-case letter per tiled class: classes of one tile size that never meet in a vertex (a record with
+    its inputs) share one, as the decoder layers' own FFN classes do. Beyond 26 letters the rest stay whole."""
+    meets: dict[int, set] = {c: set() for c in tile}
+    for i in live:
+        scope = {ir.find(d) for j in (i, *ir.recs[i].inputs) for d in ir.recs[j].dims} & tile.keys()
+        for c in scope:
+            meets[c] |= scope
+    upper: dict[int, str] = {}
+    holders: dict[str, list[int]] = {}
+    for c in sorted(tile, key=lambda c: (-tile[c], c)):
+        for x in string.ascii_uppercase:
+            cs = holders.setdefault(x, [])
+            if not cs or tile[cs[0]] == tile[c] and not any(o in meets[c] for o in cs):
+                cs.append(c)
+                upper[c] = x
+                break
+    return upper
 
 
 def _subscripts(ir: IR, r: Rec, upper: dict) -> str:

@@ -71,7 +71,7 @@ class Context:
         ir = self.ir
         groups = [((ir.dim(s),) if s > 1 else ()) for s in t.shape]
         dims = [d for g in groups for d in g] or [ir.dim(1)]
-        val = to_numpy(t, ir.dtype).reshape([ir.ext[d] for d in dims])
+        val = to_numpy(t, "fp32").reshape([ir.ext[d] for d in dims])  # exact here; the compute dtype at emission
         base = name or self.names.get(id(t), "const")
         r = ir.add("input", [], dims, name=f"{base}.{len(ir.recs)}", dtype="int32" if val.dtype.kind == "i" else None,
                    value=val)  # fmt: skip
