@@ -119,9 +119,9 @@ def test_simulate_with_a_slower_host_or_link(tmp_path, capsys, plan, flag, f, sa
 
 def test_check_of_a_training_step_allows_adam_sign_flips_and_nothing_more(capsys):
     """``run --train lora --check``: an Adam step moves each parameter by about lr x sign(gradient), so a
-    near-zero gradient whose sign rounding flips lands 2 lr away; a few such elements pass (seed 3 has one or
-    two, by BLAS, at up to 1.94 lr), more than 1% of them, or any one further off, fail, as does any other output
-    beyond the tolerance (named)."""
+    near-zero gradient whose sign rounding flips lands 2 lr away; a few such elements pass (seed 4 has about
+    five, by BLAS and the order the folded sums take), more than 1% of them, or any one further off, fail, as
+    does any other output beyond the tolerance (named)."""
     import re
     from types import SimpleNamespace
 
@@ -130,9 +130,9 @@ def test_check_of_a_training_step_allows_adam_sign_flips_and_nothing_more(capsys
     from turnip.cli.run_cmds import _check_outputs
 
     assert main(["run", "--budget", "4MiB", "--repeat", "1", "--seq", "64", "--train", "lora", "--check",
-                 "--seed", "3"]) == 0  # fmt: skip
+                 "--seed", "4"]) == 0  # fmt: skip
     m = re.search(r"Adam-updated parameters: (\d+) of (\d+) elements", capsys.readouterr().out)
-    # how many signs flip depends on the platform's BLAS rounding (1 on some machines, 2 on others)
+    # how many signs flip depends on the platform's BLAS rounding (a few)
     assert m and 1 <= int(m.group(1)) <= int(m.group(2)) // 100
     lr = 1e-4
     tg = SimpleNamespace(op=["adam_p", "matmul"], name=["A.new", "loss"], params=[{"lr": lr}, {}])

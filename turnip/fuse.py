@@ -67,7 +67,9 @@ def fold_adds(tg: TaskGraph) -> TaskGraph:
             mine = [a for a in args if group_parts(a) is not None and sorted(readers[a]) == sorted([v, *si[a]])
                     and not tg.is_output[a] and tg.gpu[a] == tg.gpu[v] and tg.dtype[a] == tg.dtype[v]
                     and tg.shape[a] == tg.shape[v]]  # fmt: skip
-            if len(set(args)) == len(args) and sum(a not in mine and not foldable(a, v) for a in args) <= 1:
+            others = [a for a in args if a not in mine and not foldable(a, v)]
+            if len(set(args)) == len(args) and (not others or len(others) == 1 and tg.shape[others[0]] == tg.shape[v]
+                                                and tg.dtype[others[0]] == tg.dtype[v]):  # fmt: skip
                 absorbed.update((a, v) for a in mine)
 
     # plan: per removed vertex nothing; per rewritten sum the list of new links
@@ -102,6 +104,8 @@ def fold_adds(tg: TaskGraph) -> TaskGraph:
             rest = [a for a in args if a not in fold]
             if not fold or len(rest) > 1:  # other terms would need an add of their own: no vertex saved
                 continue
+            if rest and (tg.shape[rest[0]] != tg.shape[v] or tg.dtype[rest[0]] != tg.dtype[v]):
+                continue  # a broadcast term (a bias) is no addend
             fold.sort()
             acc: tuple | None = ("old", rest[0]) if rest else None
             for e in fold:

@@ -68,13 +68,13 @@ def test_the_diagonal_tiles_of_a_sliding_window_take_cudnn(tiles):
         assert len(sdpa) == 8192 // tiles["t"] and None not in modes.values()
 
 
-def test_the_band_is_opt_in(monkeypatch):
-    """Until cuDNN's band has run on a GPU, a windowed tile takes the portable kernel unless switched on."""
+def test_the_band_is_on_unless_switched_off(monkeypatch):
+    """A windowed tile takes cuDNN's band by default and the portable kernel with the switch at 0."""
     from cuda_kernels.cudnn_sdpa import BAND_SWITCH
 
     p = {"q_off": 1024, "k_off": 0, "causal": True, "window": 512}
     monkeypatch.delenv(BAND_SWITCH, raising=False)
+    assert mask_mode(1024, 2048, p) == "band"
+    monkeypatch.setenv(BAND_SWITCH, "0")
     assert mask_mode(1024, 2048, p) is None
     assert mask_mode(1024, 2048, {"q_off": 1024, "k_off": 0, "causal": True}) == "bottom_right"
-    monkeypatch.setenv(BAND_SWITCH, "1")
-    assert mask_mode(1024, 2048, p) == "band"
