@@ -4,6 +4,8 @@ sharded, Hugging Face names, Phi-3's fused tensors, tiles split along later dime
 smaller than a tensor; a truncated file or an fp16 overflow is one line naming the file and tensor."""
 
 import json
+import os
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -145,3 +147,30 @@ def test_values_beyond_fp16_are_refused_naming_the_tensor(tmp_path):
         write_streaming(HostRegion(tg), tg, ck.inputs(tg))
     msg = one_line(e)
     assert repr(big) in msg and "L1.w_down" in msg and "beyond fp16" in msg and "7.01e+04" in msg, msg
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_no_descriptor_or_thread_is_left_behind(tmp_path):
+    tg, cfg = taskgraph(tmp_path)
+    ck = hf_checkpoint(tmp_path / "m", tg, cfg, "bf16", shard_nbytes=30_000)
+    before, threads = open_fds(), threading.active_count()
+    write_streaming(HostRegion(tg), tg, ck.inputs(tg, threads=3))
+    with open(ck.files[0], "r+b") as f:
+        f.truncate(ck.files[0].stat().st_size - 1)
+    with pytest.raises(CheckpointError):
+        write_streaming(HostRegion(tg), tg, ck.inputs(tg, threads=3))
+    assert open_fds() == before and threading.active_count() == threads
+
+
+def test_the_benchmark_on_a_tiny_preset(tmp_path, capsys):
+    """benchmarks/load_speed.py end to end (page-cached, the baseline compared byte for byte)."""
+    from tests.benchscripts import load_script
+
+    bench = load_script("load_speed")
+    assert bench.main(["--model", "llama-tiny", "--dir", str(tmp_path / "m"), "--no-cold", "--threads", "1", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "turnip  2 threads" in out and "the same bytes" in out, out
