@@ -174,3 +174,13 @@ def test_the_benchmark_on_a_tiny_preset(tmp_path, capsys):
     assert bench.main(["--model", "llama-tiny", "--dir", str(tmp_path / "m"), "--no-cold", "--threads", "1", "2"]) == 0
     out = capsys.readouterr().out
     assert "turnip  2 threads" in out and "the same bytes" in out, out
+
+
+def test_arrays_are_the_stream_as_a_dict(tmp_path):
+    tg, cfg = taskgraph(tmp_path, "phi3")
+    ck = hf_checkpoint(tmp_path / "m", tg, cfg, "bf16", shard_nbytes=30_000)
+    ids = np.arange(SEQ) + 3  # consecutive ids: x0 is one range of the table, read on the workers too
+    want, got = dict(ck.iter_inputs(tg, ids)), ck.inputs(tg, ids, threads=3).arrays()
+    assert list(got) == list(want)
+    assert all(got[k].dtype == want[k].dtype and np.array_equal(got[k].view(np.uint8), want[k].view(np.uint8))
+               for k in want)  # fmt: skip

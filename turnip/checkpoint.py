@@ -188,7 +188,7 @@ class Checkpoint:
         """``iter_inputs`` as an object (``turnip.runtime.loader.CheckpointInputs``; checked when first used,
         as ``iter_inputs`` is): iterating it yields the same pairs, and ``write_streaming`` of it reads the files
         on ``threads`` workers straight into the backend's host input region (the same bytes, at the disk's
-        speed)."""
+        speed); its ``arrays()`` reads them into arrays of their own the same way."""
         from turnip.runtime.loader import CheckpointInputs
 
         return CheckpointInputs(self, tg, ids, seed, only, CheckpointError, threads)

@@ -23,7 +23,8 @@ chunks), refusing values beyond fp16's range when narrowing to fp16. Every probl
 
 ``CheckpointInputs`` (made by ``turnip.checkpoint.Checkpoint.inputs``) is such a load as the stream that
 ``write_streaming`` takes: iterating it yields (name, array) pairs the old way; ``write_into`` fills the
-backend's host input region from threads and then loads the resident inputs. ``HostRegion`` is a host input
+backend's host input region from threads and then loads the resident inputs; ``arrays`` reads every input
+into its own array from threads. ``HostRegion`` is a host input
 region without a plan, laid out tile after tile, for benchmarks and tests.
 """
 
@@ -373,7 +374,7 @@ class CheckpointInputs:
     def write_into(self, backend, tg=None) -> int:
         """Fill ``backend``'s host input region (``host_in``; a backend without one gets the tensors one at a
         time through ``write_inputs``), then load the resident inputs. Returns the bytes of tiles written."""
-        from turnip.runtime.weights import compute_dtype, logical_inputs, st_dtype, tile_inputs
+        from turnip.runtime.weights import compute_dtype, logical_inputs, tile_inputs
 
         tg = tg or self.tg
         t0 = time.perf_counter()
@@ -386,11 +387,9 @@ class CheckpointInputs:
             if region is None or not _is_range(rows):
                 gathers.append(name)
                 continue
-            dt, sdt = compute_dtype(tg, name), st_dtype(h.dtype)
-            row0 = 0 if rows is None else int(rows[0]) * math.prod(h.shape[1:]) * sdt.itemsize
-            src = Source(h.file, h.offset + row0, sdt, tuple(lg[name][0]), h.name, name)
+            dt = compute_dtype(tg, name)
             tiles = [(s, _tile(region, offs[t], tg.shape[t], dt)) for s, t in blocks if t in offs]
-            loads.append((src, tiles))
+            loads.append((_source(name, h, rows, lg[name][0]), tiles))
         self.nbytes_read = load(loads, self.threads, self.error)
         if gathers:
             for name, x in self.ck.iter_inputs(tg, self.ids, self.seed, set(gathers)):
@@ -400,6 +399,25 @@ class CheckpointInputs:
         self.seconds = time.perf_counter() - t0
         return sum(int(tg.nbytes[t]) for t in written)
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every logical input in its own array (compute dtype, logical shape; file order), read on the
+        workers: the values ``dict(iter(self))`` gives, for a host copy of the weights."""
+        from turnip.runtime.weights import compute_dtype, logical_inputs
+
+        t0 = time.perf_counter()
+        lg, out, loads, gathers = logical_inputs(self.tg), {}, [], []
+        for name, h, rows in self.entries:
+            if not _is_range(rows):
+                gathers.append(name)
+                continue
+            x = out[name] = np.empty(lg[name][0], dtype=compute_dtype(self.tg, name))
+            loads.append((_source(name, h, rows, x.shape), [((0,) * x.ndim, x)]))
+        self.nbytes_read = load(loads, self.threads, self.error)
+        if gathers:
+            out |= dict(self.ck.iter_inputs(self.tg, self.ids, self.seed, set(gathers)))
+        self.seconds = time.perf_counter() - t0
+        return {name: out[name] for name, _, _ in self.entries}
+
     def summary(self) -> str:
         """One line: bytes read, from how many files, time and rate."""
         files = len({h.file for _, h, _ in self.entries})
@@ -407,6 +425,16 @@ class CheckpointInputs:
         rate = gb / max(self.seconds, 1e-9)
         took = f"{self.seconds:.2f} s ({rate:.3g} GB/s, {self.threads} threads)"
         return f"weights   {gb:.3g} GB from {files} file(s) in {took}"
+
+
+def _source(name: str, h, rows, shape) -> Source:
+    """The ``Source`` of logical input ``name`` (of ``shape``): rows ``rows`` (a range, or None: all) of the
+    tensor of header ``h``."""
+    from turnip.runtime.weights import st_dtype
+
+    dt = st_dtype(h.dtype)
+    row0 = 0 if rows is None else int(rows[0]) * math.prod(h.shape[1:]) * dt.itemsize
+    return Source(h.file, h.offset + row0, dt, tuple(int(s) for s in shape), h.name, name)
 
 
 def _tile(region: np.ndarray, off: int, shape, dtype: np.dtype) -> np.ndarray:
