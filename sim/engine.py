@@ -5,14 +5,15 @@ State it owns (virtual time in integer ns):
   compute_free_ns[g]  when GPU g's kernel engine is free (kernels run one at a time, in issue order; one
                       that starts behind another takes the profile's concurrency factor, ``overlap_factor``)
   pcie[g][d]          the copy in flight on GPU g's host link in direction d (0: h2d, 1: d2h) as
-                      [v, bytes left, rate, last update ns, token, end ns]; both directions share the link: when
-                      both run each gets its share of ``pcie_both_bytes_per_s``, and the survivor speeds up
-                      again when the other finishes (stale completions are recognised by their token)
+                      [v, bytes left, rate, last update ns, token, end ns, g, d]; both directions share the
+                      link: when both run each gets its share of ``pcie_both_bytes_per_s``, and the survivor
+                      speeds up again when the other finishes (stale completions are recognised by their token)
   caps                the host behind the links (``MachineProfile.host_*_total_bytes_per_s``; None for one
                       GPU or a profile without them): with 2 or more GPUs copying, every active host copy's
                       rate is recomputed whenever one starts or ends (``_share``), scaled down so that each
                       direction's total and, with both directions running, the total of all stay within the
-                      host's rate for that many GPUs
+                      host's rate for that many GPUs (the rates of each set of copies in flight are worked
+                      out once per plan and link factor: ``_share_rates``)
   copies_active[g]    copies touching GPU g now (kernels issued meanwhile are slowed and noisier)
   bucket[g]           GPU g's power bucket (ns at the power limit, as of bucket_t[g]): a kernel at full
                       clock spends its power over the limit's per ns, the bucket refills one per ns (less
@@ -29,7 +30,6 @@ run to run of a plan (per-vertex lists, the scheduler's tables) is built once pe
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 import time
@@ -153,16 +153,16 @@ class Simulation:
         self.compute_free = [0] * g
         self.copies_active = [0] * g
         self.pcie: list[list] = [[None, None] for _ in range(g)]
-        self._token = 0
         self.link_factor = link = tm.link_factor(self.host_factor, d.link_z) if link is None else float(link)
         solo, shared = link_rates(prof)  # bytes per ns, this run's link ``link`` times slower
         self.rate_solo, self.rate_shared = tuple(x / link for x in solo), tuple(x / link for x in shared)
         self.caps = host_caps(prof, g, link)
+        self._shares = None if self.caps is None else pd.share_rates(link)  # ``_share_rates`` of each state
         self._armed = None  # with caps: (the record whose end the one live timer waits for, that end's ns)
-        self._copying: list[int] = []  # with caps: the GPUs with a host link copy in flight, in order
+        self._copying = 0  # with caps: the host link copies in flight, 2 bits per GPU (1: to it, 2: from it)
         self._q: list[tuple[int, int, int]] = []  # pending events: (t_ns, seq, code), see ``_loop``
         self._seq = 0  # events scheduled so far: ties in time go in the order they were scheduled
-        self._through: list[tuple[int, int, int]] = []  # (GPU, direction, token) of each bytes-through event
+        self._through: list = [None]  # the copy record of each bytes-through event (its token: its index)
         self._setup_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ driver loop
@@ -205,31 +205,50 @@ class Simulation:
         its timeouts), until none is left.
 
         Pending events are ``(t_ns, seq, code)`` in the heap ``_q``: code ``2v`` vertex v issued, ``2v + 1`` its
-        completion reaching the host, ``-1 - i`` the bytes of host link copy ``_through[i]`` through (if it is
-        still current). A completion hands the host a batch of commands to issue one after another; their issue
-        events take the next numbers at once, and each one whose issue comes before every pending event is
-        handled right there (``EAGER``), as the heap would pop it next; from the first that does not, the rest
-        of the batch goes through the heap (and is handled the same way when popped). Kernels, GPU to GPU copies
-        and completions are handled here, host link copies by ``_pcie_start`` and ``_on_bytes_through`` (which
-        number their events from ``_seq``: it is written back around them)."""
-        q, pop, push = self._q, heapq.heappop, heapq.heappush
-        prof, eager, through = self.prof, self.EAGER, self._through
+        completion reaching the host, ``-k`` the bytes of the host link copy ``_through[k]`` through (if its
+        record still carries token k: a copy whose rate changed since has a later event). A completion hands the
+        host a batch of commands to issue one after another; their issue events take the next numbers at once,
+        and each one whose issue comes before every pending event is handled right there (``EAGER``), as the
+        heap would pop it next; from the first that does not, the rest of the batch goes through the heap (and
+        is handled the same way when popped). A host link copy in flight is a record ``[v, bytes left, rate,
+        their ns, token, end ns, GPU, direction]`` in ``pcie``; one alone on its GPU's link (the common case) is
+        handled here, the rest by ``_reschedule`` and, under the host's caps, ``_share`` (which take and return
+        the next event number)."""
+        q, pop, push, ceil = self._q, heapq.heappop, heapq.heappush, math.ceil
+        prof, eager, through, pcie = self.prof, self.EAGER, self._through, self.pcie
         eng, gpu, src, nbytes, stall = self.eng, self.gpu, self.src, self.nbytes, self.stall
         kernel_ns, f, fc, overlap = self.kernel_ns, self.f, self.fc, self.overlap
         issue, start, end, done, handle = self.issue, self.start, self.end, self.done, self.handle
         launch, order, complete = self.launch_ns, self.order, self.core.complete_ids
         compute_free, copies_active = self.compute_free, self.copies_active
         start_latency, slowdown = prof.kernel_start_latency_ns, prof.kernel_slowdown_with_copies
-        p2p_latency, p2p_rate = prof.p2p_latency_ns, prof.p2p_bytes_per_s
+        p2p_latency, p2p_rate, copy_latency = prof.p2p_latency_ns, prof.p2p_bytes_per_s, prof.copy_latency_ns
         completion, poll, handle_ns, handle_cmd = self.completion_ns, self.poll_ns, self.handle_ns, self.handle_cmd_ns
+        rate_solo, rate_shared, caps = self.rate_solo, self.rate_shared, self.caps
         power = self._power_clock if self.clock else self._power_limited if self.limited else None
+        kernel, p2p, h2d = ENG_KERNEL, ENG_P2P, ENG_H2D
         host_free, inflight, seq = self.host_free, self.inflight, self._seq
         while q:
             now, _, code = pop(q)
-            if code < 0:
-                self._seq = seq
-                self._on_bytes_through(now, *through[-1 - code])
-                seq = self._seq
+            if code < 0:  # a host link copy's bytes through, if its record still carries this event's token
+                rec = through[-code]
+                if rec[4] != -code:
+                    continue  # its rate changed since: a later event stands
+                v, g, d = rec[0], rec[6], rec[7]
+                link = pcie[g]
+                link[d] = None
+                copies_active[g] -= 1
+                other = link[1 - d]
+                if caps is not None:
+                    self._armed = None  # it was this copy's
+                    self._copying -= (1 + d) << 2 * g
+                    seq = self._share(now, seq)
+                elif other is not None:  # the other direction has the link to itself again
+                    seq = self._reschedule(other, now, rate_solo[1 - d], seq)
+                t = now + (copy_latency + stall[v])  # then its latency and any stall
+                end[v] = t
+                push(q, (t + completion, seq, (v << 1) | 1))  # its completion reaches the host loop
+                seq += 1
                 continue
             if code & 1:  # v's completion reaches the host loop
                 v = code >> 1
@@ -237,7 +256,7 @@ class Simulation:
                 seen = host_free if host_free > polled else polled  # and sees it once it is free
                 done[v] = seen
                 inflight -= 1
-                if eng[v] == ENG_P2P:
+                if eng[v] == p2p:
                     copies_active[src[v]] -= 1
                     copies_active[gpu[v]] -= 1
                 batch = complete(v, seen)
@@ -270,7 +289,7 @@ class Simulation:
                     k += 1
                 inflight += 1  # v is issued at t
                 e = eng[v]
-                if e == ENG_KERNEL:
+                if e == kernel:
                     g = gpu[v]
                     ready = t + start_latency
                     busy = compute_free[g] > ready
@@ -286,17 +305,36 @@ class Simulation:
                     end[v] = compute_free[g] = s + dur
                     push(q, (s + dur + completion, seq, (v << 1) | 1))
                     seq += 1
-                elif e == ENG_P2P:
+                elif e == p2p:
                     dur = int((p2p_latency + nbytes[v] * 1e9 / p2p_rate) * f[v]) + stall[v]
                     start[v], end[v] = t, t + dur
                     copies_active[src[v]] += 1
                     copies_active[gpu[v]] += 1
                     push(q, (t + dur + completion, seq, (v << 1) | 1))
                     seq += 1
-                else:
-                    self._seq = seq
-                    self._pcie_start(v, t, 0 if e == ENG_H2D else 1)
-                    seq = self._seq
+                else:  # a host link copy: its bytes at its link's rate (shared, when both directions run)
+                    d = 0 if e == h2d else 1
+                    g = gpu[v]
+                    start[v] = t
+                    copies_active[g] += 1
+                    link = pcie[g]
+                    other = link[1 - d]
+                    if caps is not None:  # the host's caps: every copy's rate may change
+                        link[d] = [v, nbytes[v] * (f[v] if other is None else fc[v]), 0.0, t, 0, 0, g, d]
+                        self._copying += (1 + d) << 2 * g
+                        seq = self._share(t, seq)
+                    elif other is None:  # alone on the link (``_reschedule``, inlined)
+                        link[d] = rec = [v, nbytes[v] * f[v], rate_solo[d], t, 0, 0, g, d]
+                        rec[4] = token = len(through)
+                        through.append(rec)
+                        delay = ceil(rec[1] / rec[2] - 1e-6)
+                        push(q, (t + (delay if delay > 0 else 0), seq, -token))
+                        seq += 1
+                    else:
+                        rec = [v, nbytes[v] * fc[v], rate_shared[d], t, 0, 0, g, d]
+                        seq = self._reschedule(other, t, rate_shared[1 - d], seq)
+                        link[d] = rec
+                        seq = self._reschedule(rec, t, rec[2], seq)
             if not popped:
                 host_free = t
         self.host_free, self.inflight, self._seq = host_free, inflight, seq
@@ -343,98 +381,28 @@ class Simulation:
         bt = zip(self.bucket, self.bucket_t, strict=True)
         return [min(self.power_cap, b + (max(0, end - t) + gap_ns) * self.refill) for b, t in bt]
 
-    def _deliver(self, v: int, end_ns: int) -> None:
-        """The completion of v, which the device finishes at ``end_ns``, reaches the scheduler ``completion_ns``
-        later (and ``completion_per_inflight_ns`` more per vertex then in flight: ``_on_done``)."""
-        heapq.heappush(self._q, (end_ns + self.completion_ns, self._seq, (v << 1) | 1))
-        self._seq += 1
-
     # ------------------------------------------------------------------ host link sharing
-    def _pcie_start(self, v: int, now: int, d: int) -> None:
-        g = self.gpu[v]
-        self.start[v] = now
-        self.copies_active[g] += 1
-        link = self.pcie[g]
-        other = link[1 - d]
-        if self.caps is not None:  # the host's caps: every copy's rate may change
-            link[d] = [v, self.nbytes[v] * (self.f[v] if other is None else self.fc[v]), 0.0, now, 0, 0]
-            if other is None:
-                bisect.insort(self._copying, g)
-            self._share(now)
-            return
-        if other is None:
-            rec = [v, self.nbytes[v] * self.f[v], self.rate_solo[d], now, 0]
-        else:
-            rec = [v, self.nbytes[v] * self.fc[v], self.rate_shared[d], now, 0]
-            self._reschedule(other, now, self.rate_shared[1 - d], g, 1 - d)
-        link[d] = rec
-        self._reschedule(rec, now, rec[2], g, d)
-
-    def _reschedule(self, rec: list, now: int, rate: float, g: int, d: int) -> None:
+    def _reschedule(self, rec: list, now: int, rate: float, seq: int) -> int:
+        """Copy record ``rec`` goes on at ``rate`` from ``now``: an event (number ``seq``) when its bytes are
+        through at that rate; the next event number."""
         rec[1] -= rec[2] * (now - rec[3])
         rec[2], rec[3] = rate, now
-        self._token += 1
-        rec[4] = self._token
-        delay = max(0, math.ceil(rec[1] / rate - 1e-6))
-        self._through_at(now + delay, g, d, self._token)
+        rec[4] = token = len(self._through)
+        self._through.append(rec)
+        delay = math.ceil(rec[1] / rate - 1e-6)
+        heapq.heappush(self._q, (now + (delay if delay > 0 else 0), seq, -token))
+        return seq + 1
 
-    def _through_at(self, t_ns: int, g: int, d: int, token: int) -> None:
-        """An event at ``t_ns``: the bytes of GPU g's copy in direction d through, if its token is still ``token``."""
-        self._through.append((g, d, token))
-        heapq.heappush(self._q, (t_ns, self._seq, -len(self._through)))
-        self._seq += 1
-
-    def _on_bytes_through(self, now: int, g: int, d: int, token: int) -> None:
-        link = self.pcie[g]
-        rec = link[d]
-        if rec is None or rec[4] != token:
-            return  # rescheduled since
-        v = rec[0]
-        link[d] = None
-        self.copies_active[g] -= 1
-        other = link[1 - d]
-        if self.caps is not None:
-            self._armed = None  # it was this copy's
-            if other is None:
-                self._copying.remove(g)
-            self._share(now)
-        elif other is not None:
-            self._reschedule(other, now, self.rate_solo[1 - d], g, 1 - d)
-        tail = self.prof.copy_latency_ns + self.stall[v]
-        self.end[v] = now + tail
-        self._deliver(v, now + tail)
-
-    def _share(self, now: int) -> None:
-        """Every active host copy's rate under the host's caps: its GPU's solo rate for its direction (the shared
-        rate when its GPU copies both ways), each direction's copies scaled down to the host's total for the GPUs
-        copying that way, then, with both directions running on 2 or more GPUs, all of them to the host's total
-        both ways. One timer is set, for the copy that ends first at these rates."""
-        solo, shared, caps = self.rate_solo, self.rate_shared, self.caps
-        act = []  # (record, GPU, direction, its GPU's rate)
-        sum_h = sum_d = 0.0
-        n_h = n_d = n_any = 0
+    def _share(self, now: int, seq: int) -> int:
+        """Every active host copy's rate under the host's caps (``_share_rates``); one timer is set (event number
+        ``seq``), for the copy that ends first at these rates. The next event number."""
+        rates = self._shares.get(self._copying)
+        if rates is None:
+            rates = self._shares[self._copying] = self._share_rates(self._copying)
         pcie = self.pcie
-        for g in self._copying:
-            h, o = pcie[g]
-            if h is not None and o is not None:
-                act += ((h, g, 0, shared[0]), (o, g, 1, shared[1]))
-                sum_h, sum_d, n_h, n_d, n_any = sum_h + shared[0], sum_d + shared[1], n_h + 1, n_d + 1, n_any + 1
-            elif h is not None:
-                act.append((h, g, 0, solo[0]))
-                sum_h, n_h, n_any = sum_h + solo[0], n_h + 1, n_any + 1
-            elif o is not None:
-                act.append((o, g, 1, solo[1]))
-                sum_d, n_d, n_any = sum_d + solo[1], n_d + 1, n_any + 1
-        cap_h, cap_d = caps[0][n_h], caps[1][n_d]
-        k = (cap_h / sum_h if cap_h is not None and sum_h > cap_h else 1.0,
-             cap_d / sum_d if cap_d is not None and sum_d > cap_d else 1.0)  # fmt: skip
-        cap, tot = caps[2][n_any], sum_h * k[0] + sum_d * k[1]
-        if n_h and n_d and cap is not None and tot > cap:
-            k = (k[0] * cap / tot, k[1] * cap / tot)
-        # one timer, for the copy that ends first (a timer per copy would be set again at every change)
         first, first_ns = None, math.inf
-        for rec, g, d, base in act:
-            r = base * k[d]
+        for g, d, r in rates:
+            rec = pcie[g][d]
             if r != rec[2]:
                 rec[1] -= rec[2] * (now - rec[3])
                 rec[2], rec[3] = r, now
@@ -443,16 +411,47 @@ class Simulation:
             else:
                 end = rec[5]  # its rate, bytes left and their time as when its end was last worked out
             if end < first_ns:
-                first, first_ns = (rec, g, d), end
+                first, first_ns = rec, end
+        # one timer, for the copy that ends first (a timer per copy would be set again at every change)
         armed = self._armed
-        if first is None or (armed is not None and armed[0] is first[0] and armed[1] == first_ns):
-            return  # the timer set stands
+        if first is None or (armed is not None and armed[0] is first and armed[1] == first_ns):
+            return seq  # the timer set stands
         if armed is not None:
             armed[0][4] = 0  # stale
-        self._token += 1
-        first[0][4] = self._token
-        self._armed = (first[0], first_ns)
-        self._through_at(now + max(0, first_ns - now), first[1], first[2], self._token)
+        first[4] = token = len(self._through)
+        self._through.append(first)
+        self._armed = (first, first_ns)
+        heapq.heappush(self._q, (now + max(0, first_ns - now), seq, -token))
+        return seq + 1
+
+    def _share_rates(self, copying: int) -> tuple[tuple[int, int, float], ...]:
+        """(GPU, direction, rate) of every host copy in flight when ``copying`` says which (2 bits per GPU: 1 to it,
+        2 from it), in GPU order: its GPU's solo rate for its direction (the shared rate when its GPU copies both
+        ways), each direction's copies scaled down to the host's total for the GPUs copying that way, then, with
+        both directions running on 2 or more GPUs, all of them to the host's total both ways. The same for the
+        same ``copying``: kept per run's link factor (``PlanData.share_rates``)."""
+        solo, shared, caps = self.rate_solo, self.rate_shared, self.caps
+        act = []  # (GPU, direction, its GPU's rate)
+        sum_h = sum_d = 0.0
+        n_h = n_d = n_any = 0
+        for g in range(self.mg.n_gpus):
+            both = (copying >> 2 * g) & 3
+            if both == 3:
+                act += ((g, 0, shared[0]), (g, 1, shared[1]))
+                sum_h, sum_d, n_h, n_d, n_any = sum_h + shared[0], sum_d + shared[1], n_h + 1, n_d + 1, n_any + 1
+            elif both == 1:
+                act.append((g, 0, solo[0]))
+                sum_h, n_h, n_any = sum_h + solo[0], n_h + 1, n_any + 1
+            elif both == 2:
+                act.append((g, 1, solo[1]))
+                sum_d, n_d, n_any = sum_d + solo[1], n_d + 1, n_any + 1
+        cap_h, cap_d = caps[0][n_h], caps[1][n_d]
+        k = (cap_h / sum_h if cap_h is not None and sum_h > cap_h else 1.0,
+             cap_d / sum_d if cap_d is not None and sum_d > cap_d else 1.0)  # fmt: skip
+        cap, tot = caps[2][n_any], sum_h * k[0] + sum_d * k[1]
+        if n_h and n_d and cap is not None and tot > cap:
+            k = (k[0] * cap / tot, k[1] * cap / tot)
+        return tuple((g, d, base * k[d]) for g, d, base in act)
 
 
 class PlanData:
@@ -469,6 +468,17 @@ class PlanData:
         self.kernel_ns, self.overlap, self.nbytes = tm.kernel_ns.tolist(), tm.overlap.tolist(), tm.nbytes.tolist()
         self.launch_ns = tm.launch_ns.tolist()
         self._sched: dict[tuple, Scheduler] = {}
+        self._shares: dict[float, dict] = {}
+
+    def share_rates(self, link: float) -> dict:
+        """The host copies' rates under the host's caps per state of the links (``Simulation._share_rates``) at
+        host link factor ``link``, filled as runs meet the states."""
+        d = self._shares.get(link)
+        if d is None:
+            if len(self._shares) >= self.MAX_SCHEDULERS:
+                self._shares.clear()
+            d = self._shares[link] = {}
+        return d
 
     def scheduler(self, policy: str, streams_per_gpu: int, order=None, ordered_sums: bool = True) -> Scheduler:
         """A scheduler in its initial state, as ``Scheduler(mg, policy, streams_per_gpu, order=order,
