@@ -129,7 +129,9 @@ def test_turnip_compile_torch_writes_a_plan_that_runs(tmp_path, capsys):
 
 def test_imported_llama_matches_the_builder_path_and_uses_its_fused_ops(tmp_path):
     """The same transformers LLaMA through the importer and through the LLaMA builder (its saved directory):
-    the same logits (fp16), and the imported graph is made of the builder's ops only (GPU kernels exist)."""
+    the same logits (fp16), and the imported graph is made of the builder's ops only (GPU kernels exist), its
+    contractions each one strided GEMM."""
+    from cuda_kernels import gemm as gm
     from cuda_kernels.kernels import OPS as GPU_OPS
     from turnip.checkpoint import Checkpoint
     from turnip.compile import build_with_resident, make_taskgraph
@@ -145,6 +147,9 @@ def test_imported_llama_matches_the_builder_path_and_uses_its_fused_ops(tmp_path
     imp = from_torch(m, (ids,), budget=30_000, dtype="fp16")
     assert imp.stats["fused"]["rmsnorm"] == 5 and imp.stats["fused"]["rotary"] == 4
     assert set(imp.tg.op) - {"input", "transfer"} <= set(GPU_OPS)
+    for v in np.flatnonzero(np.asarray(imp.tg.op) == "einsum"):  # each one strided cuBLAS GEMM, as the builder's
+        a, b = (tuple(imp.tg.shape[u]) for u in imp.tg.args(v)[:2])
+        assert gm.cublas_layout(gm.plan_einsum(imp.tg.params[v]["subscripts"], a, b, tuple(imp.tg.shape[v])))
     got = imp.run(ids)[0][0]
     tg = make_taskgraph(str(tmp_path), 32, 1, "fp16", budget_nbytes=30_000, head="all")
     mg = build_with_resident(tg, 30_000)
