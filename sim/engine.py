@@ -521,16 +521,25 @@ def host_caps(prof: MachineProfile, n_gpus: int, link: float = 1.0) -> tuple[lis
 
 
 def plan_bound(tm: TimingModel, host: float = 1.0, link: float = 1.0) -> dict:
-    """The plan's lower bound (``turnip.machine.bound.lower_bound``), computed once per timing model; for a
-    run whose host speed factor (``MachineProfile.host_excess_sd``) or host link factor is not 1, that run's
-    own."""
+    """The plan's lower bound (``turnip.machine.bound.lower_bound``) for a run at host speed factor ``host``
+    (``MachineProfile.host_excess_sd``) and host link factor ``link``, computed once per timing model and pair of
+    factors (a power-limited run's passes, and every policy's run of one seed, share it)."""
     from turnip.machine.bound import lower_bound
 
-    if host != 1.0 or link != 1.0:
-        return lower_bound(tm, host, link)
-    if getattr(tm, "_bound", None) is None:
-        tm._bound = lower_bound(tm)
-    return tm._bound
+    if host == 1.0 and link == 1.0:
+        if getattr(tm, "_bound", None) is None:
+            tm._bound = lower_bound(tm)
+        return tm._bound
+    bounds = getattr(tm, "_bounds", None)
+    if bounds is None or len(bounds) >= BOUNDS_KEPT:
+        bounds = tm._bounds = {}
+    b = bounds.get((host, link))
+    if b is None:
+        b = bounds[host, link] = lower_bound(tm, host, link)
+    return b
+
+
+BOUNDS_KEPT = 64  # bounds of runs' (host, link) factors kept per timing model: the cache starts over past this many
 
 
 def plan_estimate(tm: TimingModel) -> int:
