@@ -68,15 +68,6 @@ def regroup(ir: IR, groups, shape) -> list[tuple[int, ...]] | None:
     return out if i == len(seq) else None
 
 
-def resolve_shape(shape, numel: int) -> tuple[int, ...]:
-    shape = [int(s) for s in shape]
-    if -1 in shape:
-        k = shape.index(-1)
-        rest = math.prod(s for i, s in enumerate(shape) if i != k)
-        shape[k] = numel // rest
-    return tuple(shape)
-
-
 def physical(ir: IR, v: TV) -> list[int]:
     return ir.recs[v.rec].dims
 
