@@ -295,7 +295,10 @@ class Scheduler:
                 dl.append(g)
             return self._dispatch_dirty()
         out: list[int] = []  # ``_dispatch_dirty`` of g alone, inlined
-        self._dispatch(g, out)
+        if self._gpu_lanes[g]:
+            self._dispatch(g, out)
+        else:
+            self._dispatch_heap(g, out)
         if not out and self.n_running == 0 and self.n_done < self.n:
             raise self.stall_error()
         return out
@@ -365,30 +368,30 @@ class Scheduler:
     def _dispatch(self, g: int, out: list[int]) -> None:
         """Launch on GPU ``g`` what its free stream slots, engines and locks allow, best rank first; append the
         launched vertices to ``out``."""
+        if not self._gpu_lanes[g]:
+            return self._dispatch_heap(g, out)
         streams = self.free_streams[g]
         if not streams:
             return
-        heap, holder, engine, by_rank = self.heaps[g], self.engine_holder, self.engine, self._by_rank
-        gpu_lanes = self._gpu_lanes[g]
+        heap, holder, engine, gpu_lanes = self.heaps[g], self.engine_holder, self.engine, self._gpu_lanes[g]
+        lanes, ptr, rank, status = self._lanes, self._ptr, self.rank, self.status
         launched = 0
         while streams:
             best_r, best_ln = self.n, -1  # n: above every rank
-            if gpu_lanes:  # fixed lanes: their heads only, when ready and their engine and lock are free
-                lanes, ptr, rank, status = self._lanes, self._ptr, self.rank, self.status
-                for ln in gpu_lanes:
-                    p = ptr[ln]
-                    if p < len(lanes[ln]):
-                        u = lanes[ln][p]
-                        if status[u] == READY and rank[u] < best_r:
-                            e = engine[u]
-                            if e < 0 or holder[e] < 0:
-                                lk = self.lock[u]
-                                if lk < 0 or not self._lock_blocks(lk, u):
-                                    best_r, best_ln = rank[u], ln
+            for ln in gpu_lanes:  # fixed lanes: their heads only, when ready and their engine and lock are free
+                p = ptr[ln]
+                if p < len(lanes[ln]):
+                    u = lanes[ln][p]
+                    if status[u] == READY and rank[u] < best_r:
+                        e = engine[u]
+                        if e < 0 or holder[e] < 0:
+                            lk = self.lock[u]
+                            if lk < 0 or not self._lock_blocks(lk, u):
+                                best_r, best_ln = rank[u], ln
             v = -1
             while heap and heap[0] < best_r:  # the heap's best launchable vertex, if better than the lanes'
                 r = heappop(heap)
-                u = by_rank[r]
+                u = self._by_rank[r]
                 e = engine[u]
                 if e >= 0 and holder[e] >= 0:
                     heappush(self.parked[e], r)  # back when its engine is released
@@ -404,11 +407,11 @@ class Scheduler:
             if v < 0:
                 if best_ln < 0:
                     break
-                v = self._lanes[best_ln][self._ptr[best_ln]]
-                self._ptr[best_ln] += 1
+                v = lanes[best_ln][ptr[best_ln]]
+                ptr[best_ln] += 1
                 lk = self.lock[v]
             # launch v (it holds its slot, engine and lock until its completion)
-            self.status[v] = RUNNING
+            status[v] = RUNNING
             self.stream_of[v] = streams.pop()
             launched += 1
             if lk >= 0:
@@ -416,6 +419,39 @@ class Scheduler:
                 if self._lock_seq is not None:
                     self._lock_ptr[lk] += 1
             e = engine[v]
+            if e >= 0:
+                holder[e] = v
+            out.append(v)
+        self.n_running += launched
+
+    def _dispatch_heap(self, g: int, out: list[int]) -> None:
+        """``_dispatch`` of a GPU without fixed-order lanes: its heap alone."""
+        streams, heap = self.free_streams[g], self.heaps[g]
+        if not (streams and heap):
+            return
+        holder, engine, lock, by_rank = self.engine_holder, self.engine, self.lock, self._by_rank
+        launched = 0
+        while streams and heap:
+            r = heappop(heap)
+            v = by_rank[r]
+            e = engine[v]
+            if e >= 0 and holder[e] >= 0:
+                heappush(self.parked[e], r)  # back when its engine is released
+                continue
+            lk = lock[v]
+            if lk >= 0:
+                if self._lock_blocks(lk, v):
+                    heappush(self.lock_wait.setdefault(lk, []), r)
+                    if e >= 0 and self.parked[e]:  # the engine's next best is now the best of its parked
+                        heappush(heap, heappop(self.parked[e]))
+                    continue
+                self.lock_holder[lk] = v
+                if self._lock_seq is not None:
+                    self._lock_ptr[lk] += 1
+            # launch v (it holds its slot, engine and lock until its completion)
+            self.status[v] = RUNNING
+            self.stream_of[v] = streams.pop()
+            launched += 1
             if e >= 0:
                 holder[e] = v
             out.append(v)
