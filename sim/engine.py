@@ -4,8 +4,8 @@ State it owns (virtual time in integer ns):
   host_free_ns        when the single host thread is free to issue the next command
   compute_free_ns[g]  when GPU g's kernel engine is free (kernels run one at a time, in issue order; one
                       that starts behind another takes the profile's concurrency factor, ``overlap_factor``)
-  pcie[g][d]          the copy in flight on GPU g's host link in direction d (0: h2d, 1: d2h) as
-                      [v, bytes left, rate, last update ns, token, end ns, g, d]; both directions share the
+  pcie[2g + d]        the copy in flight on GPU g's host link in direction d (0: h2d, 1: d2h) as
+                      [v, bytes left, rate, last update ns, token, end ns, 2g + d]; both directions share the
                       link: when both run each gets its share of ``pcie_both_bytes_per_s``, and the survivor
                       speeds up again when the other finishes (stale completions are recognised by their token)
   caps                the host behind the links (``MachineProfile.host_*_total_bytes_per_s``; None for one
@@ -152,7 +152,7 @@ class Simulation:
         self.host_free = 0
         self.compute_free = [0] * g
         self.copies_active = [0] * g
-        self.pcie: list[list] = [[None, None] for _ in range(g)]
+        self.pcie: list[list | None] = [None] * (2 * g)
         self.link_factor = link = tm.link_factor(self.host_factor, d.link_z) if link is None else float(link)
         solo, shared = link_rates(prof)  # bytes per ns, this run's link ``link`` times slower
         self.rate_solo, self.rate_shared = tuple(x / link for x in solo), tuple(x / link for x in shared)
@@ -211,9 +211,9 @@ class Simulation:
         and each one whose issue comes before every pending event is handled right there (``EAGER``), as the
         heap would pop it next; from the first that does not, the rest of the batch goes through the heap (and
         is handled the same way when popped). A host link copy in flight is a record ``[v, bytes left, rate,
-        their ns, token, end ns, GPU, direction]`` in ``pcie``; one alone on its GPU's link (the common case) is
-        handled here, the rest by ``_reschedule`` and, under the host's caps, ``_share`` (which take and return
-        the next event number)."""
+        their ns, token, end ns, slot]`` in ``pcie[slot]`` (slot 2g + d: GPU g, direction d); one alone on its
+        GPU's link (the common case) is handled here, the rest by ``_reschedule`` and, under the host's caps,
+        ``_share`` (which take and return the next event number)."""
         q, pop, push, ceil = self._q, heapq.heappop, heapq.heappush, math.ceil
         prof, eager, through, pcie = self.prof, self.EAGER, self._through, self.pcie
         eng, gpu, src, nbytes, stall = self.eng, self.gpu, self.src, self.nbytes, self.stall
@@ -234,17 +234,16 @@ class Simulation:
                 rec = through[-code]
                 if rec[4] != -code:
                     continue  # its rate changed since: a later event stands
-                v, g, d = rec[0], rec[6], rec[7]
-                link = pcie[g]
-                link[d] = None
-                copies_active[g] -= 1
-                other = link[1 - d]
+                v, i = rec[0], rec[6]
+                pcie[i] = None
+                copies_active[i >> 1] -= 1
+                other = pcie[i ^ 1]
                 if caps is not None:
                     self._armed = None  # it was this copy's
-                    self._copying -= (1 + d) << 2 * g
+                    self._copying -= (1 + (i & 1)) << (i & -2)
                     seq = self._share(now, seq)
                 elif other is not None:  # the other direction has the link to itself again
-                    seq = self._reschedule(other, now, rate_solo[1 - d], seq)
+                    seq = self._reschedule(other, now, rate_solo[other[6] & 1], seq)
                 t = now + (copy_latency + stall[v])  # then its latency and any stall
                 end[v] = t
                 push(q, (t + completion, seq, (v << 1) | 1))  # its completion reaches the host loop
@@ -315,25 +314,25 @@ class Simulation:
                 else:  # a host link copy: its bytes at its link's rate (shared, when both directions run)
                     d = 0 if e == h2d else 1
                     g = gpu[v]
+                    i = g + g + d
                     start[v] = t
                     copies_active[g] += 1
-                    link = pcie[g]
-                    other = link[1 - d]
+                    other = pcie[i ^ 1]
                     if caps is not None:  # the host's caps: every copy's rate may change
-                        link[d] = [v, nbytes[v] * (f[v] if other is None else fc[v]), 0.0, t, 0, 0, g, d]
-                        self._copying += (1 + d) << 2 * g
+                        pcie[i] = [v, nbytes[v] * (f[v] if other is None else fc[v]), 0.0, t, 0, 0, i]
+                        self._copying += (1 + d) << (g + g)
                         seq = self._share(t, seq)
                     elif other is None:  # alone on the link (``_reschedule``, inlined)
-                        link[d] = rec = [v, nbytes[v] * f[v], rate_solo[d], t, 0, 0, g, d]
+                        pcie[i] = rec = [v, nbytes[v] * f[v], rate_solo[d], t, 0, 0, i]
                         rec[4] = token = len(through)
                         through.append(rec)
                         delay = ceil(rec[1] / rec[2] - 1e-6)
                         push(q, (t + (delay if delay > 0 else 0), seq, -token))
                         seq += 1
                     else:
-                        rec = [v, nbytes[v] * fc[v], rate_shared[d], t, 0, 0, g, d]
+                        rec = [v, nbytes[v] * fc[v], rate_shared[d], t, 0, 0, i]
                         seq = self._reschedule(other, t, rate_shared[1 - d], seq)
-                        link[d] = rec
+                        pcie[i] = rec
                         seq = self._reschedule(rec, t, rec[2], seq)
             if not popped:
                 host_free = t
@@ -399,14 +398,14 @@ class Simulation:
         rates = self._shares.get(self._copying)
         if rates is None:
             rates = self._shares[self._copying] = self._share_rates(self._copying)
-        pcie = self.pcie
+        pcie, ceil = self.pcie, math.ceil
         first, first_ns = None, math.inf
-        for g, d, r in rates:
-            rec = pcie[g][d]
+        for i, r in rates:
+            rec = pcie[i]
             if r != rec[2]:
                 rec[1] -= rec[2] * (now - rec[3])
                 rec[2], rec[3] = r, now
-                end = math.ceil(rec[1] / r - 1e-6)
+                end = ceil(rec[1] / r - 1e-6)
                 rec[5] = end = now + (end if end > 0 else 0)
             else:
                 end = rec[5]  # its rate, bytes left and their time as when its end was last worked out
@@ -424,26 +423,26 @@ class Simulation:
         heapq.heappush(self._q, (now + max(0, first_ns - now), seq, -token))
         return seq + 1
 
-    def _share_rates(self, copying: int) -> tuple[tuple[int, int, float], ...]:
-        """(GPU, direction, rate) of every host copy in flight when ``copying`` says which (2 bits per GPU: 1 to it,
+    def _share_rates(self, copying: int) -> tuple[tuple[int, float], ...]:
+        """(slot 2g + d, rate) of every host copy in flight when ``copying`` says which (2 bits per GPU: 1 to it,
         2 from it), in GPU order: its GPU's solo rate for its direction (the shared rate when its GPU copies both
         ways), each direction's copies scaled down to the host's total for the GPUs copying that way, then, with
         both directions running on 2 or more GPUs, all of them to the host's total both ways. The same for the
         same ``copying``: kept per run's link factor (``PlanData.share_rates``)."""
         solo, shared, caps = self.rate_solo, self.rate_shared, self.caps
-        act = []  # (GPU, direction, its GPU's rate)
+        act = []  # (slot, direction, its GPU's rate)
         sum_h = sum_d = 0.0
         n_h = n_d = n_any = 0
         for g in range(self.mg.n_gpus):
             both = (copying >> 2 * g) & 3
             if both == 3:
-                act += ((g, 0, shared[0]), (g, 1, shared[1]))
+                act += ((2 * g, 0, shared[0]), (2 * g + 1, 1, shared[1]))
                 sum_h, sum_d, n_h, n_d, n_any = sum_h + shared[0], sum_d + shared[1], n_h + 1, n_d + 1, n_any + 1
             elif both == 1:
-                act.append((g, 0, solo[0]))
+                act.append((2 * g, 0, solo[0]))
                 sum_h, n_h, n_any = sum_h + solo[0], n_h + 1, n_any + 1
             elif both == 2:
-                act.append((g, 1, solo[1]))
+                act.append((2 * g + 1, 1, solo[1]))
                 sum_d, n_d, n_any = sum_d + solo[1], n_d + 1, n_any + 1
         cap_h, cap_d = caps[0][n_h], caps[1][n_d]
         k = (cap_h / sum_h if cap_h is not None and sum_h > cap_h else 1.0,
@@ -451,7 +450,7 @@ class Simulation:
         cap, tot = caps[2][n_any], sum_h * k[0] + sum_d * k[1]
         if n_h and n_d and cap is not None and tot > cap:
             k = (k[0] * cap / tot, k[1] * cap / tot)
-        return tuple((g, d, base * k[d]) for g, d, base in act)
+        return tuple((i, base * k[d]) for i, d, base in act)
 
 
 class PlanData:
