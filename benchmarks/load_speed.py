@@ -25,12 +25,13 @@ Memory: the compute-dtype region (about the checkpoint's size) plus the page cac
 ``--hf`` transformers' copy on top (after turnip's region is freed). ``--layers`` cuts decoder layers.
 
 Seen on a shared 2-core VM (23 GB, a virtual disk whose rate swung from 0.3 to 2.5 GB/s during the day;
-other jobs on the cores), LLaMA-7B shapes with 12 layers, 5.38 GB in 4 shards, ``--threads 1 2 4 --hf``:
-fp16 -> fp16: cached 1.7 s (2.97 GB/s, 1.2x the disk's sequential read; one tensor at a time 6.4 s,
-transformers 13.5 s); cold 7.4 s (0.69 GB/s, 1.48x the sequential read measured before it; transformers
-10.7 s). bf16 -> fp16: cached 10.1 s (0.51 GB/s: the conversion on two busy cores is the limit; one
-tensor at a time 50.0 s, transformers 39.6 s); cold 19.7 s (0.26 GB/s, 0.49x the disk; transformers
-21.6 s). The GPU host's 16 threads are not measured here.
+other jobs on the cores), LLaMA-7B shapes with 12 layers, 5.38 GB in 4 shards, 2 threads, ``--hf``:
+fp16 -> fp16: cached 2.4 s (2.1 GB/s, 0.85x the disk's sequential read from the page cache; one tensor at a
+time 4.3 s); cold 5.0 s (1.0 GB/s, 2.0x the sequential read: the virtual disk serves parallel reads
+faster; transformers 9.7 s). bf16 -> fp16: cached 6.3 s (0.81 GB/s: the conversion on two cores is the
+limit; one tensor at a time 36.5 s, transformers 20.5 s); cold 10.1 s (0.51 GB/s, 0.99x the disk;
+transformers 17.4 s). On the CPU transformers keeps parameters already in the compute dtype mapped from the
+files (its fp16 -> fp16 cached load, 2.0 s, maps pages and copies nothing); on a GPU it copies them.
 """
 
 from __future__ import annotations
@@ -168,9 +169,9 @@ def hf_load(d: Path, compute: str) -> float:
     import transformers
 
     dev = "cuda:0" if torch.cuda.is_available() else "cpu"
+    auto, _ = transformers.AutoModelForCausalLM, transformers.LlamaForCausalLM  # imported before the clock
     t = time.perf_counter()
-    m = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=getattr(torch, TORCH_DTYPE[compute]),
-                                                          device_map=dev)  # fmt: skip
+    m = auto.from_pretrained(d, dtype=getattr(torch, TORCH_DTYPE[compute]), device_map=dev)
     if dev != "cpu":
         torch.cuda.synchronize()
     else:  # tensors may still be mapped from the files: read a value of every page of every parameter
