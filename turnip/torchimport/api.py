@@ -49,7 +49,8 @@ class Imported:
             if shape is not None:
                 full[name] = given[name].reshape(shape)
         for name, (src, table) in self.gathers.items():
-            full[name] = table[given[src].reshape(-1).astype(np.int64)]
+            shape = self.tg.meta["input_blocks"][name][0]
+            full[name] = table[given[src].reshape(-1).astype(np.int64)].reshape(shape)
         out = {}
         for name, (_shape, blocks) in self.tg.meta["input_blocks"].items():
             for starts, v in blocks:

@@ -11,7 +11,8 @@ depend on dimension letters:
   layernorm (x - mean) / sqrt(var + eps) * w + b over ``axis`` (the last); softmax over ``axis``
   relayout  ``x.transpose(perm).reshape(shape)``; a negative entry ``-1 - k`` of ``shape`` is the transposed
             block's extent on axis ``k`` (a dimension kept as it is, which may be tiled)
-  slice     ``x[..., start:stop, ...]`` on ``axis``; cat: inputs concatenated along ``axis``
+  slice     ``x[..., start:stop, ...]`` on ``axis`` (``drop``: ``x[..., start, ...]``, the axis removed); cat:
+            inputs concatenated along ``axis`` (``stack``: stacked along a new axis there)
 
 The tables ``SPECS`` and ``REFS`` are merged into ``turnip.ops.OPS`` and ``turnip.reference.REFERENCE``.
 """
@@ -117,12 +118,12 @@ def relayout(xs, p):
 def tslice(xs, p):
     ax = int(p["axis"])
     idx = [slice(None)] * xs[0].ndim
-    idx[ax] = slice(int(p["start"]), int(p["stop"]))
+    idx[ax] = int(p["start"]) if p.get("drop") else slice(int(p["start"]), int(p["stop"]))
     return np.ascontiguousarray(xs[0][tuple(idx)])
 
 
 def cat(xs, p):
-    return np.concatenate(xs, axis=int(p["axis"]))
+    return (np.stack if p.get("stack") else np.concatenate)(xs, axis=int(p["axis"]))
 
 
 def _relayout_target(tshape, shape):
@@ -173,12 +174,18 @@ def _slice_shape(ins, p):
     a, b = int(p["start"]), int(p["stop"])
     if not 0 <= a < b <= s[ax]:
         raise ValueError(f"slice [{a}, {b}) of axis {ax} of {tuple(s)}")
+    if p.get("drop") and b - a != 1:
+        raise ValueError(f"slice [{a}, {b}) of axis {ax} drops the axis, so it takes one index")
     s[ax] = b - a
-    return tuple(s)
+    return tuple(s[:ax] + s[ax + 1 :]) if p.get("drop") else tuple(s)
 
 
 def _cat_shape(ins, p):
     ax = int(p["axis"])
+    if p.get("stack"):
+        if len({tuple(x) for x in ins}) != 1:
+            raise ValueError(f"stack of {ins}")
+        return (*ins[0][:ax], len(ins), *ins[0][ax:])
     rest = [tuple(s[:ax]) + tuple(s[ax + 1 :]) for s in ins]
     if len(set(rest)) != 1:
         raise ValueError(f"cat along axis {ax} of {ins}")

@@ -105,7 +105,7 @@ def embedding(ctx: Context, w, ids, padding_idx=-1, scale_grad=False, sparse=Fal
     if not _is_tensor(w):
         raise Unsupported("an embedding table that is computed")
     ir = ctx.ir
-    if isinstance(ids, Inp) and sum(s > 1 for s in ids.shape) <= 1:  # gathered on the host, as the builder does
+    if isinstance(ids, Inp):  # gathered on the host, as the builder does
         return _host_gather(ctx, w, ids)
     iv = ctx.force(ids)
     if len(physical(ir, iv)) != 1:
@@ -125,36 +125,41 @@ def _host_gather(ctx: Context, w, ids: Inp) -> TV:
     from turnip.torchimport.trace import to_numpy
 
     ir = ctx.ir
-    n = math.prod(ids.shape)
-    dims = ([ir.dim(n)] if n > 1 else []) + [ir.dim(w.shape[1])]
+    groups = [(ir.dim(s),) if s > 1 else () for s in ids.shape] + [(ir.dim(w.shape[1]),)]
     name = f"{ids.name}.embedded"
-    r = ir.add("input", [], dims, name=name)
+    r = ir.add("input", [], [d for g in groups for d in g], name=name)
     ctx.gathers[name] = (ids.name, to_numpy(w, ir.dtype))
-    return TV(r, [(dims[0],) if s > 1 else () for s in ids.shape] + [(dims[-1],)])
+    return TV(r, groups)
 
 
 def conv2d(ctx: Context, x, w, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
     """A patch embedding: a convolution whose stride is its kernel (no padding), on an input not used
     before, becomes one contraction over a row-major split of the input."""
     ir = ctx.ir
-    if not (isinstance(x, Inp) and _is_tensor(w) and w.dim() == 4 and len(x.shape) == 4 and x.shape[0] == 1):
+    if not (isinstance(x, Inp) and _is_tensor(w) and w.dim() == 4 and len(x.shape) == 4):
         raise Unsupported("a convolution that is not a patch embedding of a model input")
     o, c, p, q = w.shape
     if list(stride) != [p, q] or any(padding) or list(dilation) != [1, 1] or groups != 1 or x.shape[2] % p or \
             x.shape[3] % q:  # fmt: skip
         raise Unsupported("a convolution that is not a patch embedding (stride = kernel, no padding)")
-    _, _, h, wd = x.shape
+    n, _, h, wd = x.shape
     if min(c, h // p, p, wd // q, q) < 2:
         raise Unsupported("a patch embedding with a dimension of 1")
-    xv = ctx.place(x, [(1,), (c,), (h // p, p), (wd // q, q)])
-    (dc,), (gy, dp), (gx, dq) = xv.groups[1:]
+    xv = ctx.place(x, [(n,), (c,), (h // p, p), (wd // q, q)])  # (images,) channels, rows, row, columns, column
+    bg, (dc,), (gy, dp), (gx, dq) = xv.groups
     wv = ctx.const(w, ctx.names.get(id(w), "conv"))
     od, cd, pd, qd = physical(ir, wv)
     for a, b_ in ((cd, dc), (pd, dp), (qd, dq)):
         ir.join(a, b_)
-    out = [ir.like(gy), ir.like(gx), ir.like(od)]
-    r = ir.add("einsum", [xv.rec, wv.rec], out, {"idx": [[0, 1, 2, 3, 4], [5, 0, 2, 4]], "out": [1, 3, 5]})
-    tv = TV(r, [(), (out[2],), (out[0],), (out[1],)])
+    xd = physical(ir, xv)
+    keep = [*bg, gy, gx]
+    out = [ir.like(d) for d in keep] + [ir.like(od)]
+    idx = {d: i for i, d in enumerate(xd)}
+    m = len(xd)
+    r = ir.add("einsum", [xv.rec, wv.rec], out, {"idx": [list(range(m)), [m, idx[dc], idx[dp], idx[dq]]],
+                                                 "out": [idx[d] for d in keep] + [m]})  # fmt: skip
+    nb = len(bg)
+    tv = TV(r, [tuple(out[:nb]), (out[-1],), (out[nb],), (out[nb + 1],)])
     return tv if b is None else ew(ctx, "add", tv, b.reshape(-1, 1, 1))
 
 
@@ -229,8 +234,14 @@ def sdpa(ctx: Context, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, 
     """Fused attention: q, k, v as (tokens, heads, head dim) records; a constant causal mask is the causal op."""
     ir = ctx.ir
     Q, K, V = (ctx.force(x) for x in (q, k, v))
-    if any(math.prod(ir.ext[d] for d in g) > 1 for x in (Q, K, V) for g in x.groups[:-3]):
-        raise Unsupported("attention over a batch of several sequences")
+    lead = [i for i in range(len(Q.groups) - 3)
+            if any(math.prod(ir.ext[d] for d in x.groups[i]) > 1 for x in (Q, K, V))]  # fmt: skip
+    if len(lead) > 1:
+        raise Unsupported("attention over more than one batch axis")
+    if lead:  # one attention per sequence of the batch, stacked
+        outs = [sdpa(ctx, *(_take(ctx, x, lead[0], b) for x in (Q, K, V)), attn_mask=_take_mask(attn_mask, b),
+                     is_causal=is_causal, scale=scale) for b in range(torch_shape(ctx, Q)[lead[0]])]  # fmt: skip
+        return _stack(ctx, outs, lead[0])
     t, s, e = (math.prod(ir.ext[d] for d in x.groups[i]) for x, i in ((Q, -2), (K, -2), (Q, -1)))
     causal = bool(is_causal)
     if attn_mask is not None:
@@ -257,6 +268,44 @@ def sdpa(ctx: Context, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, 
     p = {"scale": float(scale) if scale else 1.0 / math.sqrt(e)} | ({} if causal else {"causal": False})
     r = ir.add("attention", [qr.rec, kr.rec, vr.rec], out, p)
     return TV(r, [()] * (len(Q.groups) - 3) + [(out[1],), (out[0],), (out[2],)])
+
+
+def _take(ctx: Context, x: TV, axis: int, i: int) -> TV:
+    """Index ``i`` of torch ``axis`` of ``x``, the axis removed (a ``slice`` vertex, or none for a broadcast)."""
+    ir = ctx.ir
+    x = single(ir, x, axis)
+    d = x.groups[axis][0]
+    groups = x.groups[:axis] + x.groups[axis + 1 :]
+    dims = physical(ir, x)
+    if d not in dims:
+        return TV(x.rec, groups)
+    ir.keep_whole(d)
+    out = [ir.like(e) for e in dims if e != d]
+    m = dict(zip([e for e in dims if e != d], out, strict=True))
+    r = ir.add("slice", [x.rec], out, {"axis": dims.index(d), "start": i, "stop": i + 1, "drop": True})
+    return TV(r, [tuple(m.get(e, e) for e in g) for g in groups])
+
+
+def _take_mask(mask, b: int):
+    if mask is None or not _is_tensor(mask) or mask.dim() < 4 or mask.shape[0] == 1:
+        return mask
+    return mask[b : b + 1]
+
+
+def _stack(ctx: Context, outs: list[TV], axis: int) -> TV:
+    """Records of one layout stacked along a new torch ``axis`` (a new leading dimension in memory)."""
+    ir = ctx.ir
+    dims0 = physical(ir, outs[0])
+    nd = ir.dim(len(outs))
+    out = [ir.like(e) for e in dims0]
+    for o in outs[1:]:
+        for a, b in zip(out, physical(ir, o), strict=True):
+            ir.join(a, b)
+    ir.keep_whole(nd)
+    r = ir.add("cat", [o.rec for o in outs], [nd, *out], {"axis": 0, "stack": True})
+    m = dict(zip(dims0, out, strict=True))
+    groups = [tuple(m.get(e, e) for e in g) for g in outs[0].groups]
+    return TV(r, groups[:axis] + [(nd,)] + groups[axis:])
 
 
 def _heads_tokens(ctx: Context, x: TV) -> TV:
