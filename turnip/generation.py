@@ -83,7 +83,7 @@ def load_model(model: str, dtype: str = "fp16", seed: int = 0, random_weights: b
     d = Path(model)
     if d.is_dir() and has_weights(d):
         ck = Checkpoint(d)
-        weights = dict(ck.iter_inputs(tg, only=names))
+        weights = ck.inputs(tg, only=names).arrays()  # shards read by a thread pool (turnip.runtime.loader)
         table = ck.read(tg.meta["embed"]["table"]).astype(NP_OF[dtype])
 
         def embed(ids):
