@@ -10,12 +10,6 @@ from turnip.torchimport.ir import IR
 from turnip.torchimport.values import TV, Inp, Lin, Unsupported, in_torch_order, physical
 
 
-def _torch():
-    import torch
-
-    return torch
-
-
 def _is_tensor(x) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "shape") and not isinstance(x, TV | Lin | Inp)
 

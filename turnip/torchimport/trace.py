@@ -36,10 +36,12 @@ IGNORED = ("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range", "
 
 
 def op_name(target) -> str:
+    """``add`` for ``aten.add.Tensor`` (overloads share a rule), ``getitem`` for ``operator.getitem``."""
     if target is operator.getitem:
         return "getitem"
-    return str(getattr(target, "__name__", target)).split(".")[0] if not hasattr(target, "_schema") else \
-        target._schema.name.split("::")[-1]  # fmt: skip
+    if hasattr(target, "_schema"):
+        return target._schema.name.split("::")[-1]
+    return str(getattr(target, "__name__", target)).split(".")[0]
 
 
 def _torch():
@@ -100,7 +102,7 @@ def trace(ep, example_inputs, dtype: str = "fp32"):
             else:
                 env[node] = x
         else:
-            raise Unsupported(f"input kind {kind}")
+            raise UnsupportedOps(Counter({f"an input of kind {kind}": 1}))
     bad: Counter = Counter()
     for node in ep.graph.nodes:
         if node.op != "call_function":
@@ -139,7 +141,10 @@ def trace(ep, example_inputs, dtype: str = "fp32"):
     values = []
     for o in outs:
         if isinstance(o, TV | Lin | Inp):
-            v = ctx.force(o)
+            try:
+                v = ctx.force(o)
+            except Unsupported as e:
+                raise UnsupportedOps(Counter({f"an output ({e})": 1})) from None
             if ir.recs[v.rec].op == "input":
                 v = ctx.copy(v)
             ir.outputs.append(v.rec)
