@@ -117,7 +117,8 @@ def test_turnip_compile_torch_writes_a_plan_that_runs(tmp_path, capsys):
     f = tmp_path / "model.py"
     f.write_text("import torch\n\ndef factory():\n    torch.manual_seed(0)\n"
                  "    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))\n"
-                 "    return m, (torch.randn(12, 16),)\n")  # fmt: skip
+                 "    return m, (torch.randn(12, 16),)\n\n"
+                 "def boom():\n    raise RuntimeError('no weights')\n")  # fmt: skip
     plan = tmp_path / "p.tplan"
     assert main(["compile", "--torch", f"{f}:factory", "--budget", "8KiB", "--verify", "-o", str(plan)]) == 0
     assert "verify    ok" in capsys.readouterr().out
@@ -125,6 +126,8 @@ def test_turnip_compile_torch_writes_a_plan_that_runs(tmp_path, capsys):
     assert main(["run", str(plan), "--backend", "cpu"]) == 0
     assert main(["compile", "--torch", f"{f}:nope"]) == 2
     assert "has no function 'nope'" in capsys.readouterr().err
+    assert main(["compile", "--torch", f"{f}:boom"]) == 2
+    assert "boom() failed: RuntimeError: no weights" in capsys.readouterr().err
 
 
 def test_imported_llama_matches_the_builder_path_and_uses_its_fused_ops(tmp_path):

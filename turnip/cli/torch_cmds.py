@@ -30,11 +30,17 @@ def load_factory(spec: str):
         raise CliError("--torch needs PyTorch: pip install torch (a CPU wheel is enough)", ck.FAILED) from None
     mod_spec = importlib.util.spec_from_file_location(f"turnip_factory_{f.stem}", f)
     mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
+    try:
+        mod_spec.loader.exec_module(mod)
+    except Exception as e:
+        raise CliError(f"--torch: {path} failed to load: {type(e).__name__}: {e}", ck.USAGE) from e
     factory = getattr(mod, name, None)
     if not callable(factory):
         raise CliError(f"--torch: {path} has no function {name!r}", ck.USAGE)
-    made = factory()
+    try:
+        made = factory()
+    except Exception as e:
+        raise CliError(f"--torch: {name}() failed: {type(e).__name__}: {e}", ck.USAGE) from e
     if not isinstance(made, tuple) or len(made) != 2:
         raise CliError(f"--torch: {name}() must return (module, example_inputs), not {type(made).__name__}", ck.USAGE)
     return made
@@ -58,6 +64,10 @@ def cmd_compile_torch(a) -> int:
                          config=BuildConfig(a.policy, a.lookahead, lb), name=f"torch:{Path(a.torch).name}")  # fmt: skip
     except UnsupportedOps as e:
         raise CliError(f"{e}; rewrite those ops or export a smaller part of the model", ck.FAILED) from None
+    except Exception as e:
+        if not type(e).__module__.startswith("torch"):
+            raise
+        raise CliError(f"torch.export could not export the module: {type(e).__name__}: {e}", ck.FAILED) from e
     d = summary(imp.tg, imp.mg) | {"tiles": imp.stats["tiles"], "total_s": round(time.perf_counter() - t0, 3)}
     if a.verify:
         d["violations"] = [str(v) for v in verify_with_progress(imp.mg, imp.tg)]
