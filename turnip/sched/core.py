@@ -157,6 +157,9 @@ class Scheduler:
         self._lane_of = np.where(is_fixed, lane, -1).tolist()
         self._gpu_lanes = [[i for i in range(n_lanes) if self._lanes[i] and owner[self._lanes[i][0]] == gg]
                            for gg in range(g)]  # fmt: skip
+        # a GPU whose every vertex is in one lane (``det``: nothing enters its heap) dispatches that lane alone
+        only = (not (~is_fixed & ~mg.preloaded()).any()) and n_lanes == g
+        self._one_lane = [ln[0] if only and len(ln) == 1 else -1 for ln in self._gpu_lanes]
         # ordered sums: each sum-into lock in compile order (det-replay: the recorded order), the topological
         # order the lanes follow too, so the first member not yet launched never waits on a later one
         self.ordered_sums = ordered_sums or policy == "det-replay"
@@ -295,10 +298,12 @@ class Scheduler:
                 dl.append(g)
             return self._dispatch_dirty()
         out: list[int] = []  # ``_dispatch_dirty`` of g alone, inlined
-        if self._gpu_lanes[g]:
-            self._dispatch(g, out)
-        else:
+        if not self._gpu_lanes[g]:
             self._dispatch_heap(g, out)
+        elif self._one_lane[g] >= 0:
+            self._dispatch_lane(g, self._one_lane[g], out)
+        else:
+            self._dispatch(g, out)
         if not out and self.n_running == 0 and self.n_done < self.n:
             raise self.stall_error()
         return out
@@ -370,6 +375,8 @@ class Scheduler:
         launched vertices to ``out``."""
         if not self._gpu_lanes[g]:
             return self._dispatch_heap(g, out)
+        if self._one_lane[g] >= 0:
+            return self._dispatch_lane(g, self._one_lane[g], out)
         streams = self.free_streams[g]
         if not streams:
             return
@@ -422,6 +429,36 @@ class Scheduler:
             if e >= 0:
                 holder[e] = v
             out.append(v)
+        self.n_running += launched
+
+    def _dispatch_lane(self, g: int, ln: int, out: list[int]) -> None:
+        """``_dispatch`` of a GPU whose every vertex is in lane ``ln``: its head while it can launch."""
+        streams, lane, p = self.free_streams[g], self._lanes[ln], self._ptr[ln]
+        holder, engine, lock, status = self.engine_holder, self.engine, self.lock, self.status
+        launched = 0
+        while streams and p < len(lane):
+            v = lane[p]
+            if status[v] != READY:
+                break
+            e = engine[v]
+            if e >= 0 and holder[e] >= 0:
+                break
+            lk = lock[v]
+            if lk >= 0:
+                if self._lock_blocks(lk, v):
+                    break
+                self.lock_holder[lk] = v
+                if self._lock_seq is not None:
+                    self._lock_ptr[lk] += 1
+            p += 1
+            # launch v (it holds its slot, engine and lock until its completion)
+            status[v] = RUNNING
+            self.stream_of[v] = streams.pop()
+            launched += 1
+            if e >= 0:
+                holder[e] = v
+            out.append(v)
+        self._ptr[ln] = p
         self.n_running += launched
 
     def _dispatch_heap(self, g: int, out: list[int]) -> None:
