@@ -6,8 +6,9 @@ of an elementwise op, the shared indices of a contraction, the token and head ax
 Invariants: joined dimensions have equal extents; a class marked ``whole`` (a reduced, normalised, sliced or
 concatenated axis, a head dimension, or a class that occurs twice in one tensor) is never tiled.
 
-Dimension letters matter only for tiled classes: a tiled class is one upper-case letter everywhere, and every
-other dimension gets a lower-case letter local to its tensor (one block, so the lowering never looks it up).
+Dimension letters matter only for tiled classes: a tiled class is one upper-case letter everywhere (classes of
+one tile size that never meet in a vertex share it), and every other dimension gets a lower-case letter local
+to its tensor (one block, so the lowering never looks it up).
 Einsum subscripts are written per contraction with the same rule, so a contraction can pair dimensions that
 were created apart.
 """
