@@ -97,8 +97,15 @@ def test_a_compiled_plan_on_the_cpu_backend_resident_inputs_too(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(*got, strict=True))
 
 
-def test_the_same_values_as_numpy_for_every_bf16(tmp_path):
-    """bf16 -> fp16 in integer steps: every bf16 that fits fp16 (subnormals, zeros, signs) as numpy casts it."""
+@pytest.mark.parametrize("convert", ["compiled", "numpy"])
+def test_the_same_values_as_numpy_for_every_bf16(tmp_path, monkeypatch, convert):
+    """bf16 -> fp16 in integer steps (compiled in one pass, or numpy's): every bf16 that fits fp16
+    (subnormals, zeros, signs) as numpy casts it; a NaN falls back to the cast."""
+    if convert == "numpy":
+        monkeypatch.setenv("TURNIP_CONVERT", "numpy")
+    ld._bf16_kernel.cache_clear()
+    monkeypatch.setattr(ld, "_bf16_kernel", ld._bf16_kernel)  # cleared again after the test (the cache)
+    assert (ld._bf16_kernel() is None) == (convert == "numpy")
     u = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     x = u[(u & 0x7FFF) <= 0x477F].view(ml_dtypes.bfloat16)
     src = ld.Source(tmp_path / "f", 0, x.dtype, x.shape, "t", "t")
@@ -184,3 +191,21 @@ def test_arrays_are_the_stream_as_a_dict(tmp_path):
     assert list(got) == list(want)
     assert all(got[k].dtype == want[k].dtype and np.array_equal(got[k].view(np.uint8), want[k].view(np.uint8))
                for k in want)  # fmt: skip
+
+
+def test_write_arrays_fills_the_region_as_tile_by_tile_writes(tmp_path):
+    """``write_arrays`` (threads copying each tile from its array into the host region) gives the same host
+    region and arenas (resident inputs) as writing the tiles through ``write_inputs``."""
+    from turnip.compile import build_with_resident
+    from turnip.runtime import open_backend
+    from turnip.runtime.weights import random_inputs_for, tile_inputs, write_arrays
+
+    tg, _ = taskgraph(tmp_path)
+    mg = build_with_resident(tg, 60_000, resident="20000")
+    arrays = random_inputs_for(tg, seed=5)
+    got = []
+    for write in (lambda be: be.write_inputs(tile_inputs(tg, arrays)), lambda be: write_arrays(be, tg, arrays, 3)):
+        with open_backend("cpu", mg, 2) as be:
+            write(be)
+            got.append([be.host_in.copy(), *(a.copy() for a in be.arenas)])
+    assert all(np.array_equal(a, b) for a, b in zip(*got, strict=True))

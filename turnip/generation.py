@@ -180,13 +180,13 @@ class _Runner:
 
     def __init__(self, tg, mg, model: Model, cache: HostCache | None, backend: str, streams: int, options: dict):
         from turnip.runtime import open_backend
-        from turnip.runtime.weights import logical_inputs, tile_inputs
+        from turnip.runtime.weights import logical_inputs, tile_inputs, write_arrays
 
         self.tg, self.mg = tg, mg
         self.be = open_backend(backend, mg, streams, **options)
         try:
             lg = logical_inputs(tg)
-            self.be.write_inputs(tile_inputs(tg, {k: x for k, x in model.weights.items() if k in lg}))
+            write_arrays(self.be, tg, {k: x for k, x in model.weights.items() if k in lg})  # by threads
             if cache is not None:
                 self.be.write_inputs(tile_inputs(tg, constants(model.cfg, model.dtype)))
                 self.be.write_inputs(merge_inputs(tg))
