@@ -3,7 +3,8 @@ array of a run, over compiled LLaMA plans (prefill on 1, 2 and 4 GPUs with offlo
 DAGs, every policy, several profiles (host caps and spreads, a power bucket, the calibrated shared clock).
 
 A change that alters one number of one run changes its digest. To regenerate after an intended change of the
-model (never for a speed change): ``python tests/sim/test_pinned_runs.py`` prints the table."""
+simulator's model or of the plans the compiler builds (never for a speed change): ``python
+tests/sim/test_pinned_runs.py`` prints the table."""
 
 import hashlib
 import json
