@@ -243,16 +243,17 @@ def cmd_compile(a) -> int:
     from turnip.memgraph.build import BuildConfig
     from turnip.memgraph.io import save_plan
 
-    if a.torch:  # a PyTorch module through torch.export (turnip.cli.torch_cmds)
-        from turnip.cli.torch_cmds import cmd_compile_torch
-
-        return cmd_compile_torch(a)
-
     t0 = time.perf_counter()
     ck.output_file(a.output, "-o")
     lb = ck.nbytes(a.lookahead_bytes, "--lookahead-bytes", minimum=1) if a.lookahead_bytes else None
-    tiles, budget, est = compile_args(a, a.force)
-    tg, mg = build_plan(a, tiles, budget, est, BuildConfig(a.policy, a.lookahead, lb), seed=a.seed, announce=False)
+    if a.torch:  # a PyTorch module through torch.export (turnip.cli.torch_cmds)
+        from turnip.cli.torch_cmds import compile_torch
+
+        tg, mg = compile_torch(a, BuildConfig(a.policy, a.lookahead, lb))
+    else:
+        tiles, budget, est = compile_args(a, a.force)
+        tg, mg = build_plan(a, tiles, budget, est, BuildConfig(a.policy, a.lookahead, lb), seed=a.seed,
+                            announce=False)  # fmt: skip
     d = summary(tg, mg)
     d["total_s"] = round(time.perf_counter() - t0, 3)
     if a.verify:

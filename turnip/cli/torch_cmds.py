@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
-import time
 from pathlib import Path
 
 from turnip.cli import CliError
@@ -46,44 +44,22 @@ def load_factory(spec: str):
     return made
 
 
-def cmd_compile_torch(a) -> int:
-    from turnip.cli.compile_cmds import print_summary, summary, verify_with_progress
-    from turnip.memgraph.build import BuildConfig
-    from turnip.memgraph.io import save_plan
+def compile_torch(a, config):
+    """(taskgraph, memgraph) of ``turnip compile --torch``: the factory's module exported and compiled under
+    ``--budget`` on ``--gpus`` in ``--dtype`` (``turnip.from_torch``); one error line for what fails."""
     from turnip.torchimport.api import from_torch
     from turnip.torchimport.trace import UnsupportedOps
 
-    t0 = time.perf_counter()
-    ck.output_file(a.output, "-o")
     budget = ck.nbytes(a.budget, "--budget", minimum=1)
     ck.nbytes(a.resident, "--resident", auto=True)
-    lb = ck.nbytes(a.lookahead_bytes, "--lookahead-bytes", minimum=1) if a.lookahead_bytes else None
     module, inputs = load_factory(a.torch)
     try:
         imp = from_torch(module, inputs, budget=budget, gpus=a.gpus, dtype=a.dtype, resident=a.resident,
-                         config=BuildConfig(a.policy, a.lookahead, lb), name=f"torch:{Path(a.torch).name}")  # fmt: skip
+                         config=config, name=f"torch:{Path(a.torch).name}")  # fmt: skip
     except UnsupportedOps as e:
         raise CliError(f"{e}; rewrite those ops or export a smaller part of the model", ck.FAILED) from None
     except Exception as e:
         if not type(e).__module__.startswith("torch"):
             raise
         raise CliError(f"torch.export could not export the module: {type(e).__name__}: {e}", ck.FAILED) from e
-    d = summary(imp.tg, imp.mg) | {"tiles": imp.stats["tiles"], "total_s": round(time.perf_counter() - t0, 3)}
-    if a.verify:
-        d["violations"] = [str(v) for v in verify_with_progress(imp.mg, imp.tg)]
-    if a.output:
-        save_plan(a.output, imp.mg, imp.tg)
-        d["plan"] = a.output
-    if a.json:
-        print(json.dumps(d, indent=1))
-    else:
-        print_summary(d)
-        print(f"  tiles     {d['tiles'] or 'none (every dimension whole)'}")
-        if a.verify:
-            print(f"  verify    {'ok' if not d['violations'] else str(len(d['violations'])) + ' violations'}")
-        if a.output:
-            print(f"  wrote     {a.output}")
-    if d.get("violations"):
-        raise CliError(f"the plan has {len(d['violations'])} violations; this is a compiler bug: please report it",
-                       ck.FAILED)  # fmt: skip
-    return 0
+    return imp.tg, imp.mg

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from turnip.torchimport.rules import Context, _is_tensor, ew
-from turnip.torchimport.values import TV, Inp, Lin, Unsupported, in_torch_order, physical, single
+from turnip.torchimport.values import TV, Inp, Lin, Unsupported, in_torch_order, physical, single, to_numpy
 from turnip.torchimport.views import _axis, torch_shape
 
 
@@ -122,8 +122,6 @@ def embedding(ctx: Context, w, ids, padding_idx=-1, scale_grad=False, sparse=Fal
 def _host_gather(ctx: Context, w, ids: Inp) -> TV:
     """The embedded prompt as an input filled on the host from the table's rows (``Context.gathers``): the table
     never goes to the GPU for it, whatever the vocabulary."""
-    from turnip.torchimport.trace import to_numpy
-
     ir = ctx.ir
     groups = [(ir.dim(s),) if s > 1 else () for s in ids.shape] + [(ir.dim(w.shape[1]),)]
     name = f"{ids.name}.embedded"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from turnip.torchimport.ir import IR
-from turnip.torchimport.values import TV, Inp, Lin, Unsupported, in_torch_order, physical
+from turnip.torchimport.values import TV, Inp, Lin, Unsupported, in_torch_order, physical, to_numpy
 
 
 def _is_tensor(x) -> bool:
@@ -60,8 +60,6 @@ class Context:
         return TV(self.placed[inp.name], groups)
 
     def const(self, t, name: str = "") -> TV:
-        from turnip.torchimport.trace import to_numpy
-
         ir = self.ir
         groups = [((ir.dim(s),) if s > 1 else ()) for s in t.shape]
         dims = [d for g in groups for d in g] or [ir.dim(1)]

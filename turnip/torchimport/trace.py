@@ -11,8 +11,6 @@ from __future__ import annotations
 import operator
 from collections import Counter
 
-import numpy as np
-
 from turnip.torchimport.ir import IR
 from turnip.torchimport.values import TV, Inp, Lin, Unsupported
 
@@ -167,13 +165,3 @@ def _stand_in(node):
 
 def _is_node(a) -> bool:
     return type(a).__name__ == "Node"
-
-
-def to_numpy(t, dtype: str) -> np.ndarray:
-    """A constant tensor as the numpy array of an input of ``dtype`` (integers as int32)."""
-    from turnip.reference import _np_dtype
-
-    x = t.detach().cpu()
-    if not x.is_floating_point():
-        return x.numpy().astype(np.int32)
-    return x.float().numpy().astype(_np_dtype(dtype))

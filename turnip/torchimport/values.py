@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from turnip.torchimport.ir import IR
 
 
@@ -111,3 +113,13 @@ def single(ir: IR, v: TV, axis: int) -> TV:
     if len(g) == 1 and g[0] in physical(ir, v):
         return v
     return in_torch_order(ir, v, keep=(axis,))
+
+
+def to_numpy(t, dtype: str) -> np.ndarray:
+    """A constant tensor as the numpy array of an input of ``dtype`` (integers as int32)."""
+    from turnip.reference import _np_dtype
+
+    x = t.detach().cpu()
+    if not x.is_floating_point():
+        return x.numpy().astype(np.int32)
+    return x.float().numpy().astype(_np_dtype(dtype))
