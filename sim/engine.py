@@ -124,8 +124,9 @@ class Simulation:
         self.tm = tm = tm or TimingModel(mg, prof)
         pd = plan_data(tm) if tm.mg is mg else PlanData(tm)
         self.core = pd.scheduler(policy, prof.streams_per_gpu, order, ordered_sums)
-        self.draws = d = draws or tm.draws(None if mean_only else np.random.default_rng(seed))
-        self.f, self.fc, self.stall = d.factor.tolist(), d.factor_contended.tolist(), d.stall_ns.tolist()
+        # this seed's draws as lists (kept on the plan's data: every policy's run of the seed takes the same)
+        self.draws, self.f, self.fc, self.stall = pd.draws(seed, mean_only, draws)
+        d = self.draws
         self.eng, self.gpu, self.src, self.kernel_ns, self.overlap = pd.eng, pd.gpu, pd.src, pd.kernel_ns, pd.overlap
         self.host_factor = d.host if host is None else float(host)  # this run's host speed: every host cost x it
         h = host_costs(tm, self.host_factor)
@@ -459,6 +460,7 @@ class PlanData:
     (``Scheduler.fresh``)."""
 
     MAX_SCHEDULERS = 16  # a det-replay scheduler per recorded order: the cache starts over past this many
+    DRAWS_KEPT = 4  # the draws of this many seeds are kept (the oldest goes first)
 
     def __init__(self, tm: TimingModel):
         mg = tm.mg
@@ -468,6 +470,24 @@ class PlanData:
         self.launch_ns = tm.launch_ns.tolist()
         self._sched: dict[tuple, Scheduler] = {}
         self._shares: dict[float, dict] = {}
+        self._draws: dict = {}
+
+    def draws(self, seed, mean_only: bool, given: Draws | None = None) -> tuple:
+        """``TimingModel.draws`` of ``seed`` (``mean_only``: the means), or ``given``, with its per-vertex lists
+        (``_draw_lists``), kept for the last ``DRAWS_KEPT`` integer seeds: runs of every policy with one seed
+        share them."""
+        if given is not None:
+            return next((x for x in self._draws.values() if x[0] is given), None) or _draw_lists(given)
+        if not mean_only and type(seed) is not int:
+            return _draw_lists(self.tm.draws(np.random.default_rng(seed)))
+        key = None if mean_only else seed
+        got = self._draws.get(key)
+        if got is None:
+            got = _draw_lists(self.tm.draws(None if mean_only else np.random.default_rng(seed)))
+            if len(self._draws) >= self.DRAWS_KEPT:
+                del self._draws[next(iter(self._draws))]
+            self._draws[key] = got
+        return got
 
     def share_rates(self, link: float) -> dict:
         """The host copies' rates under the host's caps per state of the links (``Simulation._share_rates``) at
@@ -497,6 +517,11 @@ class PlanData:
                 self._sched.clear()
             s = self._sched[key] = make()
         return s.fresh()
+
+
+def _draw_lists(d: Draws) -> tuple[Draws, list, list, list]:
+    """``d`` and its factors, contended factors and stalls as lists (what the event loop reads)."""
+    return d, d.factor.tolist(), d.factor_contended.tolist(), d.stall_ns.tolist()
 
 
 def plan_data(tm: TimingModel) -> PlanData:
