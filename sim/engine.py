@@ -25,7 +25,8 @@ Events are handled in time order, ties in the order they were scheduled: the ord
 event when the host has issued it (handled at once when nothing pending comes first) and one when its
 completion reaches the scheduler; host link copies one more when their bytes are through. Every run records its
 issue order (``SimResult.order``), which ``det-replay`` replays (``fastest_run``). What does not change from
-run to run of a plan (per-vertex lists, the scheduler's tables) is built once per timing model (``PlanData``).
+run to run of a plan (per-vertex lists, the scheduler's tables, the host's shared rates, the last few seeds'
+draws) is built once per timing model (``PlanData``).
 """
 
 from __future__ import annotations
