@@ -4,7 +4,7 @@ A workload (``WORKLOADS``) is what a plan computes: ``prefill`` (the default), `
 step of ``train_batch`` sequences of the configuration's length (``LORA``: rank 16 on q, k, v and the FFN,
 activation checkpointing when it must), or ``decode``, one decode step of ``decode_batch`` sequences over a KV
 cache of the configuration's length (rounded up to ``decode_block`` slots: the plan ``turnip generate`` runs,
-``turnip.decode.decode_plan``; tensor split, its own resident sets); each run's row names it (``workload``),
+``turnip.plancache.decode_plan``; tensor split, its own resident sets); each run's row names it (``workload``),
 so the report compares prefill, training and decoding of one model, length, GPU count and budget side by side
 and never mixes them.
 
@@ -173,11 +173,12 @@ def compile_plan(args, split_profile=None) -> tuple[dict, float, str | None]:
 
 
 def _compile_decode(path: Path, p: dict, t0: float) -> tuple[dict, float, str | None]:
-    """``compile_plan`` of a decode step (``turnip.decode.decode_plan``); ``mg.stats`` gets the split, the
+    """``compile_plan`` of a decode step (``turnip.plancache.decode_plan``); ``mg.stats`` gets the split, the
     step's batch and its cache's bytes and slots, which the runs' rows report."""
-    from turnip.decode import cache_nbytes, decode_plan
+    from turnip.decode import cache_nbytes
     from turnip.memgraph.io import save_plan
     from turnip.models import llama_config
+    from turnip.plancache import decode_plan
 
     try:
         cfg = llama_config(p["model"])

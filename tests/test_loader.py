@@ -198,7 +198,8 @@ def test_write_arrays_fills_the_region_as_tile_by_tile_writes(tmp_path):
     region and arenas (resident inputs) as writing the tiles through ``write_inputs``."""
     from turnip.compile import build_with_resident
     from turnip.runtime import open_backend
-    from turnip.runtime.weights import random_inputs_for, tile_inputs, write_arrays
+    from turnip.runtime.loader import write_arrays
+    from turnip.runtime.weights import random_inputs_for, tile_inputs
 
     tg, _ = taskgraph(tmp_path)
     mg = build_with_resident(tg, 60_000, resident="20000")

@@ -286,18 +286,6 @@ def _one_block(cfg: LlamaConfig, n_gpus: int, dtype: str, budget_nbytes: int | N
     return tg.n, len(tg.meta["kv"]) // 2
 
 
-def decode_plan(cfg: LlamaConfig, context: int, batch: int = 1, n_gpus: int = 1, budget_nbytes: int = 6 << 30,
-                dtype: str = "fp16", block: int = DEFAULT_BLOCK, verify: bool = False):  # fmt: skip
-    """(taskgraph, memgraph) of the decode step ``turnip generate`` runs for ``batch`` sequences whose new
-    token is the ``context``-th (``context_blocks``), built as its ``PlanCache`` builds it: the cache kept on
-    the GPUs when it takes at most a quarter of the budget, else streamed from the host; the resident weights
-    that move the fewest bytes per step."""
-    from turnip.plancache import PlanCache
-
-    plans = PlanCache(cfg, budget_nbytes, n_gpus, dtype, block, verify=verify)
-    return plans.get("decode", batch, context_blocks(context, block))
-
-
 def cache_nbytes(tg: TaskGraph) -> int:
     """Bytes of a decode step's cache blocks (all GPUs)."""
     return int(tg.nbytes[list(state_inputs(tg))].sum())
@@ -354,5 +342,5 @@ def prune(g: Graph) -> Graph:
 
 
 __all__ = ["BIG", "DEFAULT_BLOCK", "PAD", "DecodeShape", "TilingError", "cache_nbytes", "carry_pairs",
-           "check_decodable", "context_blocks", "decode_graph", "decode_plan", "decode_step", "decode_vertices",
+           "check_decodable", "context_blocks", "decode_graph", "decode_step", "decode_vertices",
            "prefill_kv", "prune", "state_inputs", "width"]  # fmt: skip

@@ -180,7 +180,8 @@ class _Runner:
 
     def __init__(self, tg, mg, model: Model, cache: HostCache | None, backend: str, streams: int, options: dict):
         from turnip.runtime import open_backend
-        from turnip.runtime.weights import logical_inputs, tile_inputs, write_arrays
+        from turnip.runtime.loader import write_arrays
+        from turnip.runtime.weights import logical_inputs, tile_inputs
 
         self.tg, self.mg = tg, mg
         self.be = open_backend(backend, mg, streams, **options)

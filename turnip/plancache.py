@@ -16,7 +16,7 @@ import json
 import threading
 from pathlib import Path
 
-from turnip.decode import DEFAULT_BLOCK, DecodeShape, decode_step, prefill_kv, state_inputs
+from turnip.decode import DEFAULT_BLOCK, DecodeShape, context_blocks, decode_step, prefill_kv, state_inputs
 from turnip.models import LlamaConfig
 
 
@@ -159,3 +159,13 @@ class PlanCache:
             if bad:
                 raise PlanVerifyError(f"{kind} plan (batch {batch}, {n}): {len(bad)} violations, first {bad[0]}")
         return tg, mg
+
+
+def decode_plan(cfg: LlamaConfig, context: int, batch: int = 1, n_gpus: int = 1, budget_nbytes: int = 6 << 30,
+                dtype: str = "fp16", block: int = DEFAULT_BLOCK, verify: bool = False):  # fmt: skip
+    """(taskgraph, memgraph) of the decode step ``turnip generate`` runs for ``batch`` sequences whose new
+    token is the ``context``-th (``context_blocks``), built as its ``PlanCache`` builds it: the cache kept on
+    the GPUs when it takes at most a quarter of the budget, else streamed from the host; the resident weights
+    that move the fewest bytes per step."""
+    plans = PlanCache(cfg, budget_nbytes, n_gpus, dtype, block, verify=verify)
+    return plans.get("decode", batch, context_blocks(context, block))

@@ -15,6 +15,7 @@ from tests.clicall import call
 from turnip import decode as dec
 from turnip.machine.profile import load_profile
 from turnip.models import LLAMA
+from turnip.plancache import decode_plan
 
 pytestmark = pytest.mark.sim
 
@@ -38,7 +39,7 @@ def test_a_cache_larger_than_the_budget_crosses_the_host_link_and_one_that_fits_
     prof = load_profile("h100")
     moved = {}
     for budget in (24_000, 4 << 20):
-        tg, mg = dec.decode_plan(TINY, 48, 4, 1, budget, block=8, verify=True)  # the verifier passes it
+        tg, mg = decode_plan(TINY, 48, 4, 1, budget, block=8, verify=True)  # the verifier passes it
         assert tg.meta["decode"]["n_blocks"] == 6
         r = simulate(mg, prof, "nondet", 0)
         assert 0 < r.lower_bound_ns < r.makespan_ns

@@ -231,9 +231,10 @@ def decode_guard(model: str, seq: int, gpus: int, budget_nbytes: int, block: int
 
 
 def _decode_plan(model: str, seq: int, gpus: int, budget: str, a, force: bool):
-    """``--decode``: the decode step's memgraph and metadata (``turnip.decode.decode_plan``)."""
-    from turnip.decode import DEFAULT_BLOCK, decode_plan
+    """``--decode``: the decode step's memgraph and metadata (``turnip.plancache.decode_plan``)."""
+    from turnip.decode import DEFAULT_BLOCK
     from turnip.memgraph.build import BudgetError
+    from turnip.plancache import decode_plan
 
     if getattr(a, "split", "auto") == "layers":
         raise ck.CliError("--split layers: a decode step is split by tensor blocks; drop --split", ck.USAGE)

@@ -215,40 +215,6 @@ def write_streaming(backend, tg, tensors) -> int:
     return n
 
 
-def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
-    """``write_streaming(backend, tg, arrays.items())`` with every tile copied straight from its logical array
-    into the backend's host input region (``host_in``) by ``threads`` workers (default min(16, cores)), then
-    the resident inputs loaded; no tile array in between. Inputs without a host copy, and a backend without
-    ``host_in``, go through ``write_inputs``. Returns bytes written."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from turnip.runtime.loader import _tile, input_offsets
-
-    region = getattr(backend, "host_in", None)
-    if region is None:
-        return write_streaming(backend, tg, arrays.items())
-    offs, lg = input_offsets(backend), logical_inputs(tg)
-    jobs, rest, written = [], {}, []
-    for name, x in arrays.items():
-        x = np.asarray(x)
-        for starts, t in lg[name][1]:
-            t = int(t)
-            written.append(t)
-            shape = tuple(tg.shape[t])
-            src = x[tuple(slice(a, a + n) for a, n in zip(starts, shape, strict=True))]
-            if t in offs and src.dtype == compute_dtype(tg, name):
-                jobs.append((_tile(region, offs[t], shape, src.dtype), src))
-            else:
-                rest[t] = np.ascontiguousarray(src)
-    if rest:
-        backend.write_inputs(rest, load_resident=False)
-    with ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1), thread_name_prefix="turnip-write") as ex:
-        for f in [ex.submit(np.copyto, dst, src) for dst, src in jobs]:
-            f.result()
-    backend.load_resident(written)
-    return sum(int(tg.nbytes[t]) for t in written)
-
-
 class RandomInputs:
     """``iter_random_inputs(tg, seed, ids=ids)`` less the names in ``skip``, as an object: iterating it
     yields the (name, array) pairs, and ``write_streaming`` of it is ``write_random_inputs`` (threads)."""
