@@ -44,6 +44,7 @@ from cuda_kernels._build import (  # noqa: F401 - DTYPES, _BF16, _bits: also thi
 )
 from cuda_kernels._numba import Compiled, scalar_type
 from cuda_kernels.fast import rope_params
+from cuda_kernels.import_ops import BUILDERS as _IMPORT_BUILDERS
 from cuda_kernels.launch import LibCall, launch_raw
 from cuda_kernels.standalone import standalone_context  # also this module's interface
 from cuda_kernels.train_ops import _adam_scalars, _cast, _cols, _rmsnorm_bwd, _xent
@@ -488,5 +489,6 @@ _BUILDERS: dict[str, Callable] = {
     "adam_v": _simple(2, "s0 * v0 + (ONE - s0) * v1 * v1", lambda p: (p["b2"],), fp32=True),
     "adam_p": _simple(4, "v0 - s0 / q1 * v1 / (math.sqrt(v2) / math.sqrt(q2) + s3)", _adam_scalars,
                       pre=("q1 = -math.expm1(v3 * s1)", "q2 = -math.expm1(v3 * s2)"), fp32=True),
+    **_IMPORT_BUILDERS,  # the ops of imported graphs (``turnip.torchimport.kernels``)
 }
 OPS = frozenset(_BUILDERS)  # every op of the specification (``turnip.reference``); a test checks they agree

@@ -106,6 +106,7 @@ def llama_cases(t: int, hidden: int = 4096, ffn: int = 11008, heads: int = 32, d
         Case("sum_into", "sum_into", ((t, d), (t, d)), (t, d)),
         Case("mix", "mix", ((t * d,), (t * d // 2,), (1000,)), (t * d,), {"n_out": t * d}),
         *training_cases(t, h, hk, dh, d, f, vocab, t // 4, 128256),
+        *import_cases(t, h, dh, d, f),
     ]
 
 
@@ -163,6 +164,48 @@ def training_cases(t: int, h: int, hk: int, dh: int, d: int, f: int, vocab: int,
         Case("adam_p_4d", "adam_p", ((2, 3, dh, 4),) * 3 + ((),), (2, 3, dh, 4), ADAM,
              ("normal", "normal", "pos", "step")),  # a grouped-query LoRA B (hk, r, dh, rank): rank 4 runs flat
         Case("add_4d", "add_n", ((2, 3, dh, 4),) * 2, (2, 3, dh, 4)),
+    ]
+
+
+def _ew_case(name: str, fn: str, in_shapes: tuple, axes: list, out_shape: tuple, kinds: tuple = (), **p) -> Case:
+    return Case(name, "ew", in_shapes, out_shape, {"fn": fn, "n": len(out_shape), "axes": axes} | p, kinds)
+
+
+def import_cases(t: int, h: int, dh: int, d: int, f: int) -> list[Case]:
+    """The ops of imported graphs (``turnip.torchimport.kernels``) at tile ``t``, as GPT-2 and a ViT use
+    them: every ``ew`` function (broadcast, transposed and dropped-axis operands too), softmax over the
+    last and a middle axis, layer norm, the reductions, slices of a fused qkv, cat, stack and relayouts."""
+    x, one = (t, f), [[0, 1]]
+    ews = [_ew_case(f"ew_{fn}", fn, (x,), one, x) for fn in ("copy", "neg", "exp", "tanh", "relu", "sigmoid",
+                                                              "silu", "gelu", "gelu_tanh")]  # fmt: skip
+    ews += [_ew_case(f"ew_{fn}", fn, (x,), one, x, ("pos",)) for fn in ("sqrt", "rsqrt")]
+    return [
+        *ews,
+        _ew_case("ew_pow", "pow", (x,), one, x, alpha=3.0),
+        _ew_case("ew_affine", "affine", (x,), one, x, alpha=0.5, beta=-2.0),
+        _ew_case("ew_rsub", "rsub", (x,), one, x, beta=1.0),
+        _ew_case("ew_rdiv", "rdiv", (x,), one, x, ("pos",), beta=2.0),
+        _ew_case("ew_add_bias", "add", ((t, h, dh), (dh,)), [[0, 1, 2], [2]], (t, h, dh)),
+        _ew_case("ew_sub", "sub", (x, x), [[0, 1], [0, 1]], x),
+        _ew_case("ew_mul_transposed", "mul", ((t, h, dh), (dh, t)), [[0, 1, 2], [2, 0]], (t, h, dh)),
+        _ew_case("ew_div_dropped_axis", "div", ((2, h, t, dh), (1, t)), [[0, 1, 2, 3], [-1, 2]], (2, h, t, dh),
+                 ("normal", "pos")),
+        _ew_case("ew_copy_placed", "copy", ((dh, t, h),), [[2, 0, 1]], (t, h, dh)),
+        Case("softmax", "softmax", ((t, f),), (t, f), {"axis": 1}),
+        Case("softmax_mid_axis", "softmax", ((h, t, 7),), (h, t, 7), {"axis": 1}),
+        Case("layernorm", "layernorm", ((t, d), (d,), (d,)), (t, d), {"axis": 1, "eps": 1e-5}),
+        Case("layernorm_mid_axis", "layernorm", ((2, d, 3), (d,), (d,)), (2, d, 3), {"axis": 1, "eps": 1e-6}),
+        Case("reduce_sum", "reduce", ((t, h, dh),), (h, dh), {"fn": "sum", "axis": 0}),
+        Case("reduce_mean", "reduce", ((t, d),), (t,), {"fn": "mean", "axis": 1}),
+        Case("reduce_max", "reduce", ((t, h, dh),), (t, dh), {"fn": "max", "axis": 1}),
+        Case("slice_qkv", "slice", ((t, 3, h, dh),), (t, 1, h, dh), {"axis": 1, "start": 1, "stop": 2}),
+        Case("slice_drop", "slice", ((t, 3, h, dh),), (t, h, dh), {"axis": 1, "start": 2, "stop": 3, "drop": True}),
+        Case("slice_rows", "slice", ((t, d),), (t - 1, d), {"axis": 0, "start": 1, "stop": t}),
+        Case("cat_tokens", "cat", ((1, d), (t, d)), (t + 1, d), {"axis": 0}),
+        Case("cat_mid_axis", "cat", ((t, 2, dh), (t, 1, dh), (t, 3, dh)), (t, 6, dh), {"axis": 1}),
+        Case("cat_stack", "cat", ((t, h, dh),) * 3, (t, 3, h, dh), {"axis": 1, "stack": True}),
+        Case("relayout_heads", "relayout", ((t, h, dh),), (h, t, dh), {"perm": [1, 0, 2], "shape": [h, t, dh]}),
+        Case("relayout_merge", "relayout", ((t, h, dh),), (h, t * dh), {"perm": [1, 0, 2], "shape": [-1, t * dh]}),
     ]
 
 
@@ -244,6 +287,7 @@ def tiny_cases() -> list[Case]:
         *training_cases(t, 4, h, dh, d, f, 37, 3, 150),
         *[Case(f"{c.name}_t13_off", c.op, c.in_shapes, c.out_shape, c.params, c.kinds)
           for c in sdpa_bwd_cases(13, 3, 1, 4, q_off=1, k_off=3)],  # odd extents; rows 0, 1 see no key
+        *import_cases(t, h, dh, d, f),
         Case("sdpa_bwd_flat_gqa", "sdpa_bwd", ((7, 4, 8), (7, 2, 8), (7, 2, 8), (7, 4, 8), (7, 4, 8)), (7, 2, 32),
              {"scale": 0.3, "causal": False, "q_off": 0, "k_off": 0}),
     ]

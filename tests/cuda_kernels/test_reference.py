@@ -104,10 +104,8 @@ def test_float64_reference_agrees_with_float32_reference(case):
 
 
 def test_llama_cases_cover_every_op():
-    from turnip.torchimport.kernels import REFS as CPU_ONLY  # imported graphs' ops: numpy only so far
-
-    assert {c.op for c in llama_cases(16)} == set(R.REFERENCE) - set(CPU_ONLY)
-    assert {c.op for c in tiny_cases()} == set(R.REFERENCE) - set(CPU_ONLY)
+    assert {c.op for c in llama_cases(16)} == set(R.REFERENCE)
+    assert {c.op for c in tiny_cases()} == set(R.REFERENCE)
 
 
 def test_grouped_query_attention_is_attention_over_repeated_key_heads():
