@@ -14,6 +14,7 @@ Each builder returns ``(path, run, flops, bind)`` as every builder of ``cuda_ker
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -317,5 +318,23 @@ def _cat(in_shapes, out_shape, dtype, params, opts):
     return "kernel", run, 0, bind
 
 
-BUILDERS = {"ew": _ew, "softmax": _softmax, "layernorm": _layernorm, "reduce": _reduce, "slice": _slice,
-            "relayout": _relayout, "cat": _cat}  # fmt: skip
+SWITCH = "TURNIP_IMPORT_KERNELS"  # "1": these kernels on a real GPU (checked under the CUDA simulator only so far)
+
+
+def _gated(build):
+    """``build`` under the CUDA simulator, and on a real GPU only with ``TURNIP_IMPORT_KERNELS=1`` until these
+    kernels have been run and timed on one (a plan using them is refused at load otherwise, naming the op)."""
+
+    def gated(in_shapes, out_shape, dtype, params, opts):
+        from cuda_kernels._numba import simulating
+
+        if not simulating() and os.environ.get(SWITCH) != "1":
+            raise ValueError(f"the imported graphs' kernels have not run on a GPU yet; set {SWITCH}=1 to use them")
+        return build(in_shapes, out_shape, dtype, params, opts)
+
+    return gated
+
+
+BUILDERS = {name: _gated(b) for name, b in {"ew": _ew, "softmax": _softmax, "layernorm": _layernorm,
+                                             "reduce": _reduce, "slice": _slice, "relayout": _relayout,
+                                             "cat": _cat}.items()}  # fmt: skip
