@@ -75,7 +75,7 @@ def fold_adds(tg: TaskGraph) -> TaskGraph:
     # plan: per removed vertex nothing; per rewritten sum the list of new links
     drop: set[int] = set()
     links: dict[int, list[tuple]] = {}  # position (old id) -> new vertices emitted right after it
-    alias: dict[int, tuple] = {}  # old tensor -> ("new", key) or ("old", id): what readers read instead
+    alias: dict[int, tuple] = {}  # old tensor -> what its readers read instead: ("new", key), ("old", t), ("raw", v)
     order = 0
 
     def emit_at(pos: int, rec: tuple) -> tuple:
@@ -94,18 +94,17 @@ def fold_adds(tg: TaskGraph) -> TaskGraph:
             continue
         if tg.op[v] == "add_n":
             args = [int(a) for a in tg.args(v)]
-            if len(set(args)) != len(args):
+            if len(args) < 2 or len(set(args)) != len(args):
                 continue
-            fold = [a for a in args if foldable(a, v)]
-            for a in args:
-                if absorbed.get(a) == v:
-                    fold += [a, *group_parts(a)]
-                    drop.update(si[a])
+            mine = [a for a in args if absorbed.get(a) == v]
+            fold = [a for a in args if foldable(a, v)] + [e for a in mine for e in (a, *group_parts(a))]
             rest = [a for a in args if a not in fold]
             if not fold or len(rest) > 1:  # other terms would need an add of their own: no vertex saved
                 continue
             if rest and (tg.shape[rest[0]] != tg.shape[v] or tg.dtype[rest[0]] != tg.dtype[v]):
                 continue  # a broadcast term (a bias) is no addend
+            for a in mine:
+                drop.update(si[a])
             fold.sort()
             acc: tuple | None = ("old", rest[0]) if rest else None
             for e in fold:
@@ -114,8 +113,6 @@ def fold_adds(tg: TaskGraph) -> TaskGraph:
                     continue
                 acc = ("new", emit_at(max(e, pos_of(acc)), ("fold", e, acc)))
                 drop.add(e)
-            if acc[0] == "old" and acc[1] == args[0] and len(args) == 1:
-                continue
             drop.add(v)
             alias[v] = acc
         elif v not in absorbed and (parts := group_parts(v)) is not None:
