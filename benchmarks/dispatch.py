@@ -6,8 +6,8 @@ Variants (``--variants``, each a set of backend options against the first, the b
   graphs    cuDNN attention captured into per-slot CUDA graphs (``lib_graphs``)
   poll      end events scanned in compiled code (``native_poll``)
   both      both
-  fold      graphs, on the plan compiled with sums folded into einsums (``turnip.fuse``, ``TURNIP_FOLD_ADDS``):
-            fewer vertices; outputs within rounding of the baseline's (the sums' order changes), not bitwise
+  fold      graphs, on the plan compiled with sums folded into einsums (``turnip.fuse``; the other variants
+            compile without): fewer vertices; outputs within rounding of the baseline's, not bitwise
 The backend's default is ``graphs``.
 Rows are ``SEQ:BUDGET:GPUS[:T]`` (prefill; ``none`` = a 60 GiB arena per GPU, every weight resident; ``T``: the
 token tile) or ``lora:BATCHxSEQ:BUDGET:GPUS[:SPLIT]`` (LoRA steps, ``lora_row``). Per row and variant:
@@ -37,25 +37,6 @@ VARIANTS = {
 }
 
 
-def compiled(compile_model, fold: bool, **kw):
-    """``compile_model(**kw)`` with sums folded or not (the compiler's switch set for this call only)."""
-    import os
-
-    from turnip.compile import FOLD_SWITCH, compiler_fingerprint
-
-    was = os.environ.get(FOLD_SWITCH)
-    os.environ[FOLD_SWITCH] = "1" if fold else "0"
-    compiler_fingerprint.cache_clear()
-    try:
-        return compile_model(**kw)
-    finally:
-        if was is None:
-            del os.environ[FOLD_SWITCH]
-        else:
-            os.environ[FOLD_SWITCH] = was
-        compiler_fingerprint.cache_clear()
-
-
 def rel_diff(ref: dict, out: dict) -> float:
     """Largest |out - ref| over max |ref| among the outputs both name."""
     worst = 0.0
@@ -79,7 +60,7 @@ def run_row(a, spec: str) -> list[dict]:
     for name in a.variants:
         fold = VARIANTS[name].get("fold", False)
         if fold not in plans:
-            plans[fold] = compiled(compile_model, fold, model=a.model, seq=seq, gpus=gpus, budget=b, resident="auto",
+            plans[fold] = compile_model(fold=fold, model=a.model, seq=seq, gpus=gpus, budget=b, resident="auto",
                                    tiles=tiles, n_layers=a.layers)  # fmt: skip
         tg, mg = plans[fold]
         bound = plan_bound(mg, a.profile)["lower_bound_ns"] / 1e6
@@ -136,7 +117,7 @@ def lora_row(a, spec: str) -> list[dict]:
     for name in a.variants:
         fold = VARIANTS[name].get("fold", False)
         if fold not in plans:
-            plans[fold] = compiled(compile_model, fold, model=a.model, seq=seq, gpus=gpus, budget=budget,
+            plans[fold] = compile_model(fold=fold, model=a.model, seq=seq, gpus=gpus, budget=budget,
                                    resident="auto", train=train, split=split, n_layers=a.layers)  # fmt: skip
         tg, mg = plans[fold]
         if ref is None:
