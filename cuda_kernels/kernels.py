@@ -129,11 +129,9 @@ def _fast(op, in_shapes, out_shape, dtype, params):
 # ---------------------------------------------------------------- contractions
 
 
-def _gemm(plan: gm.EinsumPlan, in_shapes, out_shape, dtype, alpha: float, opts: dict, addend: bool = False):
-    """(path, run, bind) of one einsum as a GEMM; ``addend``: a third input added to the product (cuBLASLt:
-    its C operand with beta 1; other paths: the GEMM, then an add in place)."""
-    if addend and not (opts["gemm"] in ("auto", "cublaslt") and gm.cupy_usable()):
-        return _then_add(_gemm(plan, in_shapes, out_shape, dtype, alpha, opts), out_shape, dtype, opts)
+def _gemm(plan: gm.EinsumPlan, in_shapes, out_shape, dtype, alpha: float, opts: dict):
+    """(path, run, bind) of one einsum as a GEMM; a cuBLASLt ``bind`` given a third input adds it (its C
+    operand with beta 1)."""
     gemm = opts["gemm"]
     if gemm != "numba" and gm.cupy_usable():
         layout = gm.cublas_layout(plan)
@@ -146,16 +144,11 @@ def _gemm(plan: gm.EinsumPlan, in_shapes, out_shape, dtype, alpha: float, opts: 
 
             def bind(out, ins):
                 if lt is not None:
-                    return lt.bind(_ptr(out), _ptr(ins[0]), _ptr(ins[1]), _ptr(ins[2]) if addend else None)
+                    return lt.bind(_ptr(out), _ptr(ins[0]), _ptr(ins[1]), _ptr(ins[2]) if len(ins) == 3 else None)
                 a, b = ins[:2]
                 return LibCall(lambda ctx: g(ctx.numba_stream, out, a, b), 0, "cublas")
 
-            built = ("cublaslt" if lt is not None else "cublas"), run, bind
-            if addend and lt is None:
-                return _then_add(built, out_shape, dtype, opts)
-            if addend:  # the direct (unbound) path adds after the GEMM
-                return built[0], _then_add(built, out_shape, dtype, opts)[1], bind
-            return built
+            return ("cublaslt" if lt is not None else "cublas"), run, bind
         if gemm in ("cublas", "cublaslt"):
             raise ValueError(f"einsum {plan.subscripts!r} is not a single strided cuBLAS GEMM")
     elif gemm in ("cublas", "cublaslt"):
@@ -217,8 +210,10 @@ def _einsum(in_shapes, out_shape, dtype, params, opts):
     _need(len(in_shapes) in (2, 3), "einsum takes two operands and an optional addend")
     _need(len(in_shapes) == 2 or in_shapes[2] == out_shape, f"einsum's addend {in_shapes[-1]} is not {out_shape}")
     plan = gm.plan_einsum(params["subscripts"], in_shapes[0], in_shapes[1], out_shape)
-    path, run, bind = _gemm(plan, in_shapes[:2], out_shape, dtype, float(params.get("scale", 1.0)), opts,
-                            addend=len(in_shapes) == 3)
+    path, run, bind = _gemm(plan, in_shapes[:2], out_shape, dtype, float(params.get("scale", 1.0)), opts)
+    if len(in_shapes) == 3:  # the addend: cuBLASLt's bound call adds it itself; direct runs and other paths add after
+        added = _then_add((path, run, bind), out_shape, dtype, opts)
+        path, run, bind = (path, added[1], bind) if path == "cublaslt" else added
     return path, run, plan.flops(), bind
 
 
