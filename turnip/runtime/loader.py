@@ -521,12 +521,13 @@ def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
     jobs, rest, written = [], {}, []
     for name, x in arrays.items():
         x = np.asarray(x)
+        direct = x.dtype == compute_dtype(tg, name)
         for starts, t in lg[name][1]:
             t = int(t)
             written.append(t)
             shape = tuple(tg.shape[t])
             src = x[tuple(slice(a, a + n) for a, n in zip(starts, shape, strict=True))]
-            if t in offs and src.dtype == compute_dtype(tg, name):
+            if t in offs and direct:
                 jobs.append((_tile(region, offs[t], shape, src.dtype), src))
             else:
                 rest[t] = np.ascontiguousarray(src)
