@@ -412,6 +412,30 @@ def test_training_step_on_the_cuda_backend(dtype, budget, tol):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(gpus() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("split", ["data", "layers"])
+def test_two_gpu_training_step_on_the_cuda_backend(split):
+    """A step split over two GPUs (sequences with replicated weights, or layers), under a budget that
+    offloads, against the numpy evaluation of the same plan."""
+    from tests.runtime.helpers import rel_err
+
+    cfg = LLAMA["tiny-gqa"]
+    tg = lora_step(cfg, seq=16, batch=4, n_gpus=2, dtype="fp32", checkpoint="on", split=split)
+    mg = build_with_resident(tg, 160 * 1024, None, "0")
+    assert verify(mg, tg) == []
+    logical, *_ = _step_inputs(tg, cfg, batch=4)
+    values = tile_inputs(tg, logical)
+    ref = evaluate_taskgraph(tg, values)
+    with open_backend("cuda", mg, 5) as be:
+        be.write_inputs(values)
+        for policy in ("nondet", "det"):
+            execute(mg, be, policy, 5, seed=1)
+            out = be.read_outputs()
+            worst = max((rel_err(out[t], ref[t]), tg.name[t]) for t in out if np.abs(ref[t]).max() > 0)
+            assert worst[0] <= 1e-4, worst
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(gpus() < 1, reason="needs a CUDA device")
 @pytest.mark.parametrize("budget", [96 * 1024, 4 << 20])
 def test_steps_on_the_cuda_backend_hand_the_state_over(budget):

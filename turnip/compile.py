@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from turnip.memgraph.arena import aligned
 from turnip.memgraph.build import BudgetError, BuildConfig, build_memgraph
 from turnip.memgraph.plan import KIND_INPUT, KIND_OFFLOAD, KIND_RELOAD, MemGraph
 from turnip.models import LLAMA, llama_config, llama_prefill, matmul_example, random_dag
@@ -422,6 +423,8 @@ def build_with_resident(
         mg = build(budget // 4)
     except BudgetError:
         return build(0)
+    if tg.meta.get("train"):
+        return _more_resident(tg, mg, build, budget, cfg.keep_inputs)
     kept = mg.preloaded() & ~np.isin(mg.tensor, list(cfg.keep_inputs))  # a training step's state stays anyway
     if not (mg.kind == KIND_OFFLOAD).any() or not kept.any():
         return mg
@@ -432,6 +435,27 @@ def build_with_resident(
     return alt if run_link_nbytes(alt) < run_link_nbytes(mg) else mg
 
 
+def _more_resident(tg: TaskGraph, mg: MemGraph, build, budget: int, keep) -> MemGraph:
+    """A training step reads every frozen weight twice per step, step after step: where the quarter plan
+    ``mg`` still streams inputs, the plan keeping every input resident (else half the budget) is built too,
+    and the one moving fewer bytes over the host links per step kept."""
+    streamed = (mg.kind == KIND_INPUT) & ~mg.preloaded()
+    if not streamed.any():
+        return mg
+    ins = np.flatnonzero(tg.kind == KIND_INPUT)
+    ins = ins[~np.isin(ins, list(keep))]
+    per_gpu = np.bincount(tg.gpu[ins], weights=[aligned(int(tg.nbytes[v])) for v in ins], minlength=tg.n_gpus)
+    for nbytes in (int(per_gpu.max()), budget // 2):
+        if nbytes <= budget // 4:
+            continue
+        try:
+            alt = build(nbytes)
+        except BudgetError:
+            continue
+        return alt if run_link_nbytes(alt) < run_link_nbytes(mg) else mg
+    return mg
+
+
 def run_link_nbytes(mg: MemGraph) -> int:
     """Bytes one run of ``mg`` moves between host and GPUs: its inputs not resident, reloads and offloads."""
     k = mg.kind
@@ -439,21 +463,24 @@ def run_link_nbytes(mg: MemGraph) -> int:
     return int(mg.out_nbytes[moved].sum())
 
 
-SPLITS = ("tensor", "layers", "auto")
+SPLITS = ("tensor", "layers", "data", "auto")
 SPLIT_PROFILE = "h100-calibrated"  # the machine whose predicted makespans pick the split of ``auto``
 
 
-def split_candidates(model: str, gpus: int, split: str = "auto", n_layers: int | None = None) -> list[str]:
-    """The splits to build: the one given, or for ``auto`` both where there is a choice (a LLaMA model on
-    several GPUs with at least as many layers as GPUs), else the tensor split."""
+def split_candidates(model: str, gpus: int, split: str = "auto", n_layers: int | None = None,
+                     train: bool = False) -> list[str]:  # fmt: skip
+    """The splits to build: the one given, or for ``auto`` each where there is a choice (a LLaMA model on
+    several GPUs: tensor; layers with at least as many layers as GPUs; data for a training step), else the
+    tensor split."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if split != "auto":
         return [split]
     cfg = llama_config(model)
-    if gpus < 2 or cfg is None or (cfg.n_layers if n_layers is None else n_layers) < gpus:
+    if gpus < 2 or cfg is None:
         return ["tensor"]
-    return ["tensor", "layers"]
+    out = ["tensor"] + (["layers"] if (cfg.n_layers if n_layers is None else n_layers) >= gpus else [])
+    return out + (["data"] if train else [])
 
 
 def predict_ms(mg: MemGraph, profile) -> float:
@@ -519,7 +546,7 @@ def compile_model(
     ``SPLIT_PROFILE``) is kept (``build_split``)."""
     b = parse_nbytes(budget) if isinstance(budget, str) else budget
     return build_split(
-        split_candidates(model, gpus, split, n_layers),
+        split_candidates(model, gpus, split, n_layers, train is not None),
         lambda s: make_taskgraph(model, seq, gpus, dtype, tiles, n_layers=n_layers, budget_nbytes=b, train=train,
                                  split=s, batch=batch, fold=fold),
         lambda tg: build_with_resident(tg, b, config, resident, progress, workspace),

@@ -204,13 +204,18 @@ def _seq(seq: int | None) -> dict:
 class Tiling:
     """Tile sizes and placement. ``parallel``: letters whose blocks go round-robin over GPUs (the tensor
     split), or ``"layers"`` (the layers split): every block of a node goes to its layer's stage GPU,
-    ``stage(layer)``, with decoder layer i of ``n_layers`` on GPU floor(i * n_gpus / n_layers)."""
+    ``stage(layer)``, with decoder layer i of ``n_layers`` on GPU floor(i * n_gpus / n_layers).
+    ``replicate``: names of logical inputs that every GPU reading them loads from the host as an input of
+    its own (a *replica*: the same name and block, another taskgraph input) instead of receiving a transfer
+    from the GPU that holds the block (the data split: each GPU its share of the sequences, every GPU the
+    frozen weights)."""
 
     tiles: dict  # letter -> tile size (missing: whole dimension)
     n_gpus: int = 1
     parallel: str = "hft"
     n_layers: int = 0  # decoder layers of the layers split
     pin: int | None = None  # every block on this GPU (the layers split, per node)
+    replicate: frozenset = frozenset()  # logical inputs loaded by each GPU that reads them
 
     def stage(self, layer: int) -> int:
         """The GPU of decoder ``layer`` under the layers split (before the first: GPU 0; after the last: the
@@ -240,6 +245,7 @@ class _Lowering:
         self.b = Builder(tiling.n_gpus)
         self.blocks: dict[int, dict[tuple, int]] = {}  # logical tensor -> block coords -> tg vertex
         self.moves: dict = {}
+        self.replicas: dict[tuple, int] = {}  # (logical input, block coords, gpu) -> its replica input vertex
 
     def grid(self, t: Tensor):
         return itertools.product(*(range(self.T.nblocks(l, s)) for l, s in zip(t.dims, t.shape, strict=True)))
@@ -250,7 +256,14 @@ class _Lowering:
     def block(self, x: int, coords: dict, gpu: int) -> int:
         t = self.g.t(x)
         key = tuple(coords.get(l, 0) for l in t.dims)
-        return self.b.to_gpu(self.blocks[x][key], gpu, self.moves)
+        v = self.blocks[x][key]
+        if t.name in self.T.replicate and self.b.gpu_of(v) != gpu:
+            r = self.replicas.get((x, key, gpu))
+            if r is None:
+                r = self.replicas[x, key, gpu] = self.b.input(self.bshape(t, key), t.dtype, gpu,
+                                                              name=f"{t.name}{list(key)}@gpu{gpu}")  # fmt: skip
+            return r
+        return self.b.to_gpu(v, gpu, self.moves)
 
     def whole(self, t: Tensor, letter: str, op: str):
         s = t.shape[t.dims.index(letter)]
@@ -282,11 +295,17 @@ class _Lowering:
         )
 
     def block_map(self, xs) -> dict:
-        """logical tensor name -> (shape, [(block start per dim, taskgraph vertex)])."""
-        return {
+        """logical tensor name -> (shape, [(block start per dim, taskgraph vertex)]); an input's replicas are
+        blocks too (the same starts as the block they copy, on another GPU): writers fill each."""
+        out = {
             self.g.t(x).name: (self.g.t(x).shape, [(self.starts(self.g.t(x), i), v) for i, v in self.blocks[x].items()])
             for x in xs
         }
+        xs = set(xs)
+        for (x, key, _gpu), r in self.replicas.items():
+            if x in xs:
+                out[self.g.t(x).name][1].append((self.starts(self.g.t(x), key), r))
+        return out
 
     def starts(self, t: Tensor, idx: tuple) -> tuple:
         return tuple(self.T.span(l, s, i)[0] for l, s, i in zip(t.dims, t.shape, idx, strict=True))

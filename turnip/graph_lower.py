@@ -14,11 +14,25 @@ class TilingError(ValueError):  # turnip.graph's (re-exported there)
 
 
 def _accumulate(b: Builder, parts: list[int], gpu: int, moves: dict, name: str) -> int:
-    """Sum partial tiles on ``gpu``: the first (moved there) is the accumulator, the rest sum into it."""
+    """Sum partial tiles on ``gpu``: the first (moved there) is the accumulator, the rest sum into it. Where
+    another GPU holds several partials, they are summed there first and their sum moves once."""
+    by_gpu: dict[int, list[int]] = {}
+    for p in parts:
+        by_gpu.setdefault(b.gpu_of(p), []).append(p)
+    if any(len(ps) > 1 for g, ps in by_gpu.items() if g != gpu):
+        parts = [x for g, ps in by_gpu.items()
+                 for x in (ps if g == gpu or len(ps) == 1 else [_sum_on(b, ps, f"{name}@gpu{g}")])]  # fmt: skip
     acc = b.to_gpu(parts[0], gpu, moves)
     for i, p in enumerate(parts[1:], 1):
         b.sum_into(acc, b.to_gpu(p, gpu, moves), name=f"{name}+={i}")
     return acc
+
+
+def _sum_on(b: Builder, parts: list[int], name: str) -> int:
+    """The sum of partial tiles on their own GPU: the first is the accumulator."""
+    for i, p in enumerate(parts[1:], 1):
+        b.sum_into(parts[0], p, name=f"{name}+={i}")
+    return parts[0]
 
 
 def lower_einsum(lw, node) -> None:

@@ -122,7 +122,9 @@ LLAMA = {
 # the tile sizes a LLaMA prefill takes (the hidden and head dimensions stay whole: norms and rotary need them)
 LLAMA_TILES = {"t": "tokens", "h": "key-value heads", "f": "FFN columns", "kv": "key range in tokens, a multiple of t",
                "v": "vocabulary rows of the LM head"}  # fmt: skip
-SPLITS = ("tensor", "layers")  # across GPUs: blocks of heads, FFN and vocabulary; or whole decoder layers
+# across GPUs: blocks of heads, FFN and vocabulary; whole decoder layers; or (training) whole sequences, every GPU
+# loading the frozen weights it reads
+SPLITS = ("tensor", "layers", "data")
 HEADS = ("none", "last", "all")  # LM head: none (final hidden states out), last position's logits, all positions'
 
 
@@ -162,10 +164,14 @@ def llama_config(model: str) -> LlamaConfig | None:
     return None
 
 
-def check_split(split: str, n_gpus: int, n_layers: int) -> None:
-    """``ValueError`` for a split that is not one of ``SPLITS``, or layers over more GPUs than layers."""
+def check_split(split: str, n_gpus: int, n_layers: int, train: bool = False) -> None:
+    """``ValueError`` for a split that is not one of ``SPLITS``, the data split of a prompt (``train``: a
+    training step), or layers over more GPUs than layers."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if split == "data" and not train:
+        raise ValueError("the data split (each GPU whole sequences, the frozen weights on every GPU) is for training "
+                         "steps; a prompt splits by tensor blocks or by layers")  # fmt: skip
     if split == "layers" and n_layers < n_gpus:
         few = f"{n_layers} layer{'s' if n_layers > 1 else ''}"
         raise ValueError(f"the layers split puts whole decoder layers on GPUs: {few} cannot fill {n_gpus} GPUs; use "
@@ -182,9 +188,11 @@ def check_llama_args(
     t_tile: int | None = None,
     head: str = "none",
     split: str = "tensor",
+    train: bool = False,
 ) -> None:
-    """Raise ``ValueError`` naming the first bad argument of a LLaMA prefill (``t_tile``: the token tile in
-    effect, given or default; when known, a given ``kv`` must be a multiple of it)."""
+    """Raise ``ValueError`` naming the first bad argument of a LLaMA prefill or (``train``) training step
+    (``t_tile``: the token tile in effect, given or default; when known, a given ``kv`` must be a multiple of
+    it)."""
     if not 1 <= n_gpus <= 8:
         raise ValueError(f"n_gpus must be in 1..8, got {n_gpus}")
     if dtype not in ("fp16", "bf16", "fp32"):
@@ -195,7 +203,7 @@ def check_llama_args(
         raise ValueError(f"LM head must be one of {HEADS}, got {head!r}")
     if n_layers is not None and not 1 <= n_layers <= shape.n_layers:
         raise ValueError(f"n_layers must be in 1..{shape.n_layers} for this model, got {n_layers}")
-    check_split(split, n_gpus, shape.n_layers if n_layers is None else n_layers)
+    check_split(split, n_gpus, shape.n_layers if n_layers is None else n_layers, train)
     for k, v in (tiles or {}).items():
         if k not in LLAMA_TILES:
             names = ", ".join(f"{n} ({what})" for n, what in LLAMA_TILES.items())
@@ -266,11 +274,15 @@ def default_tiles(
     return tiles
 
 
-def split_tiling(tiles: dict, n_gpus: int, split: str, n_layers: int, parallel: str) -> Tiling:
-    """The ``Tiling`` of a split: blocks of the ``parallel`` letters round-robin (tensor), or whole layers
-    (layers)."""
+def split_tiling(tiles: dict, n_gpus: int, split: str, n_layers: int, parallel: str,
+                 replicate=frozenset()) -> Tiling:  # fmt: skip
+    """The ``Tiling`` of a split: blocks of the ``parallel`` letters round-robin (tensor), whole layers
+    (layers), or token tiles round-robin with the ``replicate`` inputs loaded by every GPU that reads them
+    (data)."""
     if split == "layers":
         return Tiling(tiles, n_gpus=n_gpus, parallel="layers", n_layers=n_layers)
+    if split == "data":
+        return Tiling(tiles, n_gpus=n_gpus, parallel="t", replicate=frozenset(replicate))
     return Tiling(tiles, n_gpus=n_gpus, parallel=parallel)
 
 

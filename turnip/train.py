@@ -215,8 +215,9 @@ def train_tiles(cfg: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str,
     of logits), key-value heads and FFN columns in one block per GPU (a step has many token tiles to
     overlap; fewer, larger blocks keep the plan small: 7B at 8 x 1K is 35K vertices), split further only
     where a block of FFN weights would pass an eighth of the budget (tiny models: two blocks, as their
-    prefill). The layers split tiles as one GPU does. Given tiles override, but ``t`` must stay ``seq``."""
-    if split == "layers":
+    prefill). The layers and data splits tile as one GPU does. Given tiles override, but ``t`` must stay
+    ``seq``."""
+    if split in ("layers", "data"):
         n_gpus = 1
     if cfg.d_model <= 256:
         t = {k: v for k, v in default_tiles(cfg, seq, n_gpus, dtype, budget_nbytes).items() if k in ("h", "f")}
@@ -257,7 +258,10 @@ def lora_step(
 ) -> TaskGraph:  # fmt: skip
     """The taskgraph of one LoRA training step (module doc). ``split``: ``"tensor"``: sequences round-robin
     over GPUs, each weight block on one GPU and sent to the others; ``"layers"``: decoder layer i of L on GPU
-    floor(i * n_gpus / L) with its backward, adapters and their updates, the loss and LM head on the last."""
+    floor(i * n_gpus / L) with its backward, adapters and their updates, the loss and LM head on the last;
+    ``"data"``: sequences round-robin over GPUs, every GPU loading each frozen weight it reads from the host
+    (a replica input), the adapters, their gradients' sums and updates on GPU 0 (the adapters' blocks are
+    sent to the others, each sequence's gradients back)."""
     from turnip.models import check_llama_args
 
     lora.check()
@@ -265,12 +269,14 @@ def lora_step(
         raise ValueError(f"batch must be positive, got {batch}")
     if seq < 2:
         raise ValueError(f"training needs sequences of at least 2 tokens, got {seq}")
-    check_llama_args(cfg, seq, n_gpus, dtype, None, n_layers, split=split)
+    check_llama_args(cfg, seq, n_gpus, dtype, None, n_layers, split=split, train=True)
     L = cfg.n_layers if n_layers is None else n_layers
     ck = pick_checkpoint(checkpoint, cfg, batch * seq, L, dtype, budget_nbytes)
     t = train_tiles(cfg, seq, batch, n_gpus, dtype, tiles, budget_nbytes, split)
     g, adapters = lora_graph(cfg, seq, batch, dtype, n_layers, lora, ck)
-    tg = lower(g, split_tiling(t, n_gpus, split, L, "thf"))
+    state = {name for pair in _state_pairs(adapters) for name in pair}
+    frozen = {n.out.name for n in g.nodes if n.op == "input" and "t" not in n.out.dims and n.out.name not in state}
+    tg = lower(g, split_tiling(t, n_gpus, split, L, "thf", replicate=frozen))
     tg.meta.update(
         model=cfg.name or "llama", seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head="train", split=split,
         embed={"input": "x0", "table": "model.embed_tokens.weight"},
@@ -287,9 +293,14 @@ def lora_step(
 
 def state_names(tg: TaskGraph) -> list[tuple[str, str]]:
     """(output, input) logical names of the state a step hands to the next: every adapter and its moments."""
+    return _state_pairs(tg.meta["train"]["adapters"])
+
+
+def _state_pairs(adapters) -> list[tuple[str, str]]:
     out = []
-    for a in tg.meta["train"]["adapters"]:
-        for k in (a["A"], a["B"]):
+    for a in adapters:
+        names = (a["A"], a["B"]) if isinstance(a, dict) else (a.names["A"], a.names["B"])
+        for k in names:
             out += [(k + ".new", k), (k + ".m.new", k + ".m"), (k + ".v.new", k + ".v")]
     return out
 

@@ -220,11 +220,13 @@ def add_train_flags(p, always: bool = False) -> None:
 
 def add_split_flag(p) -> None:
     """``--split``: how a LLaMA model is split across GPUs (``turnip.compile.build_split``)."""
-    p.add_argument("--split", default="auto", choices=["tensor", "layers", "auto"],
+    p.add_argument("--split", default="auto", choices=["tensor", "layers", "data", "auto"],
                    help="across GPUs: tensor (head, FFN and vocabulary blocks over all GPUs; every layer moves "
                    "activations between them), layers (contiguous decoder layers per GPU, a pipeline: weights "
-                   "partitioned, only the hidden state crosses), auto: on several GPUs build both and keep the one "
-                   "the simulator predicts faster (on --profile where given, else h100-calibrated)")  # fmt: skip
+                   "partitioned, only the hidden state crosses), data (training: each GPU its share of the "
+                   "sequences, every GPU loading the frozen weights, the adapters' gradients summed on GPU 0), "
+                   "auto: on several GPUs build each that applies and keep the one the simulator predicts fastest "
+                   "(on --profile where given, else h100-calibrated)")  # fmt: skip
 
 
 COMPILE_ONLY = ("model", "seq", "gpus", "budget", "dtype", "resident", "layers", "logits", "all_logits", "train",

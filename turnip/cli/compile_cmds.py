@@ -191,7 +191,8 @@ def build_plan(a, tiles, budget, est, config=None, seed: int = 0, label: str = "
     from turnip.memgraph.build import BudgetError
     from turnip.progress import Heartbeat, Progress
 
-    splits = split_candidates(a.model, a.gpus, getattr(a, "split", "tensor"), getattr(a, "layers", None))
+    splits = split_candidates(a.model, a.gpus, getattr(a, "split", "tensor"), getattr(a, "layers", None),
+                              ck.train_spec(a) is not None)  # fmt: skip
     which = lambda s: f" ({s} split)" if len(splits) > 1 else ""  # noqa: E731
 
     def lower(s: str):

@@ -103,10 +103,10 @@ def register(sub) -> None:
                    help="inputs kept on the GPU across runs: auto (a quarter of the budget when the plan still "
                    "compiles and moves no more host-link bytes per run than none, as `turnip run`) or a size per GPU; "
                    "0 streams every input (default auto)")
-    a.add_argument("--split", choices=["tensor", "layers", "auto"],
-                   help="how each multi-GPU configuration is split across GPUs: by tensor blocks, by layers, or auto: "
-                   "the plan the simulator predicts faster on --profile (default auto; runs.csv's split column "
-                   "says which)")
+    a.add_argument("--split", choices=["tensor", "layers", "data", "auto"],
+                   help="how each multi-GPU configuration is split across GPUs: by tensor blocks, by layers, by "
+                   "sequences (data: training workloads), or auto: the plan the simulator predicts fastest on "
+                   "--profile (default auto; runs.csv's split column says which)")
     a.add_argument("--no-mean-only", action="store_true", help="skip the noise-free runs")
     a.add_argument("--profile", help="machine profile (default h100)")
     a.add_argument("--jobs", type=ck.COUNT, default=None, help="processes (default: all cores)")
@@ -236,8 +236,8 @@ def _decode_plan(model: str, seq: int, gpus: int, budget: str, a, force: bool):
     from turnip.memgraph.build import BudgetError
     from turnip.plancache import decode_plan
 
-    if getattr(a, "split", "auto") == "layers":
-        raise ck.CliError("--split layers: a decode step is split by tensor blocks; drop --split", ck.USAGE)
+    if getattr(a, "split", "auto") in ("layers", "data"):
+        raise ck.CliError(f"--split {a.split}: a decode step is split by tensor blocks; drop --split", ck.USAGE)
     where = f"{model}:{seq}:{gpus}:{budget}"
     nbytes = ck.nbytes(budget, f"BUDGET in {where!r}", minimum=1)
     block = a.block or DEFAULT_BLOCK

@@ -1,0 +1,86 @@
+"""The data split of a training step: each GPU its share of the sequences, every GPU loading the frozen
+weights it reads from the host (replica inputs), the adapters and their updates on GPU 0; it computes what one
+GPU computes, and ``auto`` weighs it against the tensor and layers splits."""
+
+import numpy as np
+import pytest
+
+from turnip.compile import build_with_resident, compile_model, split_candidates
+from turnip.memgraph.interp import assemble
+from turnip.memgraph.plan import KIND_INPUT, KIND_TRANSFER
+from turnip.memgraph.verify import verify
+from turnip.models import LLAMA, llama_prefill
+from turnip.runtime import execute, open_backend
+from turnip.runtime.weights import random_inputs_for, tile_inputs
+from turnip.train import AdapterState, TrainSpec, lora_step, next_token_targets, state_names
+
+pytestmark = pytest.mark.unit
+
+
+def run_cpu(mg, values, seed: int = 0) -> dict:
+    with open_backend("cpu", mg, 3, chaos=0.2, chaos_max_s=0.0002, poison=True) as be:
+        be.write_inputs(values)
+        execute(mg, be, "nondet", 3, seed=seed)
+        return be.read_outputs()
+
+
+def test_data_split_places_sequences_and_replicates_frozen_weights():
+    cfg = LLAMA["tiny"]
+    tg = lora_step(cfg, seq=16, batch=4, n_gpus=2, dtype="fp32", checkpoint="on", split="data")
+    assert tg.meta["split"] == "data"
+    lg = tg.meta["input_blocks"]
+    state = {i for _, i in state_names(tg)}
+    for name, (_shape, blocks) in lg.items():
+        gpus = sorted(int(tg.gpu[v]) for _, v in blocks)
+        if name in ("x0", "targets"):  # a block per sequence, sequences round-robin
+            assert gpus == [0, 0, 1, 1], name
+        elif name in state or name == "adam_step":
+            assert set(gpus) == {0}, name  # the state stays on GPU 0, once
+        else:  # a frozen weight: each block on both GPUs, the second a replica with the same starts
+            assert len(blocks) % 2 == 0 and gpus.count(0) == gpus.count(1), (name, gpus)
+            starts = sorted(tuple(st) for st, _ in blocks)
+            assert starts[::2] == starts[1::2], name
+    moved = {tg.name[int(tg.args(v)[0])] for v in np.flatnonzero(tg.kind == KIND_TRANSFER)}
+    frozen = {tg.name[v] for v in np.flatnonzero(tg.kind == KIND_INPUT)} - moved
+    assert not any(n.startswith(("L0.wq", "L0.w1", "lm_head")) for n in moved), sorted(moved)[:5]
+    assert any(n.startswith("L0.wq") and n.endswith("@gpu1") for n in frozen)
+    for v in range(tg.n):  # every vertex of sequence s on GPU s % 2 (its name's first block index is the token tile)
+        if tg.kind[v] not in (KIND_TRANSFER, KIND_INPUT) and tg.name[v].startswith(("L1.h[", "dL1.h[")):
+            assert int(tg.gpu[v]) == int(tg.name[v].split("[")[1].split(",")[0].rstrip("]")) % 2, tg.name[v]
+
+
+@pytest.mark.parametrize("gpus", [2, 3])
+def test_data_split_training_step_matches_one_gpu(gpus):
+    """Loss, adapter gradients and the new adapters of a data-split step equal the one-GPU step's, under a
+    budget that offloads, on the CPU backend with chaos."""
+    cfg = LLAMA["tiny"]
+    one = lora_step(cfg, seq=16, batch=3, n_gpus=1, dtype="fp32", checkpoint="on")
+    many = lora_step(cfg, seq=16, batch=3, n_gpus=gpus, dtype="fp32", checkpoint="on", split="data")
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, cfg.vocab, size=(3, 16))
+    state = AdapterState.init(one, seed=2, b_std=0.1)
+    logical = random_inputs_for(one, seed=1) | state.inputs() | {"targets": next_token_targets(ids)}
+    results = []
+    for tg in (one, many):
+        mg = build_with_resident(tg, 256 << 10, None, "0")
+        assert verify(mg, tg) == []
+        if tg is many:
+            assert mg.stats["n_offload"] + mg.stats["n_reload"] > 0
+        out = run_cpu(mg, tile_inputs(tg, logical))
+        results.append({k: assemble(tg, out, k) for k in tg.meta["output_blocks"]})
+    a, b = results
+    assert set(a) == set(b)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_data_split_is_for_training_and_auto_weighs_it():
+    with pytest.raises(ValueError, match="the data split .* is for training steps"):
+        llama_prefill("tiny", seq=32, n_gpus=2, split="data")
+    assert split_candidates("llama-tiny", 2, "auto", train=True) == ["tensor", "layers", "data"]
+    assert split_candidates("llama-tiny", 2, "auto") == ["tensor", "layers"]
+    assert split_candidates("llama-tiny", 1, "auto", train=True) == ["tensor"]
+    tg, mg = compile_model("llama-tiny", 16, 2, 1 << 20, dtype="fp32", split="auto", train=TrainSpec(4))
+    assert set(tg.meta["split_predicted_ms"]) == {"tensor", "layers", "data"}
+    assert tg.meta["split_predicted_ms"][tg.meta["split"]] == min(tg.meta["split_predicted_ms"].values())
+    assert verify(mg, tg) == []
