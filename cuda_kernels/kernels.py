@@ -95,6 +95,9 @@ def prepare(op: str, in_shapes: Sequence[tuple], out_shape: tuple, dtype: str, p
         raise KernelPrepareError(f"{op}: dtype {dtype!r} not in {sorted(DTYPES)} (bf16 needs ml_dtypes)")
     if gemm not in GEMM_MODES:
         raise KernelPrepareError(f"{op}: gemm={gemm!r} not in {GEMM_MODES}")
+    seq = int(params.get("seq", 0)) if op in PACKED_OPS else 0
+    if seq and out_shape and out_shape[0] > seq:
+        return _packed(op, in_shapes, out_shape, dtype, params, seq, gemm=gemm, fast=fast, ws_nbytes=ws_nbytes)
     try:
         built = _fast(op, in_shapes, out_shape, dtype, params) if fast else None
         if built is None:
@@ -103,6 +106,52 @@ def prepare(op: str, in_shapes: Sequence[tuple], out_shape: tuple, dtype: str, p
         raise KernelPrepareError(f"{op} {in_shapes} -> {out_shape} {dtype} {params}: {e}") from e
     path, run, flops, bind = built
     return Launcher(op, in_shapes, out_shape, dtype, params, path, run, flops, bind)
+
+
+PACKED_OPS = ("sdpa", "sdpa_bwd", "rotary")  # ops whose token tiles may hold whole sequences (``seq`` param)
+
+
+def _packed(op: str, in_shapes, out_shape, dtype: str, params: dict, seq: int, **kw) -> Launcher:
+    """A tile of whole sequences of ``seq`` rows (``turnip.reference.packed``): the one-sequence launcher
+    over each sequence's rows of every operand and the output, in turn on the same stream; bound, one
+    ``LibCall`` of them all (capturable where each part is)."""
+    n = out_shape[0]
+    if n % seq or any(s[0] != n for s in in_shapes):
+        raise KernelPrepareError(f"{op} {in_shapes} -> {out_shape}: packed sequences of {seq} rows need whole "
+                                 "sequences in every operand")  # fmt: skip
+    one = {k: v for k, v in params.items() if k != "seq"} | ({"tk": seq} if op == "sdpa" else {})
+    inner = prepare(op, [(seq, *s[1:]) for s in in_shapes], (seq, *out_shape[1:]), dtype, one, **kw)
+    cuts = [slice(i, i + seq) for i in range(0, n, seq)]
+
+    def run(stream, out, ins):
+        for c in cuts:
+            inner(stream, out[c], [x[c] for x in ins])
+
+    def bind(out, ins):
+        return chain([inner.bind(out[c], [x[c] for x in ins]) for c in cuts], f"{op} x{len(cuts)}")
+
+    return Launcher(op, in_shapes, out_shape, dtype, params, inner.path, run, inner.flops * len(cuts), bind)
+
+
+def chain(parts: list, what: str) -> LibCall:
+    """Bound launches (``RawLaunch`` / ``LibCall``) as one ``LibCall`` issuing them in order on the slot's
+    stream; capturable where every part is; at most one library's handle among them."""
+    libs = {b.lib for b in parts if isinstance(b, LibCall) and b.lib}
+    if len(libs) > 1:
+        raise KernelPrepareError(f"{what}: parts use several libraries' handles ({sorted(libs)})")
+
+    def call(ctx) -> None:
+        for b in parts:
+            if isinstance(b, LibCall):
+                b(ctx)
+            else:
+                r = launch_raw(b, ctx.stream)
+                if r:
+                    raise RuntimeError(f"cuLaunchKernel ({what}): CUDA error {r}")
+
+    ws = max((b.ws_nbytes for b in parts if isinstance(b, LibCall)), default=0)
+    ok = all(b.capturable for b in parts if isinstance(b, LibCall))
+    return LibCall(call, ws, what, capturable=ok, lib=next(iter(libs), None))
 
 
 def _fast(op, in_shapes, out_shape, dtype, params):

@@ -84,3 +84,42 @@ def test_data_split_is_for_training_and_auto_weighs_it():
     assert set(tg.meta["split_predicted_ms"]) == {"tensor", "layers", "data"}
     assert tg.meta["split_predicted_ms"][tg.meta["split"]] == min(tg.meta["split_predicted_ms"].values())
     assert verify(mg, tg) == []
+
+
+@pytest.mark.parametrize("gpus,split", [(1, "tensor"), (2, "data"), (2, "layers")])
+def test_packed_sequences_compute_what_one_sequence_per_tile_computes(gpus, split):
+    """Token tiles of two whole sequences (attention, its backward and rotary each sequence apart): the loss,
+    adapter gradients and new adapters of the one-sequence-per-tile step, with fewer vertices."""
+    cfg = LLAMA["tiny"]
+    plain = lora_step(cfg, seq=16, batch=4, n_gpus=1, dtype="fp32", checkpoint="on")
+    packed = lora_step(cfg, seq=16, batch=4, n_gpus=gpus, dtype="fp32", checkpoint="on", split=split,
+                       tiles={"t": 32})  # fmt: skip
+    assert packed.meta["tiles"]["t"] == 32 and packed.n < plain.n * (1 if gpus == 1 else 1.5)
+    ops = [(op, p) for op, p in zip(packed.op, packed.params, strict=True) if op in ("sdpa", "sdpa_bwd", "rotary")]
+    assert ops and all(p.get("seq") == 16 for _, p in ops)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, cfg.vocab, size=(4, 16))
+    state = AdapterState.init(plain, seed=2, b_std=0.1)
+    logical = random_inputs_for(plain, seed=1) | state.inputs() | {"targets": next_token_targets(ids)}
+    results = []
+    for tg in (plain, packed):
+        mg = build_with_resident(tg, 512 << 10, None, "0")
+        assert verify(mg, tg) == []
+        out = run_cpu(mg, tile_inputs(tg, logical))
+        results.append({k: assemble(tg, out, k) for k in tg.meta["output_blocks"]})
+    a, b = results
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_packing_rule(monkeypatch):
+    from turnip.train import pack_sequences
+
+    monkeypatch.setenv("TURNIP_PACK_SEQS", "0")
+    assert pack_sequences(1024, 8, 2, "data") == 1
+    monkeypatch.setenv("TURNIP_PACK_SEQS", "1")
+    assert pack_sequences(1024, 8, 1) == 2 and pack_sequences(1024, 8, 2, "data") == 2
+    assert pack_sequences(512, 8, 2, "layers") == 2 and pack_sequences(4096, 8, 1) == 1
+    assert pack_sequences(16, 6, 4, "data") == 1 and pack_sequences(16, 12, 2, "tensor") == 6
+    tg = lora_step(LLAMA["tiny"], seq=16, batch=4, n_gpus=2, dtype="fp32", split="data")
+    assert tg.meta["tiles"]["t"] == 32

@@ -342,15 +342,22 @@ class _Lowering:
 
     def seq_of(self, node: Node) -> int:
         """Tokens per sequence of a batched op (the whole token dim without ``seq``); token tiles must not
-        straddle sequences."""
+        straddle sequences: a tile divides a sequence or holds whole sequences (packed: ``packs``)."""
         t = node.out
         n = t.shape[0]
         seq = int(node.params.get("seq", n))
         tile = self.T.tiles.get(t.dims[0], n)
-        if n % seq or (seq % tile and seq < n):
+        if n % seq or (seq % tile and seq < n and tile % seq):
             raise TilingError(f"{node.op} {t.name}: {n} tokens in sequences of {seq} need a token tile dividing "
-                              f"{seq}, not {tile}")  # fmt: skip
+                              f"{seq} or a multiple of it, not {tile}")  # fmt: skip
         return seq
+
+    def packs(self, node: Node) -> int:
+        """``seq`` where the op's token tiles hold several whole sequences (a param of its vertices:
+        ``turnip.reference.packed``), else 0."""
+        seq = self.seq_of(node)
+        t = node.out
+        return seq if min(self.T.tiles.get(t.dims[0], t.shape[0]), t.shape[0]) > seq else 0
 
     def _rmsnorm_bwd(self, node: Node):
         self.whole(node.out, node.out.dims[-1], "rmsnorm_bwd")
@@ -378,11 +385,12 @@ class _Lowering:
         t = node.out
         self.whole(t, t.dims[-1], "rotary")
         seq = self.seq_of(node)
+        pack = {"seq": seq} if self.packs(node) else {}
         out = {}
         for idx in self.grid(t):
             p = {k: v for k, v in node.params.items() if k != "seq"}
             p["pos_off"] = self.T.span(t.dims[0], t.shape[0], idx[0])[0] % seq
-            out[idx] = self._emit(node, idx, "rotary", node.inputs, p)
+            out[idx] = self._emit(node, idx, "rotary", node.inputs, p | pack)
         self.blocks[t.id] = out
 
     def _rows(self, node: Node):

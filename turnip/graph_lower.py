@@ -93,6 +93,8 @@ def lower_attention(lw, node) -> None:
     per_range = max(1, int(T.tiles.get("kv", n_tok)) // tile)  # key blocks per range
     itemsize = DTYPE_NBYTES[t.dtype]
     seq = lw.seq_of(node)
+    if lw.packs(node):
+        return _packed_attention(lw, node, seq, itemsize, group)
     seq_blocks = nb if seq >= n_tok else seq // tile  # token blocks per sequence
     causal = T.parallel == "layers"
     window = int(node.params.get("window", 0))
@@ -155,6 +157,25 @@ def lower_attention(lw, node) -> None:
     lw.blocks[t.id] = blocks
 
 
+def _packed_attention(lw, node, seq: int, itemsize: int, group: int) -> None:
+    """Token tiles of whole sequences: one ``sdpa`` vertex per (token block, head block) over the block's own
+    keys, each of its sequences apart (``seq`` param)."""
+    T, b = lw.T, lw.b
+    q, k, v = node.inputs
+    t = node.out
+    tl, hl = t.dims[0], t.dims[1]
+    extra = {x: node.params[x] for x in ("window", "softcap") if x in node.params}
+    blocks = {}
+    for idx in lw.grid(t):
+        coords = {tl: idx[0], hl: idx[1]}
+        gpu = T.place(coords)
+        args = [lw.block(x, coords, gpu) for x in (q, k, v)]
+        rows = b.shape_of(args[0])[0]
+        p = {"scale": node.params["scale"], "causal": True, "q_off": 0, "k_off": 0, "tk": rows, "partial": False,
+             "itemsize": itemsize, "seq": seq} | extra  # fmt: skip
+        blocks[idx] = b.kernel("sdpa", args, lw.bshape(t, idx), t.dtype, gpu, p, name=f"{t.name}{list(idx)}")
+    lw.blocks[t.id] = blocks
+
 
 def lower_attention_bwd(lw, node) -> None:
     """One ``sdpa_bwd`` vertex per (sequence, key-value head block): training keeps each sequence in one
@@ -169,14 +190,16 @@ def lower_attention_bwd(lw, node) -> None:
         lw.whole(qt, letter, "attention_bwd")
     n_tok = t.shape[0]
     seq = lw.seq_of(node)
-    tile = T.tiles.get(tl, n_tok)
-    if tile != seq:
-        raise TilingError(f"attention backward {t.name}: a sequence must be one token tile (t={seq}), not t={tile}")
+    tile = min(T.tiles.get(tl, n_tok), n_tok)
+    if tile % seq:
+        raise TilingError(f"attention backward {t.name}: a sequence must be one token tile (t={seq}) or a tile hold "
+                          f"whole sequences, not t={tile}")  # fmt: skip
+    pack = {"seq": seq} if tile > seq else {}
     blocks = {}
     for idx in lw.grid(t):
         coords = {tl: idx[0], hl: idx[1]}
         gpu = T.place(coords)
         args = [lw.block(x, coords, gpu) for x in (q, k, v, o, do)]
-        p = {"scale": node.params["scale"], "causal": True, "q_off": 0, "k_off": 0}
+        p = {"scale": node.params["scale"], "causal": True, "q_off": 0, "k_off": 0} | pack
         blocks[idx] = b.kernel("sdpa_bwd", args, lw.bshape(t, idx), t.dtype, gpu, p, name=f"{t.name}{list(idx)}")
     lw.blocks[t.id] = blocks

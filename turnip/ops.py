@@ -67,6 +67,8 @@ def _sdpa_shape(ins: list[Shape], p: dict) -> Shape:
     tk = int(p.get("tk", tk_all))
     if dk != dh or qs[1] != hk and len(qs) == 4 or h % hk or tuple(vs) != (tk_all, hk, dh) or not 0 < tk <= tk_all:
         raise ValueError(f"q {ins[0]}, k {ins[1]}, v {ins[2]} (tk {tk}) do not match")
+    if _packed(tq, p) > 1 and (p.get("partial", False) or tk_all != tq or tk != tq):
+        raise ValueError(f"q {qs}, k {ins[1]}: packed sequences of {p['seq']} need all {tq} keys, no partial")
     if p.get("partial", False):
         return (tq * h * dh + h * tq * 4 // int(p["itemsize"]),)
     return tuple(qs)
@@ -79,8 +81,19 @@ def _sdpa_flops(ins: list[Shape], out: Shape, p: dict) -> float:
 
     tq, h, dh = ins[0][0], math.prod(ins[0][1:-1]), ins[0][-1]
     tk_all = ins[1][0]
-    pairs = float(key_pairs(tq, int(p.get("tk", tk_all)), p))
+    n = _packed(tq, p)
+    pairs = float(key_pairs(tq // n, tq // n, p) * n if n > 1 else key_pairs(tq, int(p.get("tk", tk_all)), p))
     return pairs * h * (4.0 * dh + 5.0 + 3.0 * (float(p.get("softcap", 0.0)) > 0))
+
+
+def _packed(rows: int, p: dict) -> int:
+    """Sequences packed in a tile of ``rows`` (a ``seq`` param below the rows: ``turnip.reference.packed``)."""
+    s = int(p.get("seq", 0))
+    if not s or s >= rows:
+        return 1
+    if rows % s:
+        raise ValueError(f"{rows} rows are not whole sequences of {s}")
+    return rows // s
 
 
 def _combine_shape(ins: list[Shape], p: dict) -> Shape:
@@ -124,7 +137,8 @@ def _sdpa_bwd_flops(ins: list[Shape], out: Shape, p: dict) -> float:
     from turnip.reference import visible_keys
 
     tq, h, dh = ins[0][0], math.prod(ins[0][1:-1]), ins[0][-1]
-    pairs = float(visible_keys(tq, ins[1][0], p).sum())
+    n = _packed(tq, p)
+    pairs = float(visible_keys(tq // n, tq // n, p).sum()) * n
     return pairs * h * (10.0 * dh + 8.0)
 
 

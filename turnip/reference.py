@@ -86,6 +86,25 @@ def split_partial(x: np.ndarray, tq: int, h: int, dh: int) -> tuple[np.ndarray, 
     return x[:n].reshape(tq, h, dh), x[n:].view(np.float32)[: h * tq].reshape(h, tq)
 
 
+def packed(f):
+    """``f`` over whole sequences packed in a token tile: with a ``seq`` param below the tile's rows, each
+    ``seq`` rows of every operand and of the output form one sequence, computed apart (rows of other
+    sequences neither seen nor changed; attention's keys: its own sequence's, ``tk`` = ``seq``)."""
+
+    def each(xs, p):
+        n, s = xs[0].shape[0], int(p.get("seq", 0))
+        if not s or s >= n:
+            return f(xs, p)
+        if n % s:
+            raise ValueError(f"{f.__name__}: {n} rows are not whole sequences of {s}")
+        one = {k: v for k, v in p.items() if k != "seq"} | ({"tk": s} if "tk" in p else {})
+        return np.concatenate([f([x[i : i + s] for x in xs], one) for i in range(0, n, s)])
+
+    each.__name__, each.__doc__ = f.__name__, f.__doc__
+    return each
+
+
+@packed
 def sdpa(xs, p):
     """Fused causal attention of one query block against keys ``k[:tk]`` (``tk`` param, default all):
     S = scale * q k^T, capped to ``softcap`` tanh(S / ``softcap``) when that param is > 0, masked where
@@ -219,6 +238,7 @@ def rope_inv_freq(dh: int, p) -> np.ndarray:
     return np.where(wavelen > orig / low, inv / factor, np.where(wavelen < orig / high, inv, blended))
 
 
+@packed
 def rotary(xs, p):
     """Rotary embedding, rotate-half convention: x (t, h, dh) or (t, ..., dh) (middle axes are heads),
     positions pos_off + [0, t), frequencies ``rope_inv_freq``; ``inverse``: rotate by minus the angle (the
@@ -255,6 +275,7 @@ def silu_mul_dg(xs, p):
     return _out(dy * u * s * (1.0 + g * (1.0 - s)), xs[0])
 
 
+@packed
 def sdpa_bwd(xs, p):
     """Gradients of causal ``sdpa`` (full key range, as many keys as queries) from q, k, v, its output o and
     do: with P = softmax(scale q k^T masked), dv = P^T do, dP = do v^T, dS = P (dP - rowsum(do o)),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -215,8 +216,9 @@ def train_tiles(cfg: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str,
     of logits), key-value heads and FFN columns in one block per GPU (a step has many token tiles to
     overlap; fewer, larger blocks keep the plan small: 7B at 8 x 1K is 35K vertices), split further only
     where a block of FFN weights would pass an eighth of the budget (tiny models: two blocks, as their
-    prefill). The layers and data splits tile as one GPU does. Given tiles override, but ``t`` must stay
-    ``seq``."""
+    prefill). The layers and data splits tile as one GPU does. A token tile holds ``pack_sequences``
+    sequences. Given tiles override; ``t`` must be a multiple of ``seq``."""
+    per_tile = pack_sequences(seq, batch, n_gpus, split)
     if split in ("layers", "data"):
         n_gpus = 1
     if cfg.d_model <= 256:
@@ -228,18 +230,41 @@ def train_tiles(cfg: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str,
             while blocks < cfg.d_ffn and 3 * cfg.d_model * -(-cfg.d_ffn // blocks) * nb > budget_nbytes // 8:
                 blocks += G
         t = {"h": -(-cfg.kv_heads // G), "f": -(-cfg.d_ffn // blocks)}
-    t["t"] = seq
+    t["t"] = seq * per_tile
     for k, v in (tiles or {}).items():
-        if k == "t" and v != seq:
-            raise ValueError(f"training keeps a sequence in one token tile: t must be {seq} (the sequence length)")
         if k in ("v", "kv"):
             raise ValueError(f"tile {k} is not used in training (the vocabulary and key ranges stay whole)")
         if k not in ("t", "h", "f"):
             raise ValueError(f"unknown tile {k!r}; training tiles are h (key-value heads) and f (FFN columns)")
         if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
             raise ValueError(f"tile {k}={v!r} must be a positive integer")
+        if k == "t" and (v % seq or v > seq * batch):
+            raise ValueError(f"training keeps sequences whole in token tiles: t must be a multiple of {seq} (the "
+                             f"sequence length) up to {seq * batch} (the batch)")  # fmt: skip
         t[k] = int(v)
     return t
+
+
+PACK_TOKENS = 2048  # packed token tiles of a training step grow to this many tokens
+
+
+def pack_on() -> bool:
+    """Whether training packs several short sequences per token tile (``TURNIP_PACK_SEQS=1``; off by
+    default)."""
+    return os.environ.get("TURNIP_PACK_SEQS", "0") == "1"
+
+
+def pack_sequences(seq: int, batch: int, n_gpus: int, split: str = "tensor") -> int:
+    """Sequences per token tile of a training step: one, or with ``pack_on()`` as many as fit ``PACK_TOKENS``
+    tokens, dividing the batch and leaving tiles to overlap: at least two, one per GPU, two per stage of the
+    layers split. Fewer, larger tiles: fewer vertices for the host to issue, larger GEMMs."""
+    if not pack_on() or seq >= PACK_TOKENS:
+        return 1
+    tiles = 2 * n_gpus if split == "layers" else max(2, n_gpus)
+    k = max(1, min(PACK_TOKENS // seq, batch // tiles))
+    while batch % k:
+        k -= 1
+    return k
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,7 @@ def training_cases(t: int, h: int, hk: int, dh: int, d: int, f: int, vocab: int,
         Case("cols_dq", "cols", (pack,), (t, hk, r, dh), {"start": 0, "stop": r * dh, "tail": (r, dh)}),
         Case("cols_dv", "cols", (pack,), (t, hk, dh), {"start": (r + 1) * dh, "stop": (r + 2) * dh, "tail": (dh,)}),
         *sdpa_bwd_cases(t, h, hk, dh),
+        *([] if t % 2 else packed_cases(t // 2, h, dh, hk=hk)),
         Case("cols_2d", "cols", ((t, f),), (t, f // 2), {"start": 3, "stop": 3 + f // 2, "tail": (f // 2,)}),
         Case("xent", "xent", ((t, vocab), (t,)), (t,), {"src": "fp16"}, ("normal", tg)),
         Case("xent_big_vocab", "xent", ((t_big, vocab_big), (t_big,)), (t_big,), {"src": "fp16"},
@@ -290,6 +291,24 @@ def tiny_cases() -> list[Case]:
         *import_cases(t, h, dh, d, f),
         Case("sdpa_bwd_flat_gqa", "sdpa_bwd", ((7, 4, 8), (7, 2, 8), (7, 2, 8), (7, 4, 8), (7, 4, 8)), (7, 2, 32),
              {"scale": 0.3, "causal": False, "q_off": 0, "k_off": 0}),
+        *packed_cases(3, h, dh),
+    ]
+
+
+def packed_cases(seq: int, h: int, dh: int, n: int = 2, hk: int | None = None) -> list[Case]:
+    """Token tiles of ``n`` whole sequences of ``seq`` tokens (a ``seq`` param): attention, its backward and
+    rotary each sequence apart; grouped-query on ``hk`` key/value heads (default h / 2)."""
+    t, hk = n * seq, hk or max(1, h // 2)
+    r = h // hk
+    sc = 1.0 / math.sqrt(dh)
+    pk = {"seq": seq}
+    bwd = {"scale": sc, "causal": True, "q_off": 0, "k_off": 0} | pk
+    gq = ((t, hk, r, dh), (t, hk, dh), (t, hk, dh))
+    return [
+        Case("sdpa_packed", "sdpa", ((t, h, dh),) * 3, (t, h, dh), _sdpa(sc, t, 0, t) | pk),
+        Case("sdpa_packed_gqa_window", "sdpa", gq, gq[0], _sdpa(sc, t, 0, t) | pk | {"window": max(2, seq // 2)}),
+        Case("sdpa_bwd_packed_gqa", "sdpa_bwd", (*gq, gq[0], gq[0]), (t, hk, (r + 2) * dh), bwd),
+        Case("rotary_packed", "rotary", ((t, h, dh),), (t, h, dh), {"pos_off": 0, "theta": 10000.0} | pk),
     ]
 
 
