@@ -26,7 +26,7 @@ def run_cpu(mg, values, seed: int = 0) -> dict:
 
 def test_data_split_places_sequences_and_replicates_frozen_weights():
     cfg = LLAMA["tiny"]
-    tg = lora_step(cfg, seq=16, batch=4, n_gpus=2, dtype="fp32", checkpoint="on", split="data")
+    tg = lora_step(cfg, seq=16, batch=4, n_gpus=2, dtype="fp32", checkpoint="on", split="data", tiles={"t": 16})
     assert tg.meta["split"] == "data"
     lg = tg.meta["input_blocks"]
     state = {i for _, i in state_names(tg)}
@@ -91,7 +91,7 @@ def test_packed_sequences_compute_what_one_sequence_per_tile_computes(gpus, spli
     """Token tiles of two whole sequences (attention, its backward and rotary each sequence apart): the loss,
     adapter gradients and new adapters of the one-sequence-per-tile step, with fewer vertices."""
     cfg = LLAMA["tiny"]
-    plain = lora_step(cfg, seq=16, batch=4, n_gpus=1, dtype="fp32", checkpoint="on")
+    plain = lora_step(cfg, seq=16, batch=4, n_gpus=1, dtype="fp32", checkpoint="on", tiles={"t": 16})
     packed = lora_step(cfg, seq=16, batch=4, n_gpus=gpus, dtype="fp32", checkpoint="on", split=split,
                        tiles={"t": 32})  # fmt: skip
     assert packed.meta["tiles"]["t"] == 32 and packed.n < plain.n * (1 if gpus == 1 else 1.5)

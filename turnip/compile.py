@@ -36,11 +36,14 @@ def compiler_fingerprint() -> str:
     """Short hash of the compiler's source: plan caches keyed on it never serve a plan built by other code."""
     root = Path(__file__).parent
     h = hashlib.sha256()
-    src = [*root.glob("graph*.py"), root / "models.py", root / "hfconfig.py", root / "taskgraph.py", root / "fuse.py"]
+    src = [*root.glob("graph*.py"), *(root / f for f in ("models.py", "hfconfig.py", "taskgraph.py", "fuse.py",
+                                                          "train.py", "autodiff.py", "compile.py"))]  # fmt: skip
     for f in sorted([*src, *root.glob("memgraph/*.py")]):
         h.update(f.name.encode())
         h.update(f.read_bytes())
-    h.update(f"fold={fold_adds_on()}".encode())
+    from turnip.train import pack_on
+
+    h.update(f"fold={fold_adds_on()} pack={pack_on()}".encode())
     return h.hexdigest()[:12]
 
 

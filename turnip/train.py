@@ -249,9 +249,10 @@ PACK_TOKENS = 2048  # packed token tiles of a training step grow to this many to
 
 
 def pack_on() -> bool:
-    """Whether training packs several short sequences per token tile (``TURNIP_PACK_SEQS=1``; off by
-    default)."""
-    return os.environ.get("TURNIP_PACK_SEQS", "0") == "1"
+    """Whether training packs several short sequences per token tile: on unless ``TURNIP_PACK_SEQS=0``
+    (measured on H100s, 7B LoRA 8 x 1K under 16 GiB: one GPU 775 -> 722 ms, two GPUs with the data split
+    587 -> 384 ms)."""
+    return os.environ.get("TURNIP_PACK_SEQS", "1") != "0"
 
 
 def pack_sequences(seq: int, batch: int, n_gpus: int, split: str = "tensor") -> int:
