@@ -318,18 +318,19 @@ def _cat(in_shapes, out_shape, dtype, params, opts):
     return "kernel", run, 0, bind
 
 
-SWITCH = "TURNIP_IMPORT_KERNELS"  # "1": these kernels on a real GPU (checked under the CUDA simulator only so far)
+SWITCH = "TURNIP_IMPORT_KERNELS"  # "0": refuse these kernels on a real GPU (on by default since run on an H100)
 
 
 def _gated(build):
-    """``build`` under the CUDA simulator, and on a real GPU only with ``TURNIP_IMPORT_KERNELS=1`` until these
-    kernels have been run and timed on one (a plan using them is refused at load otherwise, naming the op)."""
+    """``build``, unless ``TURNIP_IMPORT_KERNELS=0`` on a real GPU (a plan using them is then refused at load,
+    naming the op). On by default: the imported MLP, GPT-2, ViT and LLaMA ran on an H100 within fp16 tolerance
+    of PyTorch (``benchmarks/import_check.py``)."""
 
     def gated(in_shapes, out_shape, dtype, params, opts):
         from cuda_kernels._numba import simulating
 
-        if not simulating() and os.environ.get(SWITCH) != "1":
-            raise ValueError(f"the imported graphs' kernels have not run on a GPU yet; set {SWITCH}=1 to use them")
+        if not simulating() and os.environ.get(SWITCH) == "0":
+            raise ValueError(f"the imported graphs' kernels are off ({SWITCH}=0); unset it to use them")
         return build(in_shapes, out_shape, dtype, params, opts)
 
     return gated

@@ -13,13 +13,14 @@ class TilingError(ValueError):  # turnip.graph's (re-exported there)
     pass
 
 
-def _accumulate(b: Builder, parts: list[int], gpu: int, moves: dict, name: str) -> int:
-    """Sum partial tiles on ``gpu``: the first (moved there) is the accumulator, the rest sum into it. Where
-    another GPU holds several partials, they are summed there first and their sum moves once."""
+def _accumulate(b: Builder, parts: list[int], gpu: int, moves: dict, name: str, local: bool = False) -> int:
+    """Sum partial tiles on ``gpu``: the first (moved there) is the accumulator, the rest sum into it. With
+    ``local`` (the data split: each GPU the partials of its sequences), where another GPU holds several
+    partials, they are summed there first and their sum moves once."""
     by_gpu: dict[int, list[int]] = {}
     for p in parts:
         by_gpu.setdefault(b.gpu_of(p), []).append(p)
-    if any(len(ps) > 1 for g, ps in by_gpu.items() if g != gpu):
+    if local and any(len(ps) > 1 for g, ps in by_gpu.items() if g != gpu):
         parts = [x for g, ps in by_gpu.items()
                  for x in (ps if g == gpu or len(ps) == 1 else [_sum_on(b, ps, f"{name}@gpu{g}")])]  # fmt: skip
     acc = b.to_gpu(parts[0], gpu, moves)
@@ -65,7 +66,9 @@ def lower_einsum(lw, node) -> None:
                 )
             )
         blocks[idx] = (
-            _accumulate(b, parts, T.place(oc), lw.moves, f"{t.name}{list(idx)}") if len(parts) > 1 else parts[0]
+            _accumulate(b, parts, T.place(oc), lw.moves, f"{t.name}{list(idx)}", local=bool(T.replicate))
+            if len(parts) > 1
+            else parts[0]
         )
     lw.blocks[t.id] = blocks
 

@@ -11,9 +11,6 @@ def _simulating() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 
-os.environ.setdefault("TURNIP_IMPORT_KERNELS", "1")  # the gpu tier checks the imported graphs' kernels too
-
-
 def pytest_runtest_setup(item):
     if item.get_closest_marker("cudasim") and not _simulating():
         pytest.skip("cudasim tier: run scripts/test_cudasim.sh (sets NUMBA_ENABLE_CUDASIM=1)")
