@@ -20,11 +20,8 @@ seeded; the ``tiny`` sizes are ``tests/test_torch_import.py``'s, ``small`` ones 
 A table is printed and ``import_check.csv`` written to ``--out``, one row per model and budget; a model that
 raises is a row with the error and the script goes on. Exit status 0 only if every row passed its check.
 
-``TURNIP_IMPORT_KERNELS=1`` is set by this script before anything from ``cuda_kernels`` is imported: the
-imported graphs' kernels (``cuda_kernels/import_ops.py``) run on a real GPU only with it.
-
     PYTHONPATH=. python benchmarks/import_check.py                             # all four, small, fp16, 8GiB
-    PYTHONPATH=. python benchmarks/import_check.py --budget 8GiB 64MiB --out benchmarks/results/import_h100
+    PYTHONPATH=. python benchmarks/import_check.py --budget 8GiB 64MiB --out benchmarks/results/import
     PYTHONPATH=. python benchmarks/import_check.py --backend cpu --size tiny --dtype fp32 --budget 256KiB \\
         --repeat 1 --out /tmp/ic                                                # the script itself, no GPU
 """
@@ -34,14 +31,12 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
-import os
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
-os.environ["TURNIP_IMPORT_KERNELS"] = "1"  # before cuda_kernels is imported (every project import is below)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
