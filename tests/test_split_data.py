@@ -123,3 +123,29 @@ def test_packing_rule(monkeypatch):
     assert pack_sequences(16, 6, 4, "data") == 1 and pack_sequences(16, 12, 2, "tensor") == 6
     tg = lora_step(LLAMA["tiny"], seq=16, batch=4, n_gpus=2, dtype="fp32", split="data")
     assert tg.meta["tiles"]["t"] == 32
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_packed_prompts_prefill_matches_one_prompt_per_tile(gpus, monkeypatch):
+    """A batch of short prompts packed several to a token tile (``TURNIP_PACK_PROMPTS=1``): every position's
+    logits, and the KV-cache prefill's keys and values, equal those of one prompt per tile."""
+    from turnip.decode import prefill_kv
+    from turnip.memgraph.interp import evaluate_taskgraph
+
+    cfg = LLAMA["tiny"]
+    monkeypatch.delenv("TURNIP_PACK_PROMPTS", raising=False)
+    plain = [llama_prefill(cfg, seq=8, n_gpus=gpus, dtype="fp32", head="all", batch=16, budget_nbytes=1 << 20),
+             prefill_kv(cfg, 8, 16, gpus, "fp32", 1 << 20)]  # fmt: skip
+    monkeypatch.setenv("TURNIP_PACK_PROMPTS", "1")
+    packed = [llama_prefill(cfg, seq=8, n_gpus=gpus, dtype="fp32", head="all", batch=16, budget_nbytes=1 << 20),
+              prefill_kv(cfg, 8, 16, gpus, "fp32", 1 << 20)]  # fmt: skip
+    for a, b in zip(plain, packed, strict=True):
+        assert a.meta["tiles"]["t"] == 8 and b.meta["tiles"]["t"] == 32 and b.n < a.n
+        logical = random_inputs_for(a, seed=4)
+        mg = build_with_resident(b, 256 << 10, None, "0")
+        assert verify(mg, b) == []
+        got = run_cpu(mg, tile_inputs(b, logical))
+        want = evaluate_taskgraph(a, tile_inputs(a, logical))
+        for name in a.meta["output_blocks"]:
+            np.testing.assert_allclose(assemble(b, got, name), assemble(a, want, name), rtol=1e-4, atol=1e-5,
+                                       err_msg=name)  # fmt: skip

@@ -43,7 +43,7 @@ def compiler_fingerprint() -> str:
         h.update(f.read_bytes())
     from turnip.train import pack_on
 
-    h.update(f"fold={fold_adds_on()} pack={pack_on()}".encode())
+    h.update(f"fold={fold_adds_on()} pack={pack_on()} prompts={os.environ.get('TURNIP_PACK_PROMPTS') == '1'}".encode())
     return h.hexdigest()[:12]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -274,6 +275,23 @@ def default_tiles(
     return tiles
 
 
+PACK_PROMPTS_SWITCH = "TURNIP_PACK_PROMPTS"  # "1": a batch of short prompts packed several to a token tile
+
+
+def pack_prompts(shape: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str, budget_nbytes: int | None,
+                 tiles: dict) -> dict:  # fmt: skip
+    """``tiles`` of a batched prefill (``batch`` prompts of ``seq`` tokens), with ``TURNIP_PACK_PROMPTS=1``
+    (off by default: not yet measured on a GPU) and a token tile holding one whole prompt: the tile grown to
+    as many whole prompts as the budget's token tile for the batch's tokens holds (``default_tiles``), so a
+    batch of 64 prompts of 512 tokens is a few tiles, not 64 (attention and rotary keep each prompt apart:
+    ``turnip.reference.packed``)."""
+    if os.environ.get(PACK_PROMPTS_SWITCH) != "1" or batch < 2 or tiles.get("t") != seq or "kv" in tiles:
+        return tiles
+    cap = default_tiles(shape, seq * batch, n_gpus, dtype, budget_nbytes)["t"]
+    k = max(1, min(batch, cap // seq))
+    return tiles | {"t": seq * k}
+
+
 def split_tiling(tiles: dict, n_gpus: int, split: str, n_layers: int, parallel: str,
                  replicate=frozenset()) -> Tiling:  # fmt: skip
     """The ``Tiling`` of a split: blocks of the ``parallel`` letters round-robin (tensor), whole layers
@@ -410,6 +428,8 @@ def llama_prefill(
         t["t"] = max(c for c in range(1, t["t"] + 1) if seq % c == 0)  # the largest tile that divides seq
         if "kv" in t:
             t["kv"] = max(t["t"], t["kv"] // t["t"] * t["t"])
+    if split == "tensor" and not (tiles and "t" in tiles):
+        t = pack_prompts(shape, seq, batch, n_gpus, dtype, budget_nbytes, t)
     graph = llama_graph(shape, seq, dtype, n_layers, head, batch)
     tg = lower(graph, split_tiling(t, n_gpus, split, shape.n_layers if n_layers is None else n_layers, "hftv"))
     name = shape.name or (f"llama-{size}" if isinstance(size, str) else "llama")
