@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 
+from tests.test_split_data import assert_same_step
 from turnip.compile import build_with_resident, compile_model, estimate, make_taskgraph, pipeline_order
 from turnip.memgraph.interp import assemble, evaluate_taskgraph
 from turnip.memgraph.plan import KIND_TRANSFER
@@ -13,7 +14,7 @@ from turnip.memgraph.verify import verify
 from turnip.models import LLAMA, llama_prefill
 from turnip.runtime import execute, open_backend
 from turnip.runtime.weights import random_inputs_for, tile_inputs
-from turnip.train import AdapterState, lora_step, next_token_targets
+from turnip.train import lora_step
 
 pytestmark = pytest.mark.unit
 LAYER = re.compile(r"^d*L(\d+)\.")
@@ -74,21 +75,7 @@ def test_layers_split_training_step_places_every_vertex_and_matches_one_gpu():
     two = lora_step(cfg, seq=16, batch=2, n_gpus=2, dtype="fp32", checkpoint="on", split="layers")
     check_placement(two, 2)
     assert any(n.endswith("'[0, 0]") for n in two.name) and any(n.startswith("dL0.") for n in two.name)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, cfg.vocab, size=(2, 16))
-    state = AdapterState.init(one, seed=2, b_std=0.1)
-    logical = random_inputs_for(one, seed=1) | state.inputs() | {"targets": next_token_targets(ids)}
-    results = []
-    for tg in (one, two):
-        mg = build_with_resident(tg, 1 << 20, None, "0")
-        assert verify(mg, tg) == []
-        out = run_cpu(tg, mg, tile_inputs(tg, logical))
-        results.append({k: assemble(tg, out, k) for k in tg.meta["output_blocks"]})
-    a, b = results
-    assert set(a) == set(b)
-    for k in a:
-        if k == "loss" or k.endswith(".grad"):
-            np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert_same_step([one, two], cfg, 2, 1 << 20)
 
 
 def test_pipeline_order_is_topological_and_tile_major():

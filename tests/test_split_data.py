@@ -49,6 +49,28 @@ def test_data_split_places_sequences_and_replicates_frozen_weights():
             assert int(tg.gpu[v]) == int(tg.name[v].split("[")[1].split(",")[0].rstrip("]")) % 2, tg.name[v]
 
 
+def assert_same_step(plans, cfg, batch: int, budget: int, offloads=()) -> None:
+    """Every plan of ``plans`` (training steps of ``batch`` sequences of 16 tokens of ``cfg``) verifies under
+    ``budget`` and gives the first plan's loss, adapter gradients and new adapters on the CPU backend with
+    chaos; the plans in ``offloads`` offload or reload something."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, cfg.vocab, size=(batch, 16))
+    state = AdapterState.init(plans[0], seed=2, b_std=0.1)
+    logical = random_inputs_for(plans[0], seed=1) | state.inputs() | {"targets": next_token_targets(ids)}
+    results = []
+    for tg in plans:
+        mg = build_with_resident(tg, budget, None, "0")
+        assert verify(mg, tg) == []
+        if any(tg is o for o in offloads):
+            assert mg.stats["n_offload"] + mg.stats["n_reload"] > 0
+        out = run_cpu(mg, tile_inputs(tg, logical))
+        results.append({k: assemble(tg, out, k) for k in tg.meta["output_blocks"]})
+    for b in results[1:]:
+        assert set(b) == set(results[0])
+        for k, a in results[0].items():
+            np.testing.assert_allclose(b[k], a, rtol=1e-4, atol=1e-6, err_msg=k)
+
+
 @pytest.mark.parametrize("gpus", [2, 3])
 def test_data_split_training_step_matches_one_gpu(gpus):
     """Loss, adapter gradients and the new adapters of a data-split step equal the one-GPU step's, under a
@@ -56,22 +78,7 @@ def test_data_split_training_step_matches_one_gpu(gpus):
     cfg = LLAMA["tiny"]
     one = lora_step(cfg, seq=16, batch=3, n_gpus=1, dtype="fp32", checkpoint="on")
     many = lora_step(cfg, seq=16, batch=3, n_gpus=gpus, dtype="fp32", checkpoint="on", split="data")
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, cfg.vocab, size=(3, 16))
-    state = AdapterState.init(one, seed=2, b_std=0.1)
-    logical = random_inputs_for(one, seed=1) | state.inputs() | {"targets": next_token_targets(ids)}
-    results = []
-    for tg in (one, many):
-        mg = build_with_resident(tg, 256 << 10, None, "0")
-        assert verify(mg, tg) == []
-        if tg is many:
-            assert mg.stats["n_offload"] + mg.stats["n_reload"] > 0
-        out = run_cpu(mg, tile_inputs(tg, logical))
-        results.append({k: assemble(tg, out, k) for k in tg.meta["output_blocks"]})
-    a, b = results
-    assert set(a) == set(b)
-    for k in a:
-        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert_same_step([one, many], cfg, 3, 256 << 10, offloads=[many])
 
 
 def test_data_split_is_for_training_and_auto_weighs_it():
@@ -97,19 +104,7 @@ def test_packed_sequences_compute_what_one_sequence_per_tile_computes(gpus, spli
     assert packed.meta["tiles"]["t"] == 32 and packed.n < plain.n * (1 if gpus == 1 else 1.5)
     ops = [(op, p) for op, p in zip(packed.op, packed.params, strict=True) if op in ("sdpa", "sdpa_bwd", "rotary")]
     assert ops and all(p.get("seq") == 16 for _, p in ops)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, cfg.vocab, size=(4, 16))
-    state = AdapterState.init(plain, seed=2, b_std=0.1)
-    logical = random_inputs_for(plain, seed=1) | state.inputs() | {"targets": next_token_targets(ids)}
-    results = []
-    for tg in (plain, packed):
-        mg = build_with_resident(tg, 512 << 10, None, "0")
-        assert verify(mg, tg) == []
-        out = run_cpu(mg, tile_inputs(tg, logical))
-        results.append({k: assemble(tg, out, k) for k in tg.meta["output_blocks"]})
-    a, b = results
-    for k in a:
-        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert_same_step([plain, packed], cfg, 4, 512 << 10)
 
 
 def test_packing_rule(monkeypatch):

@@ -398,12 +398,16 @@ def test_turnip_train_errors_are_one_line(args, msg, capsys, tmp_path, monkeypat
 def test_training_step_on_the_cuda_backend(dtype, budget, tol, t):
     """Loss, gradients and new adapters of the CUDA runtime against the numpy evaluation of the same plan
     (t 32: token tiles of two sequences)."""
-    from tests.runtime.helpers import rel_err
-
     cfg = LLAMA["tiny-gqa"]
     tg = lora_step(cfg, seq=16, batch=2, dtype=dtype, checkpoint="on", tiles={"t": t})
-    mg = build_with_resident(tg, budget, None, "0")
-    logical, *_ = _step_inputs(tg, cfg)
+    _check_on_cuda(tg, build_with_resident(tg, budget, None, "0"), cfg, 2, tol)
+
+
+def _check_on_cuda(tg, mg, cfg, batch: int, tol: float) -> None:
+    """One step of ``mg`` on the CUDA backend, nondet then det, against the numpy evaluation of ``tg``."""
+    from tests.runtime.helpers import rel_err
+
+    logical, *_ = _step_inputs(tg, cfg, batch=batch)
     values = tile_inputs(tg, logical)
     ref = evaluate_taskgraph(tg, values)
     with open_backend("cuda", mg, 5) as be:
@@ -421,22 +425,11 @@ def test_training_step_on_the_cuda_backend(dtype, budget, tol, t):
 def test_two_gpu_training_step_on_the_cuda_backend(split):
     """A step split over two GPUs (sequences with replicated weights, or layers), under a budget that
     offloads, against the numpy evaluation of the same plan."""
-    from tests.runtime.helpers import rel_err
-
     cfg = LLAMA["tiny-gqa"]
     tg = lora_step(cfg, seq=16, batch=4, n_gpus=2, dtype="fp32", checkpoint="on", split=split)
     mg = build_with_resident(tg, 160 * 1024, None, "0")
     assert verify(mg, tg) == []
-    logical, *_ = _step_inputs(tg, cfg, batch=4)
-    values = tile_inputs(tg, logical)
-    ref = evaluate_taskgraph(tg, values)
-    with open_backend("cuda", mg, 5) as be:
-        be.write_inputs(values)
-        for policy in ("nondet", "det"):
-            execute(mg, be, policy, 5, seed=1)
-            out = be.read_outputs()
-            worst = max((rel_err(out[t], ref[t]), tg.name[t]) for t in out if np.abs(ref[t]).max() > 0)
-            assert worst[0] <= 1e-4, worst
+    _check_on_cuda(tg, mg, cfg, 4, 1e-4)
 
 
 @pytest.mark.gpu
