@@ -212,12 +212,12 @@ def lora_graph(
 
 def train_tiles(cfg: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str, tiles: dict | None,
                 budget_nbytes: int | None, split: str = "tensor") -> dict:  # fmt: skip
-    """Tiles of a training step: a sequence per token tile, the vocabulary whole (the loss reads whole rows
+    """Tiles of a training step: whole sequences per token tile (``pack_sequences``), the vocabulary whole (the loss reads whole rows
     of logits), key-value heads and FFN columns in one block per GPU (a step has many token tiles to
     overlap; fewer, larger blocks keep the plan small: 7B at 8 x 1K is 35K vertices), split further only
     where a block of FFN weights would pass an eighth of the budget (tiny models: two blocks, as their
-    prefill). The layers and data splits tile as one GPU does. A token tile holds ``pack_sequences``
-    sequences. Given tiles override; ``t`` must be a multiple of ``seq``."""
+    prefill). The layers and data splits tile as one GPU does. Given tiles override; ``t`` must be a multiple
+    of ``seq``."""
     per_tile = pack_sequences(seq, batch, n_gpus, split)
     if split in ("layers", "data"):
         n_gpus = 1
@@ -287,7 +287,7 @@ def lora_step(
     floor(i * n_gpus / L) with its backward, adapters and their updates, the loss and LM head on the last;
     ``"data"``: sequences round-robin over GPUs, every GPU loading each frozen weight it reads from the host
     (a replica input), the adapters, their gradients' sums and updates on GPU 0 (the adapters' blocks are
-    sent to the others, each sequence's gradients back)."""
+    sent to the others; each GPU sums its sequences' gradients and sends the sum back)."""
     from turnip.models import check_llama_args
 
     lora.check()
