@@ -427,7 +427,7 @@ def build_with_resident(
     except BudgetError:
         return build(0)
     if tg.meta.get("train"):
-        return _more_resident(tg, mg, build, budget, cfg.keep_inputs)
+        mg = _more_resident(tg, mg, build, budget, cfg.keep_inputs)
     kept = mg.preloaded() & ~np.isin(mg.tensor, list(cfg.keep_inputs))  # a training step's state stays anyway
     if not (mg.kind == KIND_OFFLOAD).any() or not kept.any():
         return mg
