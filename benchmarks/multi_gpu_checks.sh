@@ -8,10 +8,12 @@
 #   bash benchmarks/multi_gpu_checks.sh OUT paper    # LLaMA-65B against HF Accelerate on 4 GPUs (long: pick rows)
 #   bash benchmarks/multi_gpu_checks.sh OUT tampered # tampered plan files under compute-sanitizer: refused
 #   bash benchmarks/multi_gpu_checks.sh OUT dispatch # host dispatch variants on 1, 2, 4 GPUs (benchmarks/dispatch.py)
+#   bash benchmarks/multi_gpu_checks.sh OUT families # the Hugging Face families on two physical GPUs
+#   bash benchmarks/multi_gpu_checks.sh OUT prompts  # batch-64 generation, prompts packed (TURNIP_PACK_PROMPTS) or not
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
-what=${2:?diag, tests, prefill, lora, paper, dispatch or tampered}
+what=${2:?diag, tests, prefill, lora, paper, dispatch, tampered, families or prompts}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import cudnn" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -44,7 +46,17 @@ prefill)
     ;;
 lora)
     timeout 560 python3 benchmarks/multi_gpu.py --gpus 1 2 4 --rows --lora ${LORA:-8x1024:16GiB} \
-        --splits ${SPLITS:-tensor layers} --out "$out" --tag _lora 2>&1 | tee "$out/lora.log" | tail -30
+        --splits ${SPLITS:-data layers} --out "$out" --tag _lora 2>&1 | tee "$out/lora.log" | tail -30
+    ;;
+families)
+    timeout 560 python3 benchmarks/hf_check.py --models mistral-swa qwen2-small qwen3-small phi3-small gemma-small \
+        gemma2-small --gpus 2 --budget 256MiB --out "$out" --tag hf_families_2gpu 2>&1 | tee "$out/families.log" | tail -20
+    ;;
+prompts)
+    for pack in 1 0; do
+        TURNIP_PACK_PROMPTS=$pack timeout 270 python3 benchmarks/generate.py --rows ${ROWS:-64:512:16:6GiB} --no-hf \
+            --out "$out" --tag "prompts_pack$pack" 2>&1 | tee "$out/prompts_pack$pack.log" | tail -4
+    done
     ;;
 paper)
     timeout 590 python3 benchmarks/paper_scale.py --gpus "$ngpu" ${PAPER:-} --out "$out" 2>&1 | tee "$out/paper.log" | tail -30
