@@ -44,11 +44,15 @@ def fold_adds(tg: TaskGraph) -> TaskGraph:
     readers = _readers(tg)
     si = tg.sum_intos()
 
+    def alike(a: int, v: int) -> bool:
+        """``a`` has ``v``'s shape and dtype (it can be ``v``'s addend: no broadcast, no cast)."""
+        return tg.shape[a] == tg.shape[v] and tg.dtype[a] == tg.dtype[v]
+
     def foldable(e: int, user: int) -> bool:
         """``e`` an einsum without addend that only ``user`` reads, on ``user``'s GPU, not an output."""
         return (tg.kind[e] == KIND_KERNEL and tg.op[e] == "einsum" and len(tg.args(e)) == 2
                 and readers[e] == [user] and e not in si and not tg.is_output[e] and tg.gpu[e] == tg.gpu[user]
-                and tg.dtype[e] == tg.dtype[user] and tg.shape[e] == tg.shape[user])  # fmt: skip
+                and alike(e, user))  # fmt: skip
 
     def group_parts(a: int) -> list[int] | None:
         """The partials of accumulator ``a`` when ``a`` is an einsum and each partial a foldable einsum on its
@@ -65,11 +69,9 @@ def fold_adds(tg: TaskGraph) -> TaskGraph:
         if tg.op[v] == "add_n" and tg.kind[v] == KIND_KERNEL:
             args = [int(x) for x in tg.args(v)]
             mine = [a for a in args if group_parts(a) is not None and sorted(readers[a]) == sorted([v, *si[a]])
-                    and not tg.is_output[a] and tg.gpu[a] == tg.gpu[v] and tg.dtype[a] == tg.dtype[v]
-                    and tg.shape[a] == tg.shape[v]]  # fmt: skip
+                    and not tg.is_output[a] and tg.gpu[a] == tg.gpu[v] and alike(a, v)]  # fmt: skip
             others = [a for a in args if a not in mine and not foldable(a, v)]
-            if len(set(args)) == len(args) and (not others or len(others) == 1 and tg.shape[others[0]] == tg.shape[v]
-                                                and tg.dtype[others[0]] == tg.dtype[v]):  # fmt: skip
+            if len(set(args)) == len(args) and (not others or len(others) == 1 and alike(others[0], v)):
                 absorbed.update((a, v) for a in mine)
 
     # plan: per removed vertex nothing; per rewritten sum the list of new links
@@ -101,7 +103,7 @@ def fold_adds(tg: TaskGraph) -> TaskGraph:
             rest = [a for a in args if a not in fold]
             if not fold or len(rest) > 1:  # other terms would need an add of their own: no vertex saved
                 continue
-            if rest and (tg.shape[rest[0]] != tg.shape[v] or tg.dtype[rest[0]] != tg.dtype[v]):
+            if rest and not alike(rest[0], v):
                 continue  # a broadcast term (a bias) is no addend
             for a in mine:
                 drop.update(si[a])

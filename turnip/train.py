@@ -212,9 +212,9 @@ def lora_graph(
 
 def train_tiles(cfg: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str, tiles: dict | None,
                 budget_nbytes: int | None, split: str = "tensor") -> dict:  # fmt: skip
-    """Tiles of a training step: whole sequences per token tile (``pack_sequences``), the vocabulary whole (the loss reads whole rows
-    of logits), key-value heads and FFN columns in one block per GPU (a step has many token tiles to
-    overlap; fewer, larger blocks keep the plan small: 7B at 8 x 1K is 35K vertices), split further only
+    """Tiles of a training step: whole sequences per token tile (``pack_sequences``), the vocabulary whole (the
+    loss reads whole rows of logits), key-value heads and FFN columns in one block per GPU (a step has many
+    token tiles to overlap; fewer, larger blocks keep the plan small: 7B at 8 x 1K is 35K vertices), split further only
     where a block of FFN weights would pass an eighth of the budget (tiny models: two blocks, as their
     prefill). The layers and data splits tile as one GPU does. Given tiles override; ``t`` must be a multiple
     of ``seq``."""
