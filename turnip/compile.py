@@ -14,7 +14,7 @@ import numpy as np
 from turnip.memgraph.arena import aligned
 from turnip.memgraph.build import BudgetError, BuildConfig, build_memgraph
 from turnip.memgraph.plan import KIND_INPUT, KIND_OFFLOAD, KIND_RELOAD, MemGraph
-from turnip.models import LLAMA, llama_config, llama_prefill, matmul_example, random_dag
+from turnip.models import LLAMA, llama_config, llama_prefill, matmul_example, pack_prompts_on, random_dag
 from turnip.taskgraph import TaskGraph
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -43,7 +43,7 @@ def compiler_fingerprint() -> str:
         h.update(f.read_bytes())
     from turnip.train import pack_on
 
-    h.update(f"fold={fold_adds_on()} pack={pack_on()} prompts={os.environ.get('TURNIP_PACK_PROMPTS') == '1'}".encode())
+    h.update(f"fold={fold_adds_on()} pack={pack_on()} prompts={pack_prompts_on()}".encode())
     return h.hexdigest()[:12]
 
 
@@ -544,9 +544,9 @@ def compile_model(
     """Taskgraph and memgraph of a model (``train``: a ``turnip.train.TrainSpec`` for a LoRA training step;
     ``batch``: prompts of ``seq`` tokens prefilled together; ``fold``: sums folded into einsums; as
     ``make_taskgraph``).
-    ``split``: tensor, layers, or auto (the CLI's default): on several GPUs both plans are built and the one
-    with the smaller predicted makespan on ``profile`` (a name or a ``MachineProfile``; default
-    ``SPLIT_PROFILE``) is kept (``build_split``)."""
+    ``split``: tensor, layers, data (training), or auto (the CLI's default): on several GPUs the plan of each
+    split that applies (``split_candidates``) is built and the one with the smallest predicted makespan on
+    ``profile`` (a name or a ``MachineProfile``; default ``SPLIT_PROFILE``) is kept (``build_split``)."""
     b = parse_nbytes(budget) if isinstance(budget, str) else budget
     return build_split(
         split_candidates(model, gpus, split, n_layers, train is not None),

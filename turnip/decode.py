@@ -34,7 +34,7 @@ import numpy as np
 from turnip.graph import Graph, Tiling, TilingError, lower
 from turnip.graph import _Lowering as _BaseLowering
 from turnip.memgraph.plan import DTYPE_NBYTES
-from turnip.models import LlamaConfig, default_tiles, llama_graph, llama_tiles, pack_prompts, split_tiling
+from turnip.models import LlamaConfig, batch_tiles, default_tiles, llama_graph, llama_tiles, split_tiling
 from turnip.taskgraph import TaskGraph
 
 PAD = 8  # head-dim columns added to cached keys and values: the mask column and alignment
@@ -303,11 +303,7 @@ def prefill_kv(
     Nodes that reach no output (the last layer's FFN, the final norm) are dropped."""
     check_decodable(cfg)
     t = llama_tiles(cfg, seq, n_gpus, dtype, None, None, budget_nbytes, "none", "tensor")
-    if batch > 1 and seq % t["t"]:
-        t["t"] = max(c for c in range(1, t["t"] + 1) if seq % c == 0)
-        if "kv" in t:
-            t["kv"] = max(t["t"], t["kv"] // t["t"] * t["t"])
-    t = pack_prompts(cfg, seq, batch, n_gpus, dtype, budget_nbytes, t)
+    t = batch_tiles(cfg, seq, batch, n_gpus, dtype, budget_nbytes, t)
     g = llama_graph(cfg, seq, dtype, None, "none", batch)
     outs = []
     for n in g.nodes:

@@ -278,14 +278,36 @@ def default_tiles(
 PACK_PROMPTS_SWITCH = "TURNIP_PACK_PROMPTS"  # "1": a batch of short prompts packed several to a token tile
 
 
+def pack_prompts_on() -> bool:
+    """Whether batched prefills pack short prompts several to a token tile (``TURNIP_PACK_PROMPTS=1``; off by
+    default: not yet measured on a GPU)."""
+    return os.environ.get(PACK_PROMPTS_SWITCH) == "1"
+
+
+def batch_tiles(shape: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str, budget_nbytes: int | None,
+                tiles: dict, given: dict | None = None, split: str = "tensor") -> dict:  # fmt: skip
+    """``tiles`` of a prefill of ``batch`` prompts of ``seq`` tokens: a token tile that does not divide ``seq``
+    becomes the largest that does (a ``given`` one is refused), key ranges a multiple of it; then, under the
+    tensor split with no token tile given, the prompts packed (``pack_prompts``)."""
+    t = dict(tiles)
+    if batch > 1 and seq % t["t"]:
+        if given and "t" in given:
+            raise ValueError(f"tile t={t['t']} must divide the prompt length {seq} when prompts are batched")
+        t["t"] = max(c for c in range(1, t["t"] + 1) if seq % c == 0)  # the largest tile that divides seq
+        if "kv" in t:
+            t["kv"] = max(t["t"], t["kv"] // t["t"] * t["t"])
+    if split == "tensor" and not (given and "t" in given):
+        t = pack_prompts(shape, seq, batch, n_gpus, dtype, budget_nbytes, t)
+    return t
+
+
 def pack_prompts(shape: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str, budget_nbytes: int | None,
                  tiles: dict) -> dict:  # fmt: skip
-    """``tiles`` of a batched prefill (``batch`` prompts of ``seq`` tokens), with ``TURNIP_PACK_PROMPTS=1``
-    (off by default: not yet measured on a GPU) and a token tile holding one whole prompt: the tile grown to
-    as many whole prompts as the budget's token tile for the batch's tokens holds (``default_tiles``), so a
-    batch of 64 prompts of 512 tokens is a few tiles, not 64 (attention and rotary keep each prompt apart:
-    ``turnip.reference.packed``)."""
-    if os.environ.get(PACK_PROMPTS_SWITCH) != "1" or batch < 2 or tiles.get("t") != seq or "kv" in tiles:
+    """``tiles`` of a batched prefill (``batch`` prompts of ``seq`` tokens), with ``pack_prompts_on()`` and a
+    token tile holding one whole prompt: the tile grown to as many whole prompts as the budget's token tile for
+    the batch's tokens holds (``default_tiles``), so a batch of 64 prompts of 512 tokens is a few tiles, not 64
+    (attention and rotary keep each prompt apart: ``turnip.reference.packed``)."""
+    if not pack_prompts_on() or batch < 2 or tiles.get("t") != seq or "kv" in tiles:
         return tiles
     cap = default_tiles(shape, seq * batch, n_gpus, dtype, budget_nbytes)["t"]
     k = max(1, min(batch, cap // seq))
@@ -422,14 +444,7 @@ def llama_prefill(
     if batch < 1:
         raise ValueError(f"batch must be positive, got {batch}")
     t = llama_tiles(shape, seq, n_gpus, dtype, tiles, n_layers, budget_nbytes, head, split)
-    if batch > 1 and seq % t["t"]:
-        if tiles and "t" in tiles:
-            raise ValueError(f"tile t={t['t']} must divide the prompt length {seq} when prompts are batched")
-        t["t"] = max(c for c in range(1, t["t"] + 1) if seq % c == 0)  # the largest tile that divides seq
-        if "kv" in t:
-            t["kv"] = max(t["t"], t["kv"] // t["t"] * t["t"])
-    if split == "tensor" and not (tiles and "t" in tiles):
-        t = pack_prompts(shape, seq, batch, n_gpus, dtype, budget_nbytes, t)
+    t = batch_tiles(shape, seq, batch, n_gpus, dtype, budget_nbytes, t, tiles, split)
     graph = llama_graph(shape, seq, dtype, n_layers, head, batch)
     tg = lower(graph, split_tiling(t, n_gpus, split, shape.n_layers if n_layers is None else n_layers, "hftv"))
     name = shape.name or (f"llama-{size}" if isinstance(size, str) else "llama")
