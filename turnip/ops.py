@@ -60,6 +60,8 @@ def _broadcast(ins: list[Shape], p: dict) -> Shape:
 
 def _sdpa_shape(ins: list[Shape], p: dict) -> Shape:
     """q (tq, h, dh) or (tq, hk, r, dh) (grouped-query: h = hk * r query heads), k and v (tk, hk, dh)."""
+    from turnip.reference import packed_sequences
+
     qs, (tk_all, hk, dk), vs = ins
     if len(qs) not in (3, 4) or len(ins[1]) != 3:
         raise ValueError(f"q {qs} must be (tq, h, dh) or (tq, hk, r, dh), k {ins[1]} (tk, hk, dh)")
@@ -67,7 +69,7 @@ def _sdpa_shape(ins: list[Shape], p: dict) -> Shape:
     tk = int(p.get("tk", tk_all))
     if dk != dh or qs[1] != hk and len(qs) == 4 or h % hk or tuple(vs) != (tk_all, hk, dh) or not 0 < tk <= tk_all:
         raise ValueError(f"q {ins[0]}, k {ins[1]}, v {ins[2]} (tk {tk}) do not match")
-    if _packed(tq, p) > 1 and (p.get("partial", False) or tk_all != tq or tk != tq):
+    if packed_sequences(tq, p) > 1 and (p.get("partial", False) or tk_all != tq or tk != tq):
         raise ValueError(f"q {qs}, k {ins[1]}: packed sequences of {p['seq']} need all {tq} keys, no partial")
     if p.get("partial", False):
         return (tq * h * dh + h * tq * 4 // int(p["itemsize"]),)
@@ -77,23 +79,13 @@ def _sdpa_shape(ins: list[Shape], p: dict) -> Shape:
 def _sdpa_flops(ins: list[Shape], out: Shape, p: dict) -> float:
     """4 flops per (query, key, head dim) pair a row sees (q k^T and p v, keys of its window only), plus the
     softmax (and the cap of soft-capped scores)."""
-    from turnip.reference import key_pairs
+    from turnip.reference import key_pairs, packed_sequences
 
     tq, h, dh = ins[0][0], math.prod(ins[0][1:-1]), ins[0][-1]
     tk_all = ins[1][0]
-    n = _packed(tq, p)
+    n = packed_sequences(tq, p)
     pairs = float(key_pairs(tq // n, tq // n, p) * n if n > 1 else key_pairs(tq, int(p.get("tk", tk_all)), p))
     return pairs * h * (4.0 * dh + 5.0 + 3.0 * (float(p.get("softcap", 0.0)) > 0))
-
-
-def _packed(rows: int, p: dict) -> int:
-    """Sequences packed in a tile of ``rows`` (a ``seq`` param below the rows: ``turnip.reference.packed``)."""
-    s = int(p.get("seq", 0))
-    if not s or s >= rows:
-        return 1
-    if rows % s:
-        raise ValueError(f"{rows} rows are not whole sequences of {s}")
-    return rows // s
 
 
 def _combine_shape(ins: list[Shape], p: dict) -> Shape:
@@ -134,10 +126,10 @@ def _sdpa_bwd_shape(ins: list[Shape], p: dict) -> Shape:
 
 def _sdpa_bwd_flops(ins: list[Shape], out: Shape, p: dict) -> float:
     """Recomputed scores and softmax, then dv, dp, dq, dk: 10 flops per visible (query, key, head dim)."""
-    from turnip.reference import visible_keys
+    from turnip.reference import packed_sequences, visible_keys
 
     tq, h, dh = ins[0][0], math.prod(ins[0][1:-1]), ins[0][-1]
-    n = _packed(tq, p)
+    n = packed_sequences(tq, p)
     pairs = float(visible_keys(tq // n, tq // n, p).sum()) * n
     return pairs * h * (10.0 * dh + 8.0)
 

@@ -86,17 +86,27 @@ def split_partial(x: np.ndarray, tq: int, h: int, dh: int) -> tuple[np.ndarray, 
     return x[:n].reshape(tq, h, dh), x[n:].view(np.float32)[: h * tq].reshape(h, tq)
 
 
+def packed_sequences(rows: int, p) -> int:
+    """Sequences packed in a token tile of ``rows`` rows: ``rows / seq`` with a ``seq`` param below ``rows``
+    (``ValueError`` where they are not whole), else 1."""
+    s = int(p.get("seq", 0))
+    if not s or s >= rows:
+        return 1
+    if rows % s:
+        raise ValueError(f"{rows} rows are not whole sequences of {s}")
+    return rows // s
+
+
 def packed(f):
-    """``f`` over whole sequences packed in a token tile: with a ``seq`` param below the tile's rows, each
-    ``seq`` rows of every operand and of the output form one sequence, computed apart (rows of other
-    sequences neither seen nor changed; attention's keys: its own sequence's, ``tk`` = ``seq``)."""
+    """``f`` over whole sequences packed in a token tile (``packed_sequences``): each ``seq`` rows of every
+    operand and of the output form one sequence, computed apart (rows of other sequences neither seen nor
+    changed; attention's keys: its own sequence's, ``tk`` = ``seq``)."""
 
     def each(xs, p):
-        n, s = xs[0].shape[0], int(p.get("seq", 0))
-        if not s or s >= n:
+        n = xs[0].shape[0]
+        if packed_sequences(n, p) == 1:
             return f(xs, p)
-        if n % s:
-            raise ValueError(f"{f.__name__}: {n} rows are not whole sequences of {s}")
+        s = int(p["seq"])
         one = {k: v for k, v in p.items() if k != "seq"} | ({"tk": s} if "tk" in p else {})
         return np.concatenate([f([x[i : i + s] for x in xs], one) for i in range(0, n, s)])
 
