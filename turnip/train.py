@@ -300,7 +300,7 @@ def lora_step(
     ck = pick_checkpoint(checkpoint, cfg, batch * seq, L, dtype, budget_nbytes)
     t = train_tiles(cfg, seq, batch, n_gpus, dtype, tiles, budget_nbytes, split)
     g, adapters = lora_graph(cfg, seq, batch, dtype, n_layers, lora, ck)
-    state = {name for pair in _state_pairs(adapters) for name in pair}
+    state = {i for _, i in _state_pairs(adapters)}
     frozen = {n.out.name for n in g.nodes if n.op == "input" and "t" not in n.out.dims and n.out.name not in state}
     tg = lower(g, split_tiling(t, n_gpus, split, L, "thf", replicate=frozen))
     tg.meta.update(
