@@ -93,11 +93,17 @@ def make_taskgraph(
     ``compile_model``'s). ``fold``: sums folded into the einsums producing their terms (``turnip.fuse``;
     None: ``fold_adds_on()``)."""
     tg = _taskgraph(model, seq, gpus, dtype, tiles, seed, n_layers, budget_nbytes, head, train, batch, split)
-    if (fold_adds_on() if fold is None else fold) and tg.meta.get("model") not in ("paper-matmul", "random"):
-        from turnip.fuse import fold_adds
+    return tg if tg.meta.get("model") in ("paper-matmul", "random") else folded(tg, fold)
 
-        tg = fold_adds(tg)
-    return tg
+
+def folded(tg: TaskGraph, fold: bool | None = None) -> TaskGraph:
+    """``tg`` with sums folded into the einsums producing their terms (``turnip.fuse``) where ``fold`` (None:
+    ``fold_adds_on()``), else ``tg``."""
+    if not (fold_adds_on() if fold is None else fold):
+        return tg
+    from turnip.fuse import fold_adds
+
+    return fold_adds(tg)
 
 
 def _taskgraph(model, seq, gpus, dtype, tiles, seed, n_layers, budget_nbytes, head, train, batch, split) -> TaskGraph:

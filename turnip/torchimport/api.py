@@ -109,9 +109,9 @@ def from_torch(module, example_inputs, budget: int | str = "6GiB", gpus: int = 1
     ``gpus`` GPUs, computing in ``dtype`` (fp32, fp16, bf16). Ops with no lowering are refused in one
     ``UnsupportedOps`` naming each with its count; a budget too small for some vertex raises ``BudgetError``.
     ``fuse_ops``: chains that are one of turnip's fused ops become it (``turnip.torchimport.patterns``);
-    ``fold``: sums folded into the einsums producing their terms, as the builder's (``turnip.fuse``; None:
-    ``turnip.compile.fold_adds_on()``)."""
-    from turnip.compile import build_with_resident, fold_adds_on, parse_nbytes
+    ``fold``: sums folded into the einsums producing their terms, as the builder's (``turnip.compile.folded``;
+    None: ``fold_adds_on()``)."""
+    from turnip.compile import build_with_resident, folded, parse_nbytes
     from turnip.torchimport.trace import trace
 
     if dtype not in ("fp32", "fp16", "bf16"):
@@ -128,10 +128,7 @@ def from_torch(module, example_inputs, budget: int | str = "6GiB", gpus: int = 1
     blocks = choose_tiles(ir, keep, b, gpus)
     g, values, tiles, order = emit(ir, keep, blocks)
     tg = lower_imported(g, Tiling(tiles, n_gpus=gpus, parallel=order))
-    if fold_adds_on() if fold is None else fold:
-        from turnip.fuse import fold_adds
-
-        tg = fold_adds(tg)
+    tg = folded(tg, fold)
     tg.meta.update(model=name or f"torch:{type(module).__name__}", dtype=dtype, n_gpus=gpus, source="torch.export")
     t2 = time.perf_counter()
     mg = build_with_resident(tg, b, config, resident)
