@@ -94,28 +94,28 @@ def test_layers_split_needs_as_many_layers_as_gpus():
         llama_prefill("tiny", seq=32, n_gpus=2, n_layers=1, split="layers")
     from turnip.compile import split_candidates
 
-    assert split_candidates("llama-tiny", 2, "auto", n_layers=1) == ["tensor"]
+    assert split_candidates("llama-tiny", 2, "auto", n_layers=1) == ["tensor", "data"]
     assert split_candidates("llama-tiny", 1, "auto") == ["tensor"]
-    assert split_candidates("llama-tiny", 2, "auto") == ["tensor", "layers"]
+    assert split_candidates("llama-tiny", 2, "auto") == ["tensor", "layers", "data"]
 
 
-@pytest.mark.parametrize("slower", ["tensor", "layers"])
+@pytest.mark.parametrize("slower", ["tensor", "layers", "data"])
 def test_auto_keeps_the_plan_predicted_faster(monkeypatch, slower):
     import turnip.compile as tc
 
     real = tc.predict_ms
     seen = {}
 
-    def predict(mg, prof):
+    def predict(mg, prof):  # called once per split, in split_candidates' order
         ms = real(mg, prof)
-        split = "layers" if mg.stats.get("n_pipeline_edges") else "tensor"
+        split = ("tensor", "layers", "data")[len(seen)]
         seen[split] = ms
         return ms * (10.0 if split == slower else 1.0)
 
     monkeypatch.setattr(tc, "predict_ms", predict)
     tg, mg = compile_model("llama-tiny", 32, 2, 1 << 20, dtype="fp32", split="auto")
     pred = tg.meta["split_predicted_ms"]
-    assert set(pred) == set(seen) == {"tensor", "layers"}
+    assert set(pred) == set(seen) == {"tensor", "layers", "data"}
     assert tg.meta["split"] != slower and pred[tg.meta["split"]] == min(pred.values())
     assert tg.meta["split_profile"] == "h100-calibrated"
 
@@ -128,10 +128,11 @@ def test_cli_prints_both_predictions_and_the_plan_keeps_the_split(tmp_path, caps
     argv = ["compile", "--model", "llama-tiny", "--seq", "32", "--gpus", "2", "--budget", "1MiB", "--dtype", "fp32"]
     assert main([*argv, "-o", str(plan)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("split"))
-    m = re.search(r"split\s+(\w+) \(predicted ([\d.]+) ms; (\w+) ([\d.]+) ms, on h100-calibrated\)", line)
-    assert m and {m.group(1), m.group(3)} == {"tensor", "layers"} and float(m.group(2)) <= float(m.group(4)), line
+    m = re.search(r"split\s+(\w+) \(predicted ([\d.]+) ms; (\w+) ([\d.]+) ms; (\w+) ([\d.]+) ms, on h100-calib", line)
+    assert m and {m.group(1), m.group(3), m.group(5)} == {"tensor", "layers", "data"}, line
+    assert float(m.group(2)) <= min(float(m.group(4)), float(m.group(6))), line
     tg = load_plan(str(plan))[1]
-    assert tg.meta["split"] == m.group(1) and set(tg.meta["split_predicted_ms"]) == {"tensor", "layers"}
+    assert tg.meta["split"] == m.group(1) and set(tg.meta["split_predicted_ms"]) == {"tensor", "layers", "data"}
     assert main([*argv, "--split", "layers", "--layers", "1"]) == 2
     assert "1 layer cannot fill 2 GPUs" in capsys.readouterr().err
     assert main(["run", str(plan), "--split", "tensor"]) == 2

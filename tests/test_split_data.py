@@ -81,11 +81,9 @@ def test_data_split_training_step_matches_one_gpu(gpus):
     assert_same_step([one, many], cfg, 3, 256 << 10, offloads=[many])
 
 
-def test_data_split_is_for_training_and_auto_weighs_it():
-    with pytest.raises(ValueError, match="the data split .* is for training steps"):
-        llama_prefill("tiny", seq=32, n_gpus=2, split="data")
+def test_auto_weighs_the_data_split():
     assert split_candidates("llama-tiny", 2, "auto", train=True) == ["tensor", "layers", "data"]
-    assert split_candidates("llama-tiny", 2, "auto") == ["tensor", "layers"]
+    assert split_candidates("llama-tiny", 2, "auto") == ["tensor", "layers", "data"]
     assert split_candidates("llama-tiny", 1, "auto", train=True) == ["tensor"]
     tg, mg = compile_model("llama-tiny", 16, 2, 1 << 20, dtype="fp32", split="auto", train=TrainSpec(4))
     assert set(tg.meta["split_predicted_ms"]) == {"tensor", "layers", "data"}
@@ -145,3 +143,33 @@ def test_packed_prompts_prefill_matches_one_prompt_per_tile(gpus, monkeypatch):
         for name in a.meta["output_blocks"]:
             np.testing.assert_allclose(assemble(b, got, name), assemble(a, want, name), rtol=1e-4, atol=1e-5,
                                        err_msg=name)  # fmt: skip
+
+
+@pytest.mark.parametrize("gpus,seq,head,window", [(2, 32, "all", 0), (3, 48, "last", 0), (4, 32, "all", 0),
+                                                  (2, 32, "all", 12)])
+def test_prompt_split_by_tokens_matches_one_gpu(gpus, seq, head, window):
+    """A prompt's data split (token tiles round-robin, every GPU its own copy of each weight, keys and values
+    sent to the GPUs of later tokens; a sliding window too): the one-GPU logits, under a budget that offloads,
+    on the CPU backend with chaos; no weight crosses between GPUs and each query tile reads keys up to its own
+    tile only."""
+    import dataclasses
+
+    from turnip.memgraph.interp import evaluate_taskgraph
+
+    cfg = LLAMA["tiny"] if not window else dataclasses.replace(LLAMA["tiny"], window=window)
+    one = llama_prefill(cfg, seq=seq, n_gpus=1, dtype="fp32", head=head, tiles={"t": 16})
+    many = llama_prefill(cfg, seq=seq, n_gpus=gpus, dtype="fp32", head=head, split="data", tiles={"t": 8})
+    assert many.meta["split"] == "data"
+    moved = {many.name[int(many.args(v)[0])] for v in np.flatnonzero(many.kind == KIND_TRANSFER)}
+    assert moved and {n.split("[")[0].split(".")[-1] for n in moved} <= {"kr", "v", "last"}, moved
+    per_gpu = np.bincount(many.gpu[many.kind != KIND_INPUT].astype(int), minlength=gpus)
+    assert (per_gpu > 0).all(), per_gpu
+    logical = random_inputs_for(one, seed=3)
+    mg = build_with_resident(many, 56 << 10, None, "0")
+    assert verify(mg, many) == []
+    assert mg.stats["n_offload"] + mg.stats["n_reload"] > 0
+    got = run_cpu(mg, tile_inputs(many, logical))
+    want = evaluate_taskgraph(one, tile_inputs(one, logical))
+    for name in one.meta["output_blocks"]:
+        np.testing.assert_allclose(assemble(many, got, name), assemble(one, want, name), rtol=1e-4, atol=1e-5,
+                                   err_msg=name)  # fmt: skip

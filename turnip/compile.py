@@ -267,12 +267,13 @@ def estimate(
     split: str = "tensor",
 ) -> Estimate:
     """The size of ``make_taskgraph(model, ...)`` without building it (exact for LLaMA; the other models
-    are small; a training step is lowered to count it, about 1 s for 7B at 8 x 1K). Raises ``ValueError``
+    are small; a training step, a batch and the data split are lowered to count them, about 1 s for 7B at 8 x
+    1K). Raises ``ValueError``
     for arguments ``make_taskgraph`` would refuse."""
     from turnip.memgraph.plan import DTYPE_NBYTES
     from turnip.models import llama_tiles
 
-    if train is not None or batch > 1:  # counted by lowering it
+    if train is not None or batch > 1 or split == "data":  # counted by lowering it
         tg = make_taskgraph(model, seq, gpus, dtype, tiles, n_layers=n_layers, budget_nbytes=budget_nbytes,
                             head=head, train=train, batch=batch, split=split)  # fmt: skip
         inputs = int(tg.nbytes[tg.kind == 0].sum())
@@ -479,8 +480,8 @@ SPLIT_PROFILE = "h100-calibrated"  # the machine whose predicted makespans pick 
 def split_candidates(model: str, gpus: int, split: str = "auto", n_layers: int | None = None,
                      train: bool = False) -> list[str]:  # fmt: skip
     """The splits to build: the one given, or for ``auto`` each where there is a choice (a LLaMA model on
-    several GPUs: tensor; layers with at least as many layers as GPUs; data for a training step), else the
-    tensor split."""
+    several GPUs: tensor; layers with at least as many layers as GPUs; data: tokens split, weights on every
+    GPU), else the tensor split."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if split != "auto":
@@ -488,8 +489,7 @@ def split_candidates(model: str, gpus: int, split: str = "auto", n_layers: int |
     cfg = llama_config(model)
     if gpus < 2 or cfg is None:
         return ["tensor"]
-    out = ["tensor"] + (["layers"] if (cfg.n_layers if n_layers is None else n_layers) >= gpus else [])
-    return out + (["data"] if train else [])
+    return ["tensor"] + (["layers"] if (cfg.n_layers if n_layers is None else n_layers) >= gpus else []) + ["data"]
 
 
 def predict_ms(mg: MemGraph, profile) -> float:
@@ -550,7 +550,7 @@ def compile_model(
     """Taskgraph and memgraph of a model (``train``: a ``turnip.train.TrainSpec`` for a LoRA training step;
     ``batch``: prompts of ``seq`` tokens prefilled together; ``fold``: sums folded into einsums; as
     ``make_taskgraph``).
-    ``split``: tensor, layers, data (training), or auto (the CLI's default): on several GPUs the plan of each
+    ``split``: tensor, layers, data, or auto (the CLI's default): on several GPUs the plan of each
     split that applies (``split_candidates``) is built and the one with the smallest predicted makespan on
     ``profile`` (a name or a ``MachineProfile``; default ``SPLIT_PROFILE``) is kept (``build_split``)."""
     b = parse_nbytes(budget) if isinstance(budget, str) else budget

@@ -99,13 +99,13 @@ def lower_attention(lw, node) -> None:
     if lw.packs(node):
         return _packed_attention(lw, node, seq, itemsize, group)
     seq_blocks = nb if seq >= n_tok else seq // tile  # token blocks per sequence
-    causal = T.parallel == "layers"
+    causal = T.parallel in ("layers", "t")  # token tiles on several GPUs: a query block reads no later block
     window = int(node.params.get("window", 0))
     extra = {k: node.params[k] for k in ("window", "softcap") if k in node.params}
     ranges: dict = {}
 
     def key_range(x: int, hb: int, j0: int, j1: int, gpu: int) -> int:
-        key = (x, hb, j0, j1)
+        key = (x, hb, j0, j1, gpu)
         if key not in ranges:
             parts = [lw.block(x, {tl: j, hl: hb}, gpu) for j in range(j0, j1)]
             if len(parts) == 1:

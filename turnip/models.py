@@ -166,13 +166,10 @@ def llama_config(model: str) -> LlamaConfig | None:
 
 
 def check_split(split: str, n_gpus: int, n_layers: int, train: bool = False) -> None:
-    """``ValueError`` for a split that is not one of ``SPLITS``, the data split of a prompt (``train``: a
-    training step), or layers over more GPUs than layers."""
+    """``ValueError`` for a split that is not one of ``SPLITS``, or layers over more GPUs than layers (``train``: a
+    training step)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-    if split == "data" and not train:
-        raise ValueError("the data split (each GPU whole sequences, the frozen weights on every GPU) is for training "
-                         "steps; a prompt splits by tensor blocks or by layers")  # fmt: skip
     if split == "layers" and n_layers < n_gpus:
         few = f"{n_layers} layer{'s' if n_layers > 1 else ''}"
         raise ValueError(f"the layers split puts whole decoder layers on GPUs: {few} cannot fill {n_gpus} GPUs; use "
@@ -228,6 +225,8 @@ def llama_tiles(
     check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, head=head, split=split)
     if split == "layers":
         t = default_tiles(shape, seq, 1, dtype, budget_nbytes, token_tiles=n_gpus) | dict(tiles or {})
+    elif split == "data":
+        t = sequence_tiles(shape, seq, n_gpus, dtype, budget_nbytes) | dict(tiles or {})
     else:
         t = default_tiles(shape, seq, n_gpus, dtype, budget_nbytes) | dict(tiles or {})
     check_llama_args(shape, seq, n_gpus, dtype, tiles, n_layers, int(t.get("t", seq)), head=head, split=split)
@@ -299,6 +298,21 @@ def batch_tiles(shape: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: st
     if split == "tensor" and not (given and "t" in given):
         t = pack_prompts(shape, seq, batch, n_gpus, dtype, budget_nbytes, t)
     return t
+
+
+def sequence_tiles(shape: LlamaConfig, seq: int, n_gpus: int, dtype: str, budget_nbytes: int | None) -> dict:
+    """Tiles of a prompt split by tokens (the data split of a prefill): at least ``n_gpus`` token tiles where the
+    prompt allows (``default_tiles``' rule for the layers split), key-value heads whole and the FFN in as few
+    blocks as keep one block's three weight matrices within an eighth of the budget: each GPU runs whole
+    layers on its tokens, so larger blocks only save vertices."""
+    t = default_tiles(shape, seq, 1, dtype, budget_nbytes, token_tiles=n_gpus)
+    if shape.d_model <= 256:
+        return t
+    blocks, nb = 1, DTYPE_NBYTES[dtype]
+    if budget_nbytes is not None:
+        while blocks < shape.d_ffn and 3 * shape.d_model * -(-shape.d_ffn // blocks) * nb > budget_nbytes // 8:
+            blocks += 1
+    return t | {"h": shape.kv_heads, "f": -(-shape.d_ffn // blocks)}
 
 
 def pack_prompts(shape: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str, budget_nbytes: int | None,
@@ -433,7 +447,9 @@ def llama_prefill(
     given (``default_tiles``). ``split``: ``"tensor"``: key-value head blocks, FFN and vocabulary blocks
     split across GPUs; ``"layers"``: decoder layer i of L on GPU floor(i * n_gpus / L), the prompt's
     embedding on GPU 0 and the final norm and LM head on the last (a pipeline: only the hidden state crosses
-    GPUs). ``size``: a preset name or a ``LlamaConfig``. ``batch``: prompts of ``seq`` tokens each
+    GPUs); ``"data"``: token tiles round-robin over GPUs, each GPU loading every weight (replica inputs) and
+    running whole layers on its tokens; only keys and values cross, to the GPUs of later tokens
+    (``sequence_tiles``). ``size``: a preset name or a ``LlamaConfig``. ``batch``: prompts of ``seq`` tokens each
     (``llama_graph``); the token tile then divides ``seq``."""
     if isinstance(size, str):
         shape = LLAMA.get(size)
@@ -446,7 +462,9 @@ def llama_prefill(
     t = llama_tiles(shape, seq, n_gpus, dtype, tiles, n_layers, budget_nbytes, head, split)
     t = batch_tiles(shape, seq, batch, n_gpus, dtype, budget_nbytes, t, tiles, split)
     graph = llama_graph(shape, seq, dtype, n_layers, head, batch)
-    tg = lower(graph, split_tiling(t, n_gpus, split, shape.n_layers if n_layers is None else n_layers, "hftv"))
+    frozen = {n.out.name for n in graph.nodes if n.op == "input" and "t" not in n.out.dims}
+    tg = lower(graph, split_tiling(t, n_gpus, split, shape.n_layers if n_layers is None else n_layers, "hftv",
+                                   replicate=frozen))  # fmt: skip
     name = shape.name or (f"llama-{size}" if isinstance(size, str) else "llama")
     tg.meta.update(model=name, seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head=head, split=split,
                    embed={"input": "x0", "table": "model.embed_tokens.weight"}, arch=shape.arch)  # fmt: skip
