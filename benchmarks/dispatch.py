@@ -8,12 +8,15 @@ Variants (``--variants``, each a set of backend options against the first, the b
   both      both
   fold      graphs, on the plan compiled with sums folded into einsums (``turnip.fuse``; the other variants
             compile without): fewer vertices; outputs within rounding of the baseline's, not bitwise
+  groups    graphs, with launch groups (``turnip.sched.groups``: runs of kernels on one GPU dispatched as one
+            captured graph): fewer commands and completions for the host; outputs bitwise the baseline's
+  groups1   groups, each group recording only its last member's end event (``group_events=False``)
 The backend's default is ``graphs``.
-Rows are ``SEQ:BUDGET:GPUS[:T]`` (prefill; ``none`` = a 60 GiB arena per GPU, every weight resident; ``T``: the
-token tile) or ``lora:BATCHxSEQ:BUDGET:GPUS[:SPLIT]`` (LoRA steps, ``lora_row``). Per row and variant:
-``--repeat`` timed runs per policy after a warm-up, the median makespan, the host's time per run split into
-issuing, completion handling and polling, the median host cost per vertex, and whether the variant's outputs
-equal the baseline's bitwise.
+Rows are ``SEQ:BUDGET:GPUS[:T][:SPLIT]`` (prefill; ``none`` = a 60 GiB arena per GPU, every weight resident;
+``T``: the token tile; ``SPLIT``: tensor (default), layers or data) or ``lora:BATCHxSEQ:BUDGET:GPUS[:SPLIT]``
+(LoRA steps, ``lora_row``). Per row and variant: ``--repeat`` timed runs per policy after a warm-up, the median
+makespan, the host's time per run split into issuing, completion handling and polling, the median host cost
+per vertex, and whether the variant's outputs equal the baseline's bitwise.
 
     PYTHONPATH=. python benchmarks/dispatch.py --rows 4096:none:1 4096:none:4 16384:none:4 --out res/
 
@@ -34,6 +37,8 @@ VARIANTS = {
     "poll": {"lib_graphs": False, "native_poll": True},
     "both": {"lib_graphs": True, "native_poll": True},
     "fold": {"lib_graphs": True, "native_poll": False, "fold": True},
+    "groups": {"lib_graphs": True, "native_poll": False, "groups": True},
+    "groups1": {"lib_graphs": True, "native_poll": False, "groups": True, "group_events": False},
 }
 
 
@@ -53,7 +58,9 @@ def run_row(a, spec: str) -> list[dict]:
 
     parts = spec.split(":")
     seq, budget, gpus = int(parts[0]), parts[1], int(parts[2])
-    tiles = {"t": int(parts[3])} if len(parts) > 3 else None
+    tile = next((int(x) for x in parts[3:] if x.isdigit()), None)
+    split = next((x for x in parts[3:] if not x.isdigit()), "tensor")
+    tiles = {"t": tile} if tile else None
     b = "60GiB" if budget == "none" else budget
     plans = {}
     rows, ref = [], None
@@ -61,7 +68,7 @@ def run_row(a, spec: str) -> list[dict]:
         fold = VARIANTS[name].get("fold", False)
         if fold not in plans:
             plans[fold] = compile_model(fold=fold, model=a.model, seq=seq, gpus=gpus, budget=b, resident="auto",
-                                   tiles=tiles, n_layers=a.layers)  # fmt: skip
+                                   tiles=tiles, n_layers=a.layers, split=split)  # fmt: skip
         tg, mg = plans[fold]
         bound = plan_bound(mg, a.profile)["lower_bound_ns"] / 1e6
         t0 = time.perf_counter()
@@ -77,7 +84,8 @@ def run_row(a, spec: str) -> list[dict]:
                     ref = out
                 same = ref.keys() == out.keys() and all(np.array_equal(ref[t], out[t]) for t in ref)
                 rows.append({"model": a.model, "seq": seq, "budget": budget, "gpus": gpus,
-                             "t": parts[3] if len(parts) > 3 else "default", "variant": name, "policy": policy}
+                             "t": str(tile or "default") + ("" if split == "tensor" else f" {split}"), "variant": name,
+                             "policy": policy}
                             | timings(res, mg, be) | {"bound_ms": bound, "equal_to_first": same,
                                                        "rel_diff": rel_diff(ref, out),
                                                        "load_s": round(load_s, 2)})  # fmt: skip
@@ -91,7 +99,8 @@ def timings(res: list, mg, be) -> dict:
     ms = sorted(r.makespan_ns / 1e6 for r in res)
     k = len(res)
     hc = np.concatenate([r.host_cost_ns() for r in res])
-    return {"ms_median": ms[k // 2], "ms_min": ms[0], "vertices": mg.n,
+    gr = getattr(be, "groups", None)
+    return {"ms_median": ms[k // 2], "ms_min": ms[0], "vertices": mg.n, "units": gr.n_units if gr else mg.n,
             "issue_ms": sum(int((r.issue_ns - r.host_start_ns).sum()) for r in res) / k / 1e6,
             "handle_ms": sum(int(r.handle_ns.sum()) for r in res) / k / 1e6,
             "poll_ms": sum(r.poll_ns for r in res) / k / 1e6, "host_us_p50": float(np.median(hc)) / 1e3,

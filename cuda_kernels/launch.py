@@ -152,16 +152,23 @@ def capture(bound, ctx: StreamContext, stream: int, event: int = 0) -> int:
     after the work (an event record node: one ``cuGraphLaunch`` then both runs the work and marks its
     end). Nothing runs. Raises ``RuntimeError`` when the work cannot be captured (the capture is ended
     and discarded first)."""
+    return capture_seq([(bound, ctx, event)], stream)
+
+
+def capture_seq(items, stream: int) -> int:
+    """``capture`` of several bound launches, ``(bound, ctx, event)`` each, one after another in one graph
+    (a launch group: each launch then its event, if any)."""
     lib = driver()
     _check(lib.cuStreamBeginCapture_v2(stream, CAPTURE_MODE_RELAXED), "cuStreamBeginCapture")
     graph, err = _P(), None
     try:
-        if isinstance(bound, RawLaunch):
-            _check(launch_raw(bound, stream), "cuLaunchKernel (capture)")
-        else:
-            bound(StreamContext(stream, ctx.ws_ptr, ctx.ws_nbytes, ctx.handles, ctx.numba_stream, ctx.stream))
-        if event:
-            _check(lib.cuEventRecordWithFlags(event, stream, EVENT_RECORD_EXTERNAL), "cuEventRecordWithFlags")
+        for bound, ctx, event in items:
+            if isinstance(bound, RawLaunch):
+                _check(launch_raw(bound, stream), "cuLaunchKernel (capture)")
+            else:
+                bound(StreamContext(stream, ctx.ws_ptr, ctx.ws_nbytes, ctx.handles, ctx.numba_stream, ctx.stream))
+            if event:
+                _check(lib.cuEventRecordWithFlags(event, stream, EVENT_RECORD_EXTERNAL), "cuEventRecordWithFlags")
     except Exception as e:  # noqa: BLE001 - end the capture whatever happened, then report
         err = e
     r = lib.cuStreamEndCapture(stream, ctypes.byref(graph))

@@ -43,6 +43,7 @@ from turnip.machine.costs import ENG_H2D, ENG_KERNEL, ENG_P2P, host_costs, link_
 from turnip.machine.profile import MachineProfile, host_total_bytes_per_s
 from turnip.memgraph.plan import MemGraph
 from turnip.sched import Scheduler
+from turnip.sched.groups import launch_groups, launch_groups_on
 from turnip.sched.replay import issue_order
 
 
@@ -106,6 +107,7 @@ class Simulation:
         link: float | None = None,
         ordered_sums: bool = True,
         draws: Draws | None = None,
+        groups: bool | None = None,
     ):
         """``order``: the recorded issue order ``det-replay`` replays (``turnip.sched.replay``);
         ``power_level``: each GPU's power bucket at the start (ns; None: empty; ``simulate`` starts a run in
@@ -113,7 +115,9 @@ class Simulation:
         it) in place of the one drawn from ``host_excess_sd``; ``link``: the host links' time factor for this
         run (every copy between host and GPU pushes its bytes ``link`` times slower; its latency stays) in
         place of the one drawn from ``link_excess_sd`` (``TimingModel.link_factor``: correlated with the host
-        factor, drawn or given); ``draws``: this seed's draws (``TimingModel.draws``), when already taken."""
+        factor, drawn or given); ``draws``: this seed's draws (``TimingModel.draws``), when already taken;
+        ``groups``: kernels dispatched in launch groups (``turnip.sched.groups``; None: ``launch_groups_on()``),
+        a group's members run one after another behind its head's issue, one completion for all."""
         t0 = time.perf_counter()
         if host is not None and not host > 0:
             raise ValueError(f"host speed factor must be > 0, got {host}")
@@ -124,7 +128,10 @@ class Simulation:
         self.mg, self.prof, self.policy, self.seed, self.mean_only = mg, prof, policy, seed, mean_only
         self.tm = tm = tm or TimingModel(mg, prof)
         pd = plan_data(tm) if tm.mg is mg else PlanData(tm)
-        self.core = pd.scheduler(policy, prof.streams_per_gpu, order, ordered_sums)
+        if groups is None:
+            groups = launch_groups_on()
+        self.core = pd.scheduler(policy, prof.streams_per_gpu, order, ordered_sums, groups)
+        self.members = self.core.groups.members if self.core.groups is not None else {}
         # this seed's draws as lists (kept on the plan's data: every policy's run of the seed takes the same)
         self.draws, self.f, self.fc, self.stall = pd.draws(seed, mean_only, draws)
         d = self.draws
@@ -146,6 +153,11 @@ class Simulation:
         self.bucket_t = [0] * mg.n_gpus
         self.nbytes = pd.nbytes
         self.launch_ns = pd.launch_ns if launch is tm.launch_ns else launch.tolist()
+        if self.members:  # a group's graph: its head's launch and a node's cost per other member
+            self.launch_ns = list(self.launch_ns)
+            per = int(prof.group_member_launch_ns * self.host_factor)
+            for h, m in self.members.items():
+                self.launch_ns[h] += per * (len(m) - 1)
         n, g = mg.n, mg.n_gpus
         self.issue, self.start, self.end, self.done = [0] * n, [0] * n, [0] * n, [0] * n
         self.handle = [0] * n  # host time spent handling each vertex's completion
@@ -199,7 +211,7 @@ class Simulation:
             stream=arr(self.core.stream_of),  # each vertex's slot, -1 for the resident inputs
             host_start_ns=issue - arr(self.launch_ns),
             handle_ns=arr(self.handle),
-            order=arr(self.order),
+            order=arr(self.core.groups.expand(self.order) if self.core.groups is not None else self.order),
         )
 
     def _loop(self) -> None:
@@ -221,7 +233,7 @@ class Simulation:
         eng, gpu, src, nbytes, stall = self.eng, self.gpu, self.src, self.nbytes, self.stall
         kernel_ns, f, fc, overlap = self.kernel_ns, self.f, self.fc, self.overlap
         issue, start, end, done, handle = self.issue, self.start, self.end, self.done, self.handle
-        launch, order, complete = self.launch_ns, self.order, self.core.complete_ids
+        launch, order, complete, members = self.launch_ns, self.order, self.core.complete_ids, self.members
         compute_free, copies_active = self.compute_free, self.copies_active
         start_latency, slowdown = prof.kernel_start_latency_ns, prof.kernel_slowdown_with_copies
         p2p_latency, p2p_rate, copy_latency = prof.p2p_latency_ns, prof.p2p_bytes_per_s, prof.copy_latency_ns
@@ -261,6 +273,10 @@ class Simulation:
                     copies_active[src[v]] -= 1
                     copies_active[gpu[v]] -= 1
                 batch = complete(v, seen)
+                mem = members.get(v)
+                if mem is not None:  # a launch group: every member done with its head
+                    for m in mem:
+                        done[m] = seen
                 # it handles the completion (the longer, the more commands it hands back), then issues them
                 h = handle_ns + handle_cmd * len(batch)
                 handle[v] = h
@@ -293,18 +309,20 @@ class Simulation:
                 if e == kernel:
                     g = gpu[v]
                     ready = t + start_latency
-                    busy = compute_free[g] > ready
-                    s = compute_free[g] if busy else ready
-                    if copies_active[g]:
-                        dur = kernel_ns[v] * fc[v] * slowdown  # slowed and noisier while copies run
-                    else:
-                        dur = kernel_ns[v] * f[v]
-                    dur = int(dur * overlap[v]) if busy else int(dur)  # it shares the GPU with the one before
-                    if power is not None:
-                        dur = power(g, s, dur, v)
-                    start[v] = s
-                    end[v] = compute_free[g] = s + dur
-                    push(q, (s + dur + completion, seq, (v << 1) | 1))
+                    for u in members.get(v, (v,)):  # a launch group's members one after another
+                        busy = compute_free[g] > ready
+                        s = compute_free[g] if busy else ready
+                        if copies_active[g]:
+                            dur = kernel_ns[u] * fc[u] * slowdown  # slowed and noisier while copies run
+                        else:
+                            dur = kernel_ns[u] * f[u]
+                        dur = int(dur * overlap[u]) if busy else int(dur)  # it shares the GPU with the one before
+                        if power is not None:
+                            dur = power(g, s, dur, u)
+                        issue[u] = t
+                        start[u] = s
+                        end[u] = compute_free[g] = s + dur
+                    push(q, (end[u] + completion, seq, (v << 1) | 1))
                     seq += 1
                 elif e == p2p:
                     dur = int((p2p_latency + nbytes[v] * 1e9 / p2p_rate) * f[v]) + stall[v]
@@ -470,6 +488,7 @@ class PlanData:
         self.kernel_ns, self.overlap, self.nbytes = tm.kernel_ns.tolist(), tm.overlap.tolist(), tm.nbytes.tolist()
         self.launch_ns = tm.launch_ns.tolist()
         self._sched: dict[tuple, Scheduler] = {}
+        self._groups = None
         self._shares: dict[float, dict] = {}
         self._draws: dict = {}
 
@@ -490,6 +509,12 @@ class PlanData:
             self._draws[key] = got
         return got
 
+    def launch_groups(self):
+        """The plan's launch groups (``turnip.sched.groups.launch_groups``), built on first use."""
+        if self._groups is None:
+            self._groups = launch_groups(self.tm.mg)
+        return self._groups
+
     def share_rates(self, link: float) -> dict:
         """The host copies' rates under the host's caps per state of the links (``Simulation._share_rates``) at
         host link factor ``link``, filled as runs meet the states."""
@@ -500,18 +525,23 @@ class PlanData:
             d = self._shares[link] = {}
         return d
 
-    def scheduler(self, policy: str, streams_per_gpu: int, order=None, ordered_sums: bool = True) -> Scheduler:
+    def scheduler(self, policy: str, streams_per_gpu: int, order=None, ordered_sums: bool = True,
+                  groups: bool = False) -> Scheduler:  # fmt: skip
         """A scheduler in its initial state, as ``Scheduler(mg, policy, streams_per_gpu, order=order,
-        ordered_sums=ordered_sums)`` (``nondet-cp``: the critical path of the timing model's means)."""
+        ordered_sums=ordered_sums)`` (``nondet-cp``: the critical path of the timing model's means), with the
+        plan's launch groups (``launch_groups``, built once) when ``groups``."""
         tm = self.tm
 
         def make() -> Scheduler:
             dur = tm.mean_ns() if policy == "nondet-cp" else None
-            return Scheduler(tm.mg, policy, streams_per_gpu, dur_ns=dur, order=order, ordered_sums=ordered_sums)
+            gr = self.launch_groups() if groups else None
+            return Scheduler(tm.mg, policy, streams_per_gpu, dur_ns=dur, order=order, ordered_sums=ordered_sums,
+                             groups=gr)  # fmt: skip
 
         if (order is None) != (policy != "det-replay"):
             return make()  # the scheduler's own error
-        key = (policy, streams_per_gpu, ordered_sums, None if order is None else issue_order(order).tobytes())
+        key = (policy, streams_per_gpu, ordered_sums, groups,
+               None if order is None else issue_order(order).tobytes())  # fmt: skip
         s = self._sched.get(key)
         if s is None:
             if len(self._sched) >= self.MAX_SCHEDULERS:
@@ -650,13 +680,15 @@ def simulate(
     host: float | None = None,
     link: float | None = None,
     ordered_sums: bool = True,
+    groups: bool | None = None,
 ) -> SimResult:
     """Simulate one run. Same arguments → same result. ``det-replay`` needs ``order`` (``fastest_run``).
     ``host``: the run's host speed factor (every host cost times it; a host twice as slow: 2), in place of
     the one drawn from the profile's ``host_excess_sd``; ``link``: the run's host link time factor (copies
     between host and GPU push their bytes that many times slower: 1.25 for a link at 80% of the profile's), in
     place of the one drawn from ``link_excess_sd``; ``ordered_sums``: as the runtime's (``turnip.sched.Scheduler``:
-    each sum-into group's partials added in compile order; False: in the order they finish).
+    each sum-into group's partials added in compile order; False: in the order they finish); ``groups``: kernels
+    in launch groups (``turnip.sched.groups``; None: ``launch_groups_on()``).
     Under a power limit the run starts where runs back to back (``prof.run_gap_ns`` apart) leave the power
     bucket: from a first guess (``_steady_guess``) the run is repeated from where the last left it until the
     start level settles (``STEADY_TOL``; ``STEADY_PASSES`` at most; a run no kernel of which was slowed and
@@ -664,13 +696,14 @@ def simulate(
     rested instead (their bucket full)."""
     if not power_limited(prof):
         return Simulation(
-            mg, prof, policy, seed, mean_only, tm, order, host=host, link=link, ordered_sums=ordered_sums
+            mg, prof, policy, seed, mean_only, tm, order, host=host, link=link, ordered_sums=ordered_sums,
+            groups=groups,
         ).run()
     tm = tm or TimingModel(mg, prof)
     level = [power_model(mg, prof, tm).cap] * mg.n_gpus if power_full else _steady_guess(mg, prof, tm)
     wall, draws = 0.0, None
     for _ in range(STEADY_PASSES):
-        s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level, host, link, ordered_sums, draws)
+        s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level, host, link, ordered_sums, draws, groups)
         draws = s.draws  # the same seed's: the next pass takes them again
         res = s.run()
         wall += res.wall_s

@@ -90,6 +90,45 @@ def test_launch_modes_agree(mode):
 
 
 @needs_gpu
+@pytest.mark.parametrize("mode", [{}, {"graph_events": True}, {"lib_graphs": False}, {"group_events": False}],
+                         ids=["graphs", "graph-events", "direct-cudnn", "tail-event"])  # fmt: skip
+def test_launch_groups_agree(mode):
+    """Launch groups (one captured graph per group, or each member's launch in turn where a member is not
+    captured): the numpy result, bitwise the ungrouped run's, every member's end event timed."""
+    tg, mg = tiny_llama(1 << 20, "fp16", resident="auto")
+    inputs, ref = reference(tg)
+    outs = []
+    for groups in (False, True):
+        with open_backend("cuda", mg, groups=groups, **mode) as be:
+            be.write_inputs(inputs)
+            assert (be.groups is not None) == groups
+            if groups:
+                assert be.groups.members and {be._work[h][0] for h in be.groups.members} <= {"GG", "seq"}
+            res = _assert_runs_correct(mg, be, ref)
+            assert not be.timing_failures
+            outs.append(be.read_outputs())
+            if groups:
+                for members in be.groups.members.values():
+                    assert (res.end_ns[members[1:]] >= res.end_ns[members[:-1]]).all()
+    for t in outs[0]:
+        np.testing.assert_array_equal(outs[1][t], outs[0][t])
+
+
+@pytest.mark.skipif(gpus() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("split", ["tensor", "data"])
+def test_launch_groups_on_two_gpus(split):
+    """Grouped runs of a two-GPU plan (the tensor split and the prompt's data split): the numpy result."""
+    from turnip.compile import compile_model
+
+    tg, mg = compile_model("llama-tiny", 64, 2, 1 << 20, dtype="fp16", split=split, resident="auto")
+    inputs, ref = reference(tg)
+    with open_backend("cuda", mg, groups=True) as be:
+        be.write_inputs(inputs)
+        assert be.groups.members
+        _assert_runs_correct(mg, be, ref, range(3))
+
+
+@needs_gpu
 def test_two_gpu_plan_on_one_device():
     """Both plan GPUs mapped onto device 0: separate arenas, transfers as peer copies within one context."""
     tg, mg = tiny_llama(1 << 20, "fp16", n_gpus=2)

@@ -64,6 +64,9 @@ class MachineProfile:
     gemm_launch_ns: int | None = 13_000  # einsum (cuBLASLt graph); None: same as kernel_launch_ns
     attn_launch_ns: int | None = 100_000  # sdpa (cuDNN's execute from Python); None: kernel_launch_ns
     copy_launch_ns: int = 13_000  # an async host<->device copy + its end event
+    # a launch group's graph (turnip.sched.groups) costs its head's launch plus this much per other member (its
+    # kernel node and end-event node)
+    group_member_launch_ns: int = 1_500
     completion_ns: int = 7_000  # a completion event reaching the host loop (polling), host idle
     # and this much more per vertex in flight: the loop queries every in-flight vertex's end event in turn
     # (`turnip calibrate` fits both to the poll delays it sees; 0: a constant delay)

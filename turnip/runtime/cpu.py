@@ -48,9 +48,14 @@ class CpuBackend:
         chaos: float = 0.0,
         chaos_max_s: float = 0.002,
         poison: bool = False,
+        groups: bool | None = None,
     ):
         self.mg, self.k, self.chaos, self.chaos_max_s = mg, streams_per_gpu, chaos, chaos_max_s
         self.poison = poison
+        from turnip.sched.groups import launch_groups, launch_groups_on
+
+        self.groups = launch_groups(mg) if (launch_groups_on() if groups is None else groups) else None
+        self._members = self.groups.members if self.groups is not None else {}
         self.allocations = 0
         self.views_built = 0
         self.lay = lay = plan_layout(mg)
@@ -240,7 +245,7 @@ class CpuBackend:
         return np.asarray(self._start, dtype=np.int64) - t0_ns, np.asarray(self._end, dtype=np.int64) - t0_ns
 
     def _worker(self, q: queue.SimpleQueue) -> None:
-        fns, done, clock, sleep = self._fn, self._done, time.perf_counter_ns, time.sleep
+        fns, done, clock, sleep, members = self._fn, self._done, time.perf_counter_ns, time.sleep, self._members
         start, end = self._start, self._end
         while True:
             v = q.get()
@@ -248,16 +253,19 @@ class CpuBackend:
                 return
             if self._pre[v]:
                 sleep(self._pre[v])
-            t = clock()
             err = None
-            try:
-                f = fns[v]
-                if f is not None:
-                    f()
-            except BaseException as e:  # reported to the loop, which stops the run naming v
-                err = e
-            end[v] = clock()
-            start[v] = t
+            for u in members.get(v, (v,)):  # a launch group: its members one after another
+                t = clock()
+                try:
+                    f = fns[u]
+                    if f is not None:
+                        f()
+                except BaseException as e:  # reported to the loop, which stops the run naming v
+                    err = e if u == v else RuntimeError(f"launch group member {self.mg.label(u)}: {e!r}")
+                end[u] = clock()
+                start[u] = t
+                if err is not None:
+                    break
             if self._post[v]:
                 sleep(self._post[v])
             done.put((v, err))

@@ -29,6 +29,13 @@ Sum-into groups are serialised by the scheduler's lock: the next writer launches
 one's end event was seen. Resident inputs are loaded by ``write_inputs``; the scheduler counts
 them done before a run starts (were one issued, it would be a no-op).
 
+Launch groups (``groups``; default ``launch_groups_on()``, needs ``graphs`` and no start events): each group of
+``turnip.sched.groups`` is captured as one graph of its members in order (per stream slot where a member uses its
+slot's library handle), each member recording its end event (``group_events=False``: only the last does, and
+the others are placed between their neighbours in the trace); one ``cuGraphLaunch`` issues the group and its
+last member's event is the one polled. A group with a member that is not captured launches its members one
+after another instead.
+
 Errors: a launcher that raises, or a copy / event that returns a CUDA error, raises ``VertexFailed`` naming
 the vertex (a sticky asynchronous error is reported on the first in-flight vertex whose event returns it).
 """
@@ -47,8 +54,13 @@ from turnip.runtime._cudadrv import NOT_READY, PEER_ACCESS_ALREADY_ENABLED, SUCC
 from turnip.runtime.backend import check_ready
 from turnip.runtime.errors import BackendError, VertexFailed
 from turnip.runtime.layout import HOST_INPUT, NP_DTYPE, input_vertices, output_sources, plan_layout
+from turnip.sched.groups import launch_groups, launch_groups_on
 
 _COPY_KINDS = (KIND_INPUT, KIND_RELOAD, KIND_OFFLOAD, KIND_TRANSFER)
+
+
+def _untracked(v: int) -> None:
+    """A launch group's member issued: its head is what the poll tracks."""
 
 
 class CudaBackend:
@@ -57,7 +69,7 @@ class CudaBackend:
     def __init__(self, mg: MemGraph, streams_per_gpu: int = 5, devices: list[int] | None = None,
                  gemm: str = "auto", fast: bool = True, bound: bool = True, graphs: bool = True,
                  graph_events: bool = False, device_start: bool = False, lib_graphs: bool = True,
-                 native_poll: bool = False):  # fmt: skip
+                 native_poll: bool = False, groups: bool | None = None, group_events: bool = True):  # fmt: skip
         from cuda_kernels._numba import cuda as numba_cuda
         from cuda_kernels.launch import driver as launch_driver
 
@@ -138,6 +150,15 @@ class CudaBackend:
                 self._set_ctx(g)
                 self._cap_streams.append(capture_stream())
         self._work = [self._prepare(v) for v in range(n)]
+        self._pev = list(self.ev1)  # the event a vertex's completion is polled on (a group: its last member's)
+        self.groups = None
+        self.group_events = group_events
+        self._untimed: set[int] = set()  # members of captured groups that record no end event of their own
+        if (launch_groups_on() if groups is None else groups) and self.graphs and not device_start:
+            self.groups = launch_groups(mg)
+            for h, members in self.groups.members.items():
+                self._work[h] = self._prepare_group(members)
+                self._pev[h] = self.ev1[members[-1]]
         for g, cs in enumerate(self._cap_streams):  # graph uploads done before the first run
             self._set_ctx(g)
             drv.check(drv.cuStreamSynchronize(cs), "synchronizing graph uploads")
@@ -147,7 +168,7 @@ class CudaBackend:
         if native_poll:  # in flight at most: a vertex per compute stream, copy stream and peer link
             from turnip.runtime._poll import InFlight
 
-            self._fl = InFlight(G * (streams_per_gpu + 2 + G) + 8, self.ev1)
+            self._fl = InFlight(G * (streams_per_gpu + 2 + G) + 8, self._pev)
             self.poll = self._poll_native
         self._track = self._in_flight.append if self._fl is None else self._fl.add
         self._inputs = input_vertices(mg)
@@ -286,6 +307,32 @@ class CudaBackend:
         return ("p2p", self.base[g] + lay.out_offset[v], self.ctx[g], self.base[s] + lay.out_offset[src],
                 self.ctx[s], nb, self.copy_streams[s][("p2p", g)][1])  # fmt: skip
 
+    def _prepare_group(self, members: list[int]) -> tuple:
+        """What ``submit`` needs for a launch group: ('GG', graph, per slot?) when every member was captured
+        (one graph of the members in order, each recording its end event; one per stream slot where a member
+        uses its slot's library handle or workspace), else ('seq', members): each member's own launch in
+        order on the head's slot, the last one's end event recorded after them."""
+        from cuda_kernels.launch import capture_seq
+
+        works = [self._work[m] for m in members]
+        if not all(w[0] in ("g", "gs", "G", "Gs") for w in works):
+            return ("seq", members, works[0])
+        g = self.lay.gpu[members[0]]
+        per_slot = any(w[0] in ("gs", "Gs") for w in works)
+        self._set_ctx(g)
+        tail = members[-1]
+        evs = [self.ev1[m] if self.group_events or m == tail else 0 for m in members]
+        try:
+            execs = [capture_seq([(w[2], self.sctx[g][k], e) for w, e in zip(works, evs, strict=True)],
+                                 self._cap_streams[g])
+                     for k in (range(self.k) if per_slot else (0,))]  # fmt: skip
+        except RuntimeError as e:
+            self.capture_failures.append(f"launch group of {self.mg.label(members[0])}: {e}")
+            return ("seq", members, works[0])
+        self._graph_execs.extend(execs)
+        self._untimed.update(m for m, e in zip(members, evs, strict=True) if not e)
+        return ("GG", execs, per_slot)
+
     # ------------------------------------------------------------------ data
     def write_inputs(self, values: dict[int, np.ndarray], load_resident: bool = True) -> None:
         """Fill the pinned input region (by taskgraph input tensor); load resident inputs to the GPUs
@@ -392,14 +439,25 @@ class CudaBackend:
             raise BackendError("this plan was loaded without start events; open it with device_start=True")
         self.device_start = bool(on)
 
-    def submit(self, cmd) -> None:
+    def submit(self, cmd, w=None) -> None:
+        """Issue ``cmd`` (its vertex's prepared work, or ``w``)."""
         v = cmd.v
         g = cmd.gpu
         if g != self.cur:
             self.drv.cuCtxSetCurrent(self.ctx[g])
             self.cur = g
-        w = self._work[v]
+        if w is None:
+            w = self._work[v]
         tag = w[0]
+        if tag == "GG":  # a launch group captured whole: its graph records every member's end event
+            s = cmd.stream
+            r = self._graph_launch(w[1][s] if w[2] else w[1][0], self.hstreams[g][s])
+            if r:
+                raise VertexFailed(v, self.mg.label(v), CudaError(f"cuGraphLaunch: {self.drv.error_name(r)}"))
+            self._track(v)
+            return
+        if tag == "seq":
+            return self._submit_seq(cmd, w[1], w[2])
         if tag == "G" or tag == "Gs":  # the graph records the end event itself: one driver call
             s = cmd.stream
             r = self._graph_launch(w[1] if tag == "G" else w[1][s], self.hstreams[g][s])
@@ -453,8 +511,21 @@ class CudaBackend:
             raise VertexFailed(v, self.mg.label(v), CudaError(f"cuEventRecord: {drv.error_name(r)}"))
         self._track(v)
 
+    def _submit_seq(self, cmd, members: list[int], head_work: tuple) -> None:
+        """A launch group not captured whole: each member's own launch, in order on the head's slot (each
+        records its end event), tracked as the head, whose completion is polled on the last member's event."""
+        from turnip.sched.events import Launch
+
+        track, self._track = self._track, _untracked
+        try:
+            for m in members:
+                self.submit(Launch(m, cmd.gpu, cmd.stream), head_work if m == cmd.v else None)
+        finally:
+            self._track = track
+        track(cmd.v)
+
     def poll(self, timeout_s: float) -> list[int]:
-        query, ev1, fl = self.drv.cuEventQuery, self.ev1, self._in_flight
+        query, ev1, fl = self.drv.cuEventQuery, self._pev, self._in_flight
         deadline = 0
         while True:
             done = None
@@ -517,9 +588,10 @@ class CudaBackend:
         ref_ms = ctypes.byref(ms)
         self.timing_failures = []
         resident = self.lay.resident
+        untimed = self._untimed
         for v in range(n):
-            if resident[v]:  # loaded with the plan: the scheduler counts them done before the run starts
-                continue
+            if resident[v] or v in untimed:  # loaded with the plan (done before the run starts); a group member
+                continue  # without an end event of its own (``group_events=False``): the loop places it
             g = self.owner[v]
             base = self._ref_host_ns[g] - t0_ns
             for ev, out in ((self.ev0[v] if self.device_start else 0, start), (self.ev1[v], end)):

@@ -98,7 +98,8 @@ def execute(
     that ``det-replay`` replays (``turnip.sched.replay``), e.g. the ``order`` of the fastest nondet run;
     ``ordered_sums``: add each accumulator's partials in compile order, whatever order they finish in
     (bitwise reproducible outputs; off, in the order they finish)."""
-    sched = Scheduler(mg, policy, streams_per_gpu, order=order, ordered_sums=ordered_sums)
+    groups = getattr(backend, "groups", None)  # launch groups the backend was loaded with
+    sched = Scheduler(mg, policy, streams_per_gpu, order=order, ordered_sums=ordered_sums, groups=groups)
     n = mg.n
     host_start, issue, done, stream, handle = [0] * n, [0] * n, [0] * n, [-1] * n, [0] * n
     order: list = []
@@ -150,6 +151,10 @@ def execute(
         if gc_was_enabled:
             gc.enable()
     wall_s = (clock() - t0) / 1e9
+    for h, members in (groups.members.items() if groups is not None else ()):  # issued and seen with the head,
+        for m in members[1:]:  # whose issue and handling are the group's host cost
+            host_start[m] = issue[m] = issue[h]
+            done[m], stream[m] = done[h], stream[h]
     arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
     hs, iss, dn = arr(host_start), arr(issue), arr(done)
     if device_times:
@@ -157,6 +162,10 @@ def execute(
         # device clocks and host clocks agree only to a few µs: keep the schema's ordering invariant
         st = np.minimum(np.maximum(dev_start, iss), dn)
         en = np.minimum(np.maximum(dev_end, st), dn)
+        for members in groups.members.values() if groups is not None else ():  # a member starts after the one before
+            for a, b in zip(members, members[1:], strict=False):
+                st[b] = max(st[b], en[a])
+                en[b] = max(en[b], st[b])
     else:
         st, en = iss, dn
     return RunResult(

@@ -38,6 +38,10 @@ Drivers: ``start`` and ``complete`` answer with commands (``Launch`` / ``Copy``)
 spares a simulator a command object per vertex. The tables built from the plan (successors, ranks, lanes,
 lock turns) never change during a run: ``fresh()`` gives a scheduler in its initial state that shares them.
 
+Launch groups (``groups``, ``turnip.sched.groups``): a group's head is queued and launched like any vertex;
+its other members are never queued (their state stays WAITING while the head runs) and the head's completion
+marks every member DONE, in launch order, before their successors outside the group are made ready.
+
 Policies: ``nondet`` (launch anything ready whose resources are free, best compile order first),
 ``nondet-cp`` (best = longest critical path), ``det`` (each GPU issues all its vertices in compile order),
 ``det-kernels`` (only kernels in fixed per-GPU order; copies as ``nondet``), ``det-replay`` (a recorded
@@ -64,7 +68,7 @@ from turnip.memgraph.plan import (
 from turnip.sched.errors import ProtocolError, SchedulerStall, StuckVertex
 from turnip.sched.events import Copy, CopyDone, KernelDone, Launch, RunStarted
 from turnip.sched.priority import critical_path_ns, rough_dur_ns, topo_order
-from turnip.sched.replay import check_order, lock_turns, split_order
+from turnip.sched.replay import check_order, issue_order, lock_turns, split_order
 
 WAITING, READY, RUNNING, DONE = 0, 1, 2, 3
 POLICIES = ("nondet", "nondet-cp", "det", "det-kernels", "det-replay")
@@ -83,10 +87,13 @@ class Scheduler:
         dur_ns: np.ndarray | None = None,
         order=None,
         ordered_sums: bool = True,
+        groups=None,
     ):
         """``order``: for ``det-replay`` (only), the recorded issue order to replay (vertex ids or commands,
         ``turnip.sched.replay``). ``ordered_sums``: hand each sum-into lock to its members in compile order
-        (bitwise reproducible sums); off, in the order they become ready (``det-replay`` always replays)."""
+        (bitwise reproducible sums); off, in the order they become ready (``det-replay`` always replays).
+        ``groups``: launch groups (``turnip.sched.groups.LaunchGroups``) dispatched as units: a group's head
+        launches on its slot with its members behind it (``members_of``), and its completion completes them all."""
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if (policy == "det-replay") != (order is not None):
@@ -124,7 +131,14 @@ class Scheduler:
         self.succ_ptr, self.succ_idx = succ_ptr.tolist(), succ_idx.tolist()
 
         # priority rank: lower launches first. Heaps hold ranks; _by_rank maps back to vertices.
+        self.groups = groups
+        self._members = groups.members if groups is not None else {}
+        grouped = np.zeros(n, dtype=bool)  # members other than their group's head: launched by the head
+        for m in self._members.values():
+            grouped[m[1:]] = True
         if order is not None:  # det-replay: the recorded position, then the resident inputs
+            if groups is not None:
+                order = groups.expand(issue_order(order).tolist())
             rec = check_order(mg, order)
             order = np.concatenate([rec, np.flatnonzero(mg.preloaded())])
         else:
@@ -149,6 +163,7 @@ class Scheduler:
         if "copy" in fixed:
             is_fixed |= kind != KIND_KERNEL
         is_fixed[self.preloaded] = False
+        is_fixed[grouped] = False
         self.fixed = is_fixed.tolist()
         fo = order[is_fixed[order]]
         lane = queue if policy == "det-replay" else owner
@@ -165,9 +180,9 @@ class Scheduler:
         self.ordered_sums = ordered_sums or policy == "det-replay"
         self._lock_seq = lock_turns(order, self.lock) if self.ordered_sums else None
         self._succ = [self.succ_idx[a:b] for a, b in zip(self.succ_ptr, self.succ_ptr[1:], strict=False)]
-        # where a vertex goes once ready: its GPU's heap (the GPU, >= 0), its lane (-1: fixed order), or a lock
-        # check first (-2)
-        self._ready_q = np.where(is_fixed, -1, np.where(mg.lock_group >= 0, -2, owner)).tolist()
+        # where a vertex goes once ready: its GPU's heap (the GPU, >= 0), its lane (-1: fixed order), a lock
+        # check first (-2), or nowhere (-3: a group's member, launched by its head)
+        self._ready_q = np.where(grouped, -3, np.where(is_fixed, -1, np.where(mg.lock_group >= 0, -2, owner))).tolist()
         self._indegree = mg.indegree().tolist()
         pre = mg.preloaded()
         self._roots = np.flatnonzero((mg.indegree() == 0) & ~pre).tolist()  # ready at the start
@@ -258,6 +273,9 @@ class Scheduler:
         if status[v] != RUNNING:
             raise ProtocolError(f"completion of {self.mg.label(v)}, which is not running (state {status[v]})")
         self.now_ns = t_ns
+        members = self._members.get(v)
+        if members is not None:
+            return self._complete_group(v, members)
         status[v] = DONE
         self.n_done += 1
         self.n_running -= 1
@@ -277,8 +295,10 @@ class Scheduler:
             m = missing[s] - 1
             missing[s] = m
             if m == 0:  # ready (``_make_ready``, inlined)
-                status[s] = READY
                 q = ready_q[s]  # its GPU, when it goes to the GPU's heap at once
+                if q == -3:  # a group's member: its head launches it
+                    continue
+                status[s] = READY
                 if q >= 0:
                     heappush(heaps[q], rank[s])
                 else:
@@ -308,6 +328,27 @@ class Scheduler:
             raise self.stall_error()
         return out
 
+    def members_of(self, v: int) -> list[int] | None:
+        """The members of the launch group that ``v`` heads (``v`` first, in launch order), or None."""
+        return self._members.get(v)
+
+    def _complete_group(self, v: int, members: list[int]) -> list[int]:
+        """``complete_ids`` of the group headed by ``v``: every member done, in launch order; their successors
+        outside the group made ready."""
+        status, missing = self.status, self.missing
+        g = self.owner[v]
+        self.n_running -= 1
+        self.free_streams[g].append(self.stream_of[v])
+        for m in members:
+            status[m] = DONE
+            for s in self._succ[m]:
+                missing[s] -= 1
+                if missing[s] == 0:
+                    self._make_ready(s)
+        self.n_done += len(members)
+        self._mark(g)
+        return self._dispatch_dirty()
+
     # ---------------------------------------------------------------- internals
     def _mark(self, g: int) -> None:
         if not self._dirty[g]:
@@ -324,6 +365,8 @@ class Scheduler:
             self._wake(lk, waiters)
 
     def _make_ready(self, v: int) -> None:
+        if self._ready_q[v] == -3:  # a group's member: its head launches it
+            return
         self.status[v] = READY
         if not self.fixed[v]:
             lk = self.lock[v]
@@ -507,6 +550,9 @@ class Scheduler:
             return "nothing (done)"
         if st == RUNNING:
             return "its own completion (running)"
+        h = -1 if self.groups is None else int(self.groups.head[v])
+        if st == WAITING and h != v and h >= 0:
+            return f"its launch group's head {h} ({'running' if self.status[h] == RUNNING else 'not launched'})"
         if st == WAITING:
             deps = self.mg.deps(v).tolist()
             return "dependencies " + ", ".join(str(u) for u in deps if self.status[u] != DONE)

@@ -1,0 +1,123 @@
+"""Launch groups: runs of kernels on one GPU that the scheduler dispatches as one unit.
+
+A group is issued when its first member (its *head*) is ready, on the head's stream slot, its members one
+after another in compile order (stream order keeps their dependencies); the scheduler sees one completion, the
+last member's, and counts every member done then. One command and one completion instead of one per vertex:
+the host's work per vertex is what stops one thread driving several GPUs (``turnip.runtime.execute``), and a
+GPU backend launches a group as one captured CUDA graph.
+
+The rule (``launch_groups``), over the plan's topological order (``topo_order``), per kernel ``w`` that is not
+a resident input and not in a sum-into lock group: ``w`` joins the open group of one of its dependencies ``v``
+(same GPU) when every dependency of ``w`` is a member of that group, an ancestor of its head (searched
+``ANCESTOR_DEPTH`` dependency levels up), or a resident input. So whatever a group needs from outside is done
+once its head is ready: it is ready when its head is, and in any topological order (the fixed lanes of ``det``)
+nothing between its head and its last member can wait on it.
+A group closes after a member whose result something other than a kernel of its GPU reads (a transfer, an
+offload, another GPU's kernel): those wait for the whole group, so a group ends where another engine or GPU
+needs its result. ``max_members`` bounds a group.
+
+Invariants: every member of a group of two or more is a kernel on the head's GPU with no lock group; its
+dependencies lie in the group, among the head's ancestors, or among the resident inputs; members are in
+topological order, the head first.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from turnip.memgraph.plan import KIND_KERNEL, MemGraph
+
+GROUPS_SWITCH = "TURNIP_LAUNCH_GROUPS"  # "1": plans run with launch groups (off by default)
+MAX_MEMBERS = 32
+ANCESTOR_DEPTH = 4  # dependency levels searched for a head's ancestors
+ANCESTOR_LIMIT = 256  # ancestors kept per head at most
+
+
+def launch_groups_on() -> bool:
+    """Whether runs and simulations group kernels into launch units by default (``TURNIP_LAUNCH_GROUPS=1``)."""
+    return os.environ.get(GROUPS_SWITCH) == "1"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchGroups:
+    """``members``: head -> its members in launch order (the head first), groups of two or more only;
+    ``head``: per vertex, its group's head (itself when it heads a group or is in none)."""
+
+    head: np.ndarray
+    members: dict[int, list[int]]
+
+    @property
+    def n_units(self) -> int:
+        """Dispatch units: vertices less the members that are not heads."""
+        return len(self.head) - sum(len(m) - 1 for m in self.members.values())
+
+    def expand(self, order) -> list[int]:
+        """An issue order of units (heads and ungrouped vertices) as one of vertices: each head followed by its
+        other members (what ``det-replay`` and ``turnip.sched.replay.check_order`` take); members already in
+        ``order`` are dropped and put back behind their head, so an expanded order expands to itself."""
+        out: list[int] = []
+        head = self.head
+        for v in order:
+            v = int(v)
+            if head[v] != v:
+                continue
+            m = self.members.get(v)
+            out.extend(m if m is not None else (v,))
+        return out
+
+
+def launch_groups(mg: MemGraph, max_members: int = MAX_MEMBERS, order: np.ndarray | None = None) -> LaunchGroups:
+    """The launch groups of ``mg`` (module doc); ``order``: the topological order to follow (default
+    ``topo_order(mg)``)."""
+    from turnip.sched.priority import topo_order
+
+    n = mg.n
+    kind, gpu, lock = mg.kind.tolist(), mg.gpu.tolist(), mg.lock_group.tolist()
+    pre = mg.preloaded().tolist()
+    succ_ptr, succ_idx = mg.successors()
+    sp, si = succ_ptr.tolist(), succ_idx.tolist()
+    dep_ptr, dep_src = mg.dep_ptr.tolist(), mg.dep_src.tolist()
+    head = list(range(n))
+    members: dict[int, list[int]] = {}
+    ext: dict[int, set[int]] = {}  # an open group's head -> ancestors of the head (done when it is ready)
+
+    def ancestors(h: int, ds: list[int]) -> set[int]:  # within ANCESTOR_DEPTH dependency levels
+        seen, frontier = set(ds), ds
+        for _ in range(ANCESTOR_DEPTH - 1):
+            nxt = []
+            for u in frontier:
+                for x in dep_src[dep_ptr[u] : dep_ptr[u + 1]]:
+                    if x not in seen and not pre[x]:
+                        seen.add(x)
+                        nxt.append(x)
+            if not nxt or len(seen) > ANCESTOR_LIMIT:
+                break
+            frontier = nxt
+        return seen
+
+    for w in (topo_order(mg) if order is None else order).tolist():
+        if kind[w] != KIND_KERNEL or pre[w] or lock[w] >= 0:
+            continue
+        ds = [u for u in dep_src[dep_ptr[w] : dep_ptr[w + 1]] if not pre[u]]
+        h = -1
+        for v in ds:
+            c = head[v]
+            if c in ext and gpu[c] == gpu[w] and len(members[c]) < max_members:
+                e = ext[c]
+                if all(head[u] == c or u in e for u in ds):
+                    h = c
+                    break
+        if h >= 0:
+            head[w] = h
+            members[h].append(w)
+        else:
+            h = w
+            members[w] = [w]
+            ext[w] = ancestors(w, ds)
+        g = gpu[w]
+        if any(kind[x] != KIND_KERNEL or gpu[x] != g for x in si[sp[w] : sp[w + 1]]):
+            del ext[h]  # closed: what reads w's result elsewhere should not wait for more members
+    return LaunchGroups(np.asarray(head, dtype=np.int64), {h: m for h, m in members.items() if len(m) > 1})
