@@ -116,8 +116,9 @@ class Simulation:
         run (every copy between host and GPU pushes its bytes ``link`` times slower; its latency stays) in
         place of the one drawn from ``link_excess_sd`` (``TimingModel.link_factor``: correlated with the host
         factor, drawn or given); ``draws``: this seed's draws (``TimingModel.draws``), when already taken;
-        ``groups``: kernels dispatched in launch groups (``turnip.sched.groups``; None: ``launch_groups_on()``),
-        a group's members run one after another behind its head's issue, one completion for all."""
+        ``groups``: kernels dispatched in launch groups (``turnip.sched.groups``; None: ``launch_groups_on``, on
+        for several GPUs), a group's members run one after another behind its head's issue, one completion for
+        all."""
         t0 = time.perf_counter()
         if host is not None and not host > 0:
             raise ValueError(f"host speed factor must be > 0, got {host}")
@@ -129,7 +130,7 @@ class Simulation:
         self.tm = tm = tm or TimingModel(mg, prof)
         pd = plan_data(tm) if tm.mg is mg else PlanData(tm)
         if groups is None:
-            groups = launch_groups_on()
+            groups = launch_groups_on(mg.n_gpus)
         self.core = pd.scheduler(policy, prof.streams_per_gpu, order, ordered_sums, groups)
         self.members = self.core.groups.members if self.core.groups is not None else {}
         # this seed's draws as lists (kept on the plan's data: every policy's run of the seed takes the same)
@@ -688,7 +689,7 @@ def simulate(
     between host and GPU push their bytes that many times slower: 1.25 for a link at 80% of the profile's), in
     place of the one drawn from ``link_excess_sd``; ``ordered_sums``: as the runtime's (``turnip.sched.Scheduler``:
     each sum-into group's partials added in compile order; False: in the order they finish); ``groups``: kernels
-    in launch groups (``turnip.sched.groups``; None: ``launch_groups_on()``).
+    in launch groups (``turnip.sched.groups``; None: ``launch_groups_on``, on for several GPUs).
     Under a power limit the run starts where runs back to back (``prof.run_gap_ns`` apart) leave the power
     bucket: from a first guess (``_steady_guess``) the run is repeated from where the last left it until the
     start level settles (``STEADY_TOL``; ``STEADY_PASSES`` at most; a run no kernel of which was slowed and

@@ -208,7 +208,9 @@ class Tiling:
     ``replicate``: names of logical inputs that every GPU reading them loads from the host as an input of
     its own (a *replica*: the same name and block, another taskgraph input) instead of receiving a transfer
     from the GPU that holds the block (the data split: each GPU its share of the sequences, every GPU the
-    frozen weights)."""
+    frozen weights). ``snake``: blocks of the first ``parallel`` letter placed back and forth (0, 1, .., G - 1,
+    G - 1, .., 0, ...) instead of round-robin: a prompt's token tiles, whose causal attention grows with the
+    tile's position, balanced over the GPUs."""
 
     tiles: dict  # letter -> tile size (missing: whole dimension)
     n_gpus: int = 1
@@ -216,6 +218,7 @@ class Tiling:
     n_layers: int = 0  # decoder layers of the layers split
     pin: int | None = None  # every block on this GPU (the layers split, per node)
     replicate: frozenset = frozenset()  # logical inputs loaded by each GPU that reads them
+    snake: bool = False  # blocks of the first parallel letter go 0, 1, .., G-1, G-1, .., 0, 0, 1, ..
 
     def stage(self, layer: int) -> int:
         """The GPU of decoder ``layer`` under the layers split (before the first: GPU 0; after the last: the
@@ -235,6 +238,9 @@ class Tiling:
             return self.pin
         for l in self.parallel:
             if l in coords:
+                if self.snake:  # causal attention's work grows with the token block: pair early with late
+                    r = coords[l] % (2 * self.n_gpus)
+                    return r if r < self.n_gpus else 2 * self.n_gpus - 1 - r
                 return coords[l] % self.n_gpus
         return 0
 

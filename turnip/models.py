@@ -300,12 +300,18 @@ def batch_tiles(shape: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: st
     return t
 
 
+SNAKE_MIN_TILE = 2048  # a prompt's data split takes two token tiles per GPU where each holds this many tokens
+
+
 def sequence_tiles(shape: LlamaConfig, seq: int, n_gpus: int, dtype: str, budget_nbytes: int | None) -> dict:
     """Tiles of a prompt split by tokens (the data split of a prefill): at least ``n_gpus`` token tiles where the
-    prompt allows (``default_tiles``' rule for the layers split), key-value heads whole and the FFN in as few
-    blocks as keep one block's three weight matrices within an eighth of the budget: each GPU runs whole
-    layers on its tokens, so larger blocks only save vertices."""
+    prompt allows (``default_tiles``' rule for the layers split), two per GPU where each holds at least
+    ``SNAKE_MIN_TILE`` tokens (placed back and forth: causal attention's work balanced), key-value heads whole
+    and the FFN in as few blocks as keep one block's three weight matrices within an eighth of the budget: each
+    GPU runs whole layers on its tokens, so larger blocks only save vertices."""
     t = default_tiles(shape, seq, 1, dtype, budget_nbytes, token_tiles=n_gpus)
+    if n_gpus > 1 and seq // t["t"] <= n_gpus and seq >= 2 * n_gpus * SNAKE_MIN_TILE:  # two tiles a GPU, placed
+        t["t"] = min(t["t"], 1 << ((seq // (2 * n_gpus)).bit_length() - 1))  # back and forth (Tiling.snake)
     if shape.d_model <= 256:
         return t
     blocks, nb = 1, DTYPE_NBYTES[dtype]
@@ -329,14 +335,14 @@ def pack_prompts(shape: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: s
 
 
 def split_tiling(tiles: dict, n_gpus: int, split: str, n_layers: int, parallel: str,
-                 replicate=frozenset()) -> Tiling:  # fmt: skip
+                 replicate=frozenset(), snake: bool = False) -> Tiling:  # fmt: skip
     """The ``Tiling`` of a split: blocks of the ``parallel`` letters round-robin (tensor), whole layers
-    (layers), or token tiles round-robin with the ``replicate`` inputs loaded by every GPU that reads them
-    (data)."""
+    (layers), or token tiles round-robin (``snake``: back and forth) with the ``replicate`` inputs loaded by
+    every GPU that reads them (data)."""
     if split == "layers":
         return Tiling(tiles, n_gpus=n_gpus, parallel="layers", n_layers=n_layers)
     if split == "data":
-        return Tiling(tiles, n_gpus=n_gpus, parallel="t", replicate=frozenset(replicate))
+        return Tiling(tiles, n_gpus=n_gpus, parallel="t", replicate=frozenset(replicate), snake=snake)
     return Tiling(tiles, n_gpus=n_gpus, parallel=parallel)
 
 
@@ -464,7 +470,7 @@ def llama_prefill(
     graph = llama_graph(shape, seq, dtype, n_layers, head, batch)
     frozen = {n.out.name for n in graph.nodes if n.op == "input" and "t" not in n.out.dims}
     tg = lower(graph, split_tiling(t, n_gpus, split, shape.n_layers if n_layers is None else n_layers, "hftv",
-                                   replicate=frozen))  # fmt: skip
+                                   replicate=frozen, snake=batch == 1))  # fmt: skip
     name = shape.name or (f"llama-{size}" if isinstance(size, str) else "llama")
     tg.meta.update(model=name, seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head=head, split=split,
                    embed={"input": "x0", "table": "model.embed_tokens.weight"}, arch=shape.arch)  # fmt: skip

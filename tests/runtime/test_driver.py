@@ -16,18 +16,26 @@ pytestmark = pytest.mark.cpu_runtime
 
 
 def assert_legal(mg, spans, streams_per_gpu: int) -> None:
-    """A run (simulated or real) obeyed the plan: every vertex started after its dependencies were done;
-    a stream slot, a copy engine or a sum-into lock was never held by two vertices at once."""
+    """A run (simulated or real) obeyed the plan: every vertex started after its dependencies were done (a
+    launch group's member: those outside its group; the drivers group kernels by default on several GPUs);
+    a stream slot, a copy engine or a sum-into lock was never held by two launches at once."""
+    from turnip.sched.groups import launch_groups, launch_groups_on
+
+    head = launch_groups(mg).head if launch_groups_on(mg.n_gpus) else np.arange(mg.n)
     start, done = np.asarray(spans["host_start_ns"]), np.asarray(spans["done_ns"])
     issued = np.asarray(spans["issue_ns"])
     for v in range(mg.n):
         for u in mg.deps(v).tolist():
+            if head[u] == head[v] and head[v] != v:
+                continue  # in v's group, before it on its stream
             assert done[u] <= start[v] or done[v] == 0, f"vertex {v} issued before dependency {u} was done"
     kind, gpu, stream = mg.kind, np.asarray(spans["gpu"]), np.asarray(spans["stream"])
     held = {}
     for v in range(mg.n):
         if done[v] == 0 and issued[v] == 0:
             continue  # preloaded (resident) input
+        if head[v] != v:
+            continue  # a group's member: on its head's slot, launched with it
         assert 0 <= stream[v] < streams_per_gpu
         held.setdefault(("slot", int(gpu[v]), int(stream[v])), []).append(v)
         if kind[v] != 1:
@@ -52,21 +60,26 @@ def test_runtime_and_simulator_drive_the_same_scheduler_legally(monkeypatch):
 
     monkeypatch.setattr(Scheduler, "complete_ids", counting)
     from turnip.machine.profile import h100
+    from turnip.sched.groups import launch_groups
 
+    gr = launch_groups(mg)  # two GPUs: both drivers dispatch launch groups by default, one completion each
+    assert gr.members and gr.n_units < mg.n
     r = sim.simulate(mg, h100(), "nondet", seed=0)
-    assert calls["n"] == mg.n
+    assert calls["n"] == gr.n_units
     assert_legal(mg, r.trace(mg).spans, 5)
     inputs, _ = reference(tg)
     with open_backend("cpu", mg, 5, chaos=0.3, chaos_max_s=0.0003) as be:
         be.write_inputs(inputs)
         res = execute(mg, be, "nondet", seed=1, record_order=True)
-    assert calls["n"] == 2 * mg.n
+    assert calls["n"] == 2 * gr.n_units
     assert_legal(mg, res.trace(mg).spans, 5)
 
     # the runtime's completions, replayed into a fresh core in the same order, give the same commands
-    core = Scheduler(mg, "nondet", 5)
+    core = Scheduler(mg, "nondet", 5, groups=gr)
     replay = list(core.handle(RunStarted(0)))
     for v in np.argsort(res.done_ns, kind="stable").tolist():
+        if gr.head[v] != v:  # a group's member: done with its head
+            continue
         ev = KernelDone(v, int(res.done_ns[v])) if mg.kind[v] == 1 else CopyDone(v, int(res.done_ns[v]))
         replay += core.handle(ev)
     core.validate()

@@ -20,6 +20,13 @@ from turnip.sched import POLICIES
 
 pytestmark = pytest.mark.sim
 
+
+@pytest.fixture(autouse=True)
+def _ungrouped(monkeypatch):
+    """The pins are of runs without launch groups (``turnip.sched.groups``, on by default for several GPUs since):
+    ``tests/sched/test_groups.py`` covers grouped runs."""
+    monkeypatch.setenv("TURNIP_LAUNCH_GROUPS", "0")
+
 FIELDS = ("issue_ns", "start_ns", "end_ns", "done_ns", "stream", "host_start_ns", "handle_ns", "order")
 PROFILES = {
     "h100": lambda: h100(),

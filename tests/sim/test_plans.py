@@ -30,10 +30,14 @@ def test_bytes_in_use_never_exceed_budget(plan, policy):
 
 
 def test_every_dependency_respected_in_time(plan):
+    from turnip.sched.groups import launch_groups
+
+    head = launch_groups(plan).head  # plans of several GPUs run in launch groups by default
     r = simulate(plan, h100(), "nondet", seed=0)
     for v in range(plan.n):
         for u in plan.deps(v).tolist():
-            assert r.done_ns[u] <= r.host_start_ns[v] and r.end_ns[u] <= r.start_ns[v]
+            assert r.end_ns[u] <= r.start_ns[v]
+            assert r.done_ns[u] <= r.host_start_ns[v] or (plan.n_gpus > 1 and head[u] == head[v] != v)
 
 
 def test_resident_inputs_are_loaded_before_the_run():

@@ -54,7 +54,8 @@ class CpuBackend:
         self.poison = poison
         from turnip.sched.groups import launch_groups, launch_groups_on
 
-        self.groups = launch_groups(mg) if (launch_groups_on() if groups is None else groups) else None
+        on = launch_groups_on(mg.n_gpus) if groups is None else groups
+        self.groups = launch_groups(mg) if on else None
         self._members = self.groups.members if self.groups is not None else {}
         self.allocations = 0
         self.views_built = 0

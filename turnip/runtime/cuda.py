@@ -29,12 +29,12 @@ Sum-into groups are serialised by the scheduler's lock: the next writer launches
 one's end event was seen. Resident inputs are loaded by ``write_inputs``; the scheduler counts
 them done before a run starts (were one issued, it would be a no-op).
 
-Launch groups (``groups``; default ``launch_groups_on()``, needs ``graphs`` and no start events): each group of
-``turnip.sched.groups`` is captured as one graph of its members in order (per stream slot where a member uses its
-slot's library handle), each member recording its end event (``group_events=False``: only the last does, and
-the others are placed between their neighbours in the trace); one ``cuGraphLaunch`` issues the group and its
-last member's event is the one polled. A group with a member that is not captured launches its members one
-after another instead.
+Launch groups (``groups``; default ``launch_groups_on``: on for several GPUs; needs ``graphs`` and no start
+events): each group of ``turnip.sched.groups`` is captured as one graph of its members in order (per stream
+slot where a member uses its slot's library handle), each member recording its end event (``group_events=False``:
+only the last does, and the others are placed between their neighbours in the trace); one ``cuGraphLaunch``
+issues the group and its last member's event is the one polled. A group with a member that is not captured
+launches its members one after another instead.
 
 Errors: a launcher that raises, or a copy / event that returns a CUDA error, raises ``VertexFailed`` naming
 the vertex (a sticky asynchronous error is reported on the first in-flight vertex whose event returns it).
@@ -154,7 +154,7 @@ class CudaBackend:
         self.groups = None
         self.group_events = group_events
         self._untimed: set[int] = set()  # members of captured groups that record no end event of their own
-        if (launch_groups_on() if groups is None else groups) and self.graphs and not device_start:
+        if (launch_groups_on(G) if groups is None else groups) and self.graphs and not device_start:
             self.groups = launch_groups(mg)
             for h, members in self.groups.members.items():
                 self._work[h] = self._prepare_group(members)
