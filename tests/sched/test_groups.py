@@ -29,10 +29,12 @@ def check_groups(mg, gr: LaunchGroups) -> None:
             if u not in own:
                 own.add(u)
                 frontier += mg.deps(u).tolist()
+        extra = gr.extra.get(h, [])  # copies the head waits for too: before it in the order, so no descendants
+        assert all(mg.kind[x] != KIND_KERNEL and pos[x] < pos[h] for x in extra)
         for m in members:
             assert mg.kind[m] == KIND_KERNEL and mg.gpu[m] == mg.gpu[h] and mg.lock_group[m] < 0 and not pre[m]
             for u in mg.deps(m).tolist():
-                assert gr.head[u] == h or u in own or pre[u], (h, m, u)
+                assert gr.head[u] == h or u in own or pre[u] or u in extra, (h, m, u)
     grouped = {m for ms in gr.members.values() for m in ms}
     assert all(gr.head[v] == v for v in range(mg.n) if v not in grouped)
 

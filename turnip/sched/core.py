@@ -183,9 +183,15 @@ class Scheduler:
         # where a vertex goes once ready: its GPU's heap (the GPU, >= 0), its lane (-1: fixed order), a lock
         # check first (-2), or nowhere (-3: a group's member, launched by its head)
         self._ready_q = np.where(grouped, -3, np.where(is_fixed, -1, np.where(mg.lock_group >= 0, -2, owner))).tolist()
-        self._indegree = mg.indegree().tolist()
+        indegree = mg.indegree()
+        self._extra = groups.extra if groups is not None else {}  # a group head's added dependencies (copies)
+        for h, xs in self._extra.items():
+            indegree[h] += len(xs)
+            for x in xs:
+                self._succ[x] = [*self._succ[x], h]
+        self._indegree = indegree.tolist()
         pre = mg.preloaded()
-        self._roots = np.flatnonzero((mg.indegree() == 0) & ~pre).tolist()  # ready at the start
+        self._roots = np.flatnonzero((indegree == 0) & ~pre).tolist()  # ready at the start
         self._reset()
 
     def _reset(self) -> None:
@@ -554,7 +560,7 @@ class Scheduler:
         if st == WAITING and h != v and h >= 0:
             return f"its launch group's head {h} ({'running' if self.status[h] == RUNNING else 'not launched'})"
         if st == WAITING:
-            deps = self.mg.deps(v).tolist()
+            deps = self.mg.deps(v).tolist() + self._extra.get(v, [])
             return "dependencies " + ", ".join(str(u) for u in deps if self.status[u] != DONE)
         g, why = self.owner[v], []
         if not self.free_streams[g]:
@@ -582,7 +588,7 @@ class Scheduler:
         assert self.n_running == len(running), "n_running disagrees with states"
         assert self.n_done == sum(1 for v in range(n) if st[v] == DONE), "n_done disagrees with states"
         for v in range(n):
-            m = sum(1 for u in self.mg.deps(v).tolist() if st[u] != DONE)
+            m = sum(1 for u in self.mg.deps(v).tolist() + self._extra.get(v, []) if st[u] != DONE)
             assert self.missing[v] == m, f"missing[{v}]={self.missing[v]}, expected {m}"
             assert (st[v] == WAITING) == (m > 0) or st[v] == WAITING and not self.started, f"state of {v}"
         per_gpu = [0] * self.n_gpus

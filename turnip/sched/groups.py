@@ -9,22 +9,24 @@ GPU backend launches a group as one captured CUDA graph.
 The rule (``launch_groups``), over the plan's topological order (``topo_order``), per kernel ``w`` that is not
 a resident input and not in a sum-into lock group: ``w`` joins the open group of one of its dependencies ``v``
 (same GPU) when every dependency of ``w`` is a member of that group, an ancestor of its head (searched
-``ANCESTOR_DEPTH`` dependency levels up), or a resident input. So whatever a group needs from outside is done
-once its head is ready: it is ready when its head is, and in any topological order (the fixed lanes of ``det``)
-nothing between its head and its last member can wait on it.
+``ANCESTOR_DEPTH`` dependency levels up), a resident input, or a copy (an input, reload or transfer) that comes
+before the head in the order: the head then waits for that copy too (``extra``; a training step's adapters,
+sent from GPU 0 at its start, would otherwise end a group at every adapter). So whatever a group needs from
+outside is done once its head is ready: it is ready when its head is, and in the topological order the fixed
+lanes of ``det`` follow, everything a head waits for comes before it, so no lane waits on a group it feeds.
 A group closes after a member whose result something other than a kernel of its GPU reads (a transfer, an
 offload, another GPU's kernel): those wait for the whole group, so a group ends where another engine or GPU
 needs its result. ``max_members`` bounds a group.
 
 Invariants: every member of a group of two or more is a kernel on the head's GPU with no lock group; its
-dependencies lie in the group, among the head's ancestors, or among the resident inputs; members are in
-topological order, the head first.
+dependencies lie in the group, among the head's ancestors, among the resident inputs or among the head's
+``extra`` copies (each before the head in the order); members are in topological order, the head first.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -52,6 +54,7 @@ class LaunchGroups:
 
     head: np.ndarray
     members: dict[int, list[int]]
+    extra: dict[int, list[int]] = field(default_factory=dict)  # head -> copies it waits for besides its own deps
 
     @property
     def n_units(self) -> int:
@@ -102,21 +105,31 @@ def launch_groups(mg: MemGraph, max_members: int = MAX_MEMBERS, order: np.ndarra
             frontier = nxt
         return seen
 
-    for w in (topo_order(mg) if order is None else order).tolist():
+    order = topo_order(mg) if order is None else order
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    pos = pos.tolist()
+    extra: dict[int, list[int]] = {}
+    for w in order.tolist():
         if kind[w] != KIND_KERNEL or pre[w] or lock[w] >= 0:
             continue
         ds = [u for u in dep_src[dep_ptr[w] : dep_ptr[w + 1]] if not pre[u]]
-        h = -1
+        h, add = -1, ()
         for v in ds:
             c = head[v]
             if c in ext and gpu[c] == gpu[w] and len(members[c]) < max_members:
                 e = ext[c]
-                if all(head[u] == c or u in e for u in ds):
+                # a copy that comes before the head in the order can become the head's dependency too
+                add = [u for u in ds if not (head[u] == c or u in e)]
+                if all(kind[u] != KIND_KERNEL and pos[u] < pos[c] for u in add):
                     h = c
                     break
         if h >= 0:
             head[w] = h
             members[h].append(w)
+            if add:
+                extra.setdefault(h, []).extend(add)
+                ext[h].update(add)
         else:
             h = w
             members[w] = [w]
@@ -124,4 +137,5 @@ def launch_groups(mg: MemGraph, max_members: int = MAX_MEMBERS, order: np.ndarra
         g = gpu[w]
         if any(kind[x] != KIND_KERNEL or gpu[x] != g for x in si[sp[w] : sp[w + 1]]):
             del ext[h]  # closed: what reads w's result elsewhere should not wait for more members
-    return LaunchGroups(np.asarray(head, dtype=np.int64), {h: m for h, m in members.items() if len(m) > 1})
+    groups = {h: m for h, m in members.items() if len(m) > 1}
+    return LaunchGroups(np.asarray(head, dtype=np.int64), groups, {h: x for h, x in extra.items() if h in groups})
