@@ -295,3 +295,42 @@ def test_tokens_do_not_depend_on_the_block_size():
     want = generate(m, prompts, 6, 1 << 20, block=16, eos=()).ids
     for block in (1, 3):
         assert generate(m, prompts, 6, 1 << 20, block=block, eos=()).ids == want
+
+
+def test_carry_of_one_row_copies_that_row_alone():
+    """``backend.carry(pairs, rows=...)`` (a decode step's written slot): those rows of the output reach the
+    input, the input's other rows stay as they were; rows outside the tensor are refused."""
+    from turnip.decode import carry_pairs
+    from turnip.models import LLAMA
+    from turnip.runtime import execute, open_backend
+    from turnip.runtime.layout import row_range
+
+    tg, mg = PlanCache(LLAMA["tiny"], 1 << 20, 1, "fp32", 4, None).get("decode", 2, 1)
+    pairs = carry_pairs(tg)
+    assert pairs
+    rng = np.random.default_rng(1)
+    with open_backend("cpu", mg, 2) as be:
+        be.write_inputs({t: rng.standard_normal(tg.shape[t]).astype(np.float32) for t in be._inputs})
+        execute(mg, be, "nondet", 2, seed=0)
+        out = be.read_outputs()
+        before = {i: be._host_view(be._inputs[i][0]).copy() for _, i in pairs}
+        be.carry(pairs, rows=(2, 1))
+        for o, i in pairs:
+            after = be._host_view(be._inputs[i][0])
+            np.testing.assert_array_equal(after[2], out[o][2])
+            np.testing.assert_array_equal(np.delete(after, 2, axis=0), np.delete(before[i], 2, axis=0))
+    assert row_range((4, 3), 48, (1, 2)) == (12, 24) and row_range((4, 3), 48, None) == (0, 48)
+    with pytest.raises(ValueError, match="outside a tensor of 4 rows"):
+        row_range((4, 3), 48, (3, 2))
+
+
+def test_carrying_the_written_rows_alone_keeps_the_tokens(monkeypatch):
+    """``TURNIP_CARRY_ROWS=1``: the same greedy tokens as carrying whole blocks (several blocks, a cache that
+    spills to the host, chaos)."""
+    m = load_model("llama-tiny", "fp32", seed=3)
+    prompts = [[5, 7, 9, 11, 2], [3, 1, 4]]
+    got = []
+    for on in ("0", "1"):
+        monkeypatch.setenv("TURNIP_CARRY_ROWS", on)
+        got.append(generate(m, prompts, max_new_tokens=9, budget="64KiB", block=4, chaos=0.2, seed=1).ids)
+    assert got[0] == got[1] and all(len(x) == 9 for x in got[0])

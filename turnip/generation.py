@@ -25,6 +25,14 @@ from turnip.plancache import PlanCache
 
 STEP_INPUTS = ("x0", "rot", "W", "Eq", "Ek", "Pv")  # the decode plan's inputs that are not weights
 PREFILL_ROUND = 16  # prefill plans per prompt length rounded up to this many tokens
+CARRY_ROWS_SWITCH = "TURNIP_CARRY_ROWS"  # "1": a decode step carries only its written slot's rows (not yet timed)
+
+
+def carry_rows_on() -> bool:
+    """Whether a decode step hands its written cache block to the next step by the written slot's rows alone
+    (``TURNIP_CARRY_ROWS=1``; off: the whole block, 2 x layers x block x batch x heads x head-dim values a step,
+    8 GB for 7B at batch 64 with blocks of 256 slots). Off by default until measured on a GPU."""
+    return os.environ.get(CARRY_ROWS_SWITCH) == "1"
 
 
 class GenerateError(ValueError):
@@ -266,7 +274,7 @@ def generate(
             inputs = {"x0": m.embed(cur), "rot": rotations(m.cfg, [n - 1 + k for n in lens], dtype),
                       "W": slot_onehot(block, slot, dtype)}  # fmt: skip
             logits = runner.run(inputs, policy, streams, None if seed is None else seed + k, ["logits"])["logits"]
-            runner.be.carry(carry_pairs(runner.tg))
+            runner.be.carry(carry_pairs(runner.tg), rows=(slot % block, 1) if carry_rows_on() else None)
             cur = sample(logits, sampling, rng)
             if ttft is None:
                 ttft, t_dec = time.perf_counter() - t0, time.perf_counter()

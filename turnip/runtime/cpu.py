@@ -169,19 +169,21 @@ class CpuBackend:
                 out[t] = (self._host_view(o) if on_host else self.buf(o)).copy()
         return out
 
-    def carry(self, pairs) -> None:
+    def carry(self, pairs, rows: tuple[int, int] | None = None) -> None:
         """Between runs: each (output tensor, input tensor) pair's output becomes that input's value for the
         next run (copied into its resident GPU buffer, else its host copy), without a trip through Python
-        arrays: a training step's new adapters and Adam moments feed the next step."""
+        arrays: a training step's new adapters and Adam moments feed the next step. ``rows``: (first, count)
+        of the leading dimension, the only rows that differ: just those are copied."""
         src = {t: (o, on_host) for t, o, on_host in output_sources(self.mg)}
+        sl = slice(None) if rows is None else slice(rows[0], rows[0] + rows[1])
         for t_out, t_in in pairs:
             o, on_host = src[t_out]
-            x = self._host_view(o) if on_host else self.buf(o)
+            x = (self._host_view(o) if on_host else self.buf(o))[sl]
             vs = self._inputs[t_in]
             for v in vs:
                 if self.lay.resident[v]:
-                    self.buf(v)[...] = x
-            self._host_view(vs[0])[...] = x  # also the host copy: ``poison`` reloads resident inputs from it
+                    self.buf(v)[sl] = x
+            self._host_view(vs[0])[sl] = x  # also the host copy: ``poison`` reloads resident inputs from it
 
     # ------------------------------------------------------------------ runs
     def begin_run(self, seed: int | None = None) -> None:

@@ -53,7 +53,7 @@ from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL, KIND_OFFLOAD, KIND_REL
 from turnip.runtime._cudadrv import NOT_READY, PEER_ACCESS_ALREADY_ENABLED, SUCCESS, CudaError, Driver
 from turnip.runtime.backend import check_ready
 from turnip.runtime.errors import BackendError, VertexFailed
-from turnip.runtime.layout import HOST_INPUT, NP_DTYPE, input_vertices, output_sources, plan_layout
+from turnip.runtime.layout import HOST_INPUT, NP_DTYPE, input_vertices, output_sources, plan_layout, row_range
 from turnip.sched.groups import launch_groups, launch_groups_on
 
 _COPY_KINDS = (KIND_INPUT, KIND_RELOAD, KIND_OFFLOAD, KIND_TRANSFER)
@@ -382,10 +382,12 @@ class CudaBackend:
                 out[t] = to_host(self.view(o))
         return out
 
-    def carry(self, pairs) -> None:
+    def carry(self, pairs, rows: tuple[int, int] | None = None) -> None:
         """Between runs: each (output tensor, input tensor) pair's output becomes that input's value for the
         next run: one device copy into its resident GPU buffer (a host copy when the output was offloaded or
-        the input streams from the host). A training step's new adapters and moments never leave the GPU."""
+        the input streams from the host). A training step's new adapters and moments never leave the GPU.
+        ``rows``: (first, count) of the leading dimension, the only rows that differ (a decode step's cache
+        block: its one written slot): just those are copied."""
         from turnip.runtime.layout import HOST_OFFLOAD
 
         lay, drv = self.lay, self.drv
@@ -397,19 +399,20 @@ class CudaBackend:
             if nb != int(lay.nbytes[o]):
                 raise BackendError(f"carry: output {self.mg.label(o)} has {lay.nbytes[o]} bytes, input "
                                    f"{self.mg.label(vs[0])} {nb}")  # fmt: skip
+            skip, nb = row_range(self.mg.shape[o], nb, rows)
             if on_host:
-                host = self._host_base[HOST_OFFLOAD] + lay.host_offset[o]
+                host = self._host_base[HOST_OFFLOAD] + lay.host_offset[o] + skip
             else:
                 self._set_ctx(lay.gpu[o])
-                dev = self.base[lay.gpu[o]] + lay.out_offset[o]
+                dev = self.base[lay.gpu[o]] + lay.out_offset[o] + skip
             for v in vs:
                 if lay.resident[v]:
-                    dst = self.base[lay.gpu[v]] + lay.out_offset[v]
+                    dst = self.base[lay.gpu[v]] + lay.out_offset[v] + skip
                     self._set_ctx(lay.gpu[v])
                     r = drv.cuMemcpyHtoD_v2(dst, host, nb) if on_host else drv.cuMemcpyDtoD_v2(dst, dev, nb)
                     drv.check(r, f"carrying {self.mg.label(o)} into {self.mg.label(v)}")
             if not all(lay.resident[v] for v in vs):
-                dst = self._host_base[HOST_INPUT] + lay.host_offset[vs[0]]
+                dst = self._host_base[HOST_INPUT] + lay.host_offset[vs[0]] + skip
                 if on_host:
                     ctypes.memmove(dst, host, nb)
                 else:

@@ -91,3 +91,16 @@ def output_sources(mg: MemGraph) -> list[tuple[int, int, bool]]:
 
 __all__ = ["HOST_INPUT", "HOST_OFFLOAD", "NP_DTYPE", "Layout", "buffer_view", "input_vertices",
            "output_sources", "plan_layout"]  # fmt: skip
+
+
+def row_range(shape, nbytes: int, rows: tuple[int, int] | None) -> tuple[int, int]:
+    """(byte offset, byte count) of rows [first, first + count) of the leading dimension of a tensor of
+    ``shape`` and ``nbytes`` (``rows`` None: the whole tensor). ``ValueError`` for rows outside the tensor."""
+    if rows is None:
+        return 0, nbytes
+    first, count = rows
+    n0 = int(shape[0]) if len(shape) else 1
+    if first < 0 or count < 0 or first + count > n0:
+        raise ValueError(f"rows [{first}, {first + count}) outside a tensor of {n0} rows (shape {tuple(shape)})")
+    row = nbytes // n0
+    return first * row, count * row
