@@ -20,6 +20,10 @@ State it owns (virtual time in integer ns):
                       what an idle GPU draws), and an empty one slows kernels that draw more than the limit;
                       under the shared-clock model it goes into debt and the debt lowers the GPU's clock
                       for every kernel (``MachineProfile``)
+Launch groups (``turnip.sched.groups``; on for plans of several GPUs unless ``TURNIP_LAUNCH_GROUPS`` says
+otherwise): the core launches a group's head alone; here its members run back to back on its GPU behind that
+one issue (costing the head's launch plus ``group_member_launch_ns`` per other member), and one completion
+event, the last member's, reaches the host loop for all of them.
 Events are handled in time order, ties in the order they were scheduled: the order of a SimPy
 ``Environment``'s timeouts, kept in a heap of plain tuples (``Simulation._loop``). Each launched vertex is an
 event when the host has issued it (handled at once when nothing pending comes first) and one when its

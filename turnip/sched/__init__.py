@@ -10,12 +10,14 @@ It reads no clock, starts no thread and does no I/O: time arrives inside events.
         cmds = sched.handle(KernelDone(v, t_ns))   # or CopyDone(v, t_ns)
 
 ``det-replay`` replays a recorded issue order: ``Scheduler(mg, "det-replay", order=res.order)`` with the
-order of an earlier run (``turnip.sched.replay``).
+order of an earlier run (``turnip.sched.replay``). ``Scheduler(mg, groups=launch_groups(mg))`` dispatches runs of
+kernels as units (``turnip.sched.groups``).
 """
 
 from turnip.sched.core import POLICIES, Scheduler
 from turnip.sched.errors import ProtocolError, SchedulerStall, StuckVertex
 from turnip.sched.events import Copy, CopyDone, KernelDone, Launch, RunStarted
+from turnip.sched.groups import LaunchGroups, launch_groups
 from turnip.sched.priority import critical_path_ns, topo_order
 from turnip.sched.replay import engine_orders, issue_order
 
@@ -25,6 +27,7 @@ __all__ = [
     "CopyDone",
     "KernelDone",
     "Launch",
+    "LaunchGroups",
     "ProtocolError",
     "RunStarted",
     "Scheduler",
@@ -33,5 +36,6 @@ __all__ = [
     "critical_path_ns",
     "engine_orders",
     "issue_order",
+    "launch_groups",
     "topo_order",
 ]
