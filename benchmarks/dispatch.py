@@ -98,7 +98,7 @@ def timings(res: list, mg, be) -> dict:
     polling; the median host cost per vertex."""
     ms = sorted(r.makespan_ns / 1e6 for r in res)
     k = len(res)
-    hc = np.concatenate([r.host_cost_ns() for r in res])
+    hc = np.concatenate([r.command_host_cost_ns() for r in res])
     gr = getattr(be, "groups", None)
     return {"ms_median": ms[k // 2], "ms_min": ms[0], "vertices": mg.n, "units": gr.n_units if gr else mg.n,
             "issue_ms": sum(int((r.issue_ns - r.host_start_ns).sum()) for r in res) / k / 1e6,

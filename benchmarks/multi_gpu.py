@@ -53,7 +53,7 @@ def prefill_row(a, seq: int, budget: str, gpus: int, split: str, batch: int = 1)
             res = [execute(mg, be, policy, seed=100 + i, device_times=False) for i in range(a.repeat)]
             got = be.read_outputs()
             ms = sorted(r.makespan_ns / 1e6 for r in res)
-            hc = np.concatenate([r.host_cost_ns() for r in res])
+            hc = np.concatenate([r.command_host_cost_ns() for r in res])
             outs[policy] = got
             same = None
             if policy.startswith("nondet"):

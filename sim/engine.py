@@ -732,14 +732,15 @@ def fastest_run(
     progress=None,
     host: float | None = None,
     link: float | None = None,
+    groups: bool | None = None,
 ) -> SimResult:
     """The fastest of ``policy`` runs over ``seeds`` (the first on ties). Its ``order`` is the ``det-replay``
     baseline: the best order nondet found, replayed fixed (``simulate(..., order=r.order)``). ``progress``:
-    called with the number of runs done; ``host``, ``link``: as ``simulate``'s."""
+    called with the number of runs done; ``host``, ``link``, ``groups``: as ``simulate``'s."""
     tm = tm or TimingModel(mg, prof)
     best = None
     for i, s in enumerate(seeds, 1):
-        r = simulate(mg, prof, policy, s, mean_only, tm, host=host, link=link)
+        r = simulate(mg, prof, policy, s, mean_only, tm, host=host, link=link, groups=groups)
         if best is None or r.makespan_ns < best.makespan_ns:
             best = r
         if progress is not None:

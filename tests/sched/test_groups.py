@@ -152,3 +152,26 @@ def test_launch_command_of_a_group_is_its_heads():
     (c,) = s.handle.__self__.start(0)
     assert type(c) is Launch and c.v == 0
     assert s.handle(KernelDone(0, 5)) == [] and s.finished
+
+
+def test_cli_launch_groups_flag(capsys):
+    """``--launch-groups on|off|auto`` on simulate, run and train; auto is on for a plan of two GPUs."""
+    import re
+
+    from turnip.cli import main
+
+    ms = {}
+    for g in ("off", "on", "auto"):
+        assert main(["simulate", "llama-tiny:64:2:1MiB", "--runs", "1", "--mean-only", "--launch-groups", g]) == 0
+        ms[g] = float(re.search(r"makespan\s+mean ([\d.]+) ms", capsys.readouterr().out).group(1))
+    assert ms["on"] == ms["auto"] < ms["off"]  # the same kernels, fewer commands for the simulated host
+    run = ["run", "--model", "llama-tiny", "--seq", "64", "--gpus", "2", "--budget", "1MiB", "--backend", "cpu",
+           "--repeat", "1", "--warmup", "0"]  # fmt: skip
+    for g in ("off", "on"):
+        assert main([*run, "--launch-groups", g]) == 0
+        assert "host cost / command" in capsys.readouterr().out
+    assert main(["train", "--model", "llama-tiny", "--seq", "16", "--batch", "2", "--gpus", "2", "--budget", "1MiB",
+                 "--backend", "cpu", "--steps", "1", "--launch-groups", "on"]) == 0  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", "llama-tiny:64:2:1MiB", "--launch-groups", "sometimes"])
+    assert e.value.code == 2 and "invalid choice: 'sometimes'" in capsys.readouterr().err

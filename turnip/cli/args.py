@@ -192,6 +192,17 @@ def add_runtime_flags(p, stall_s: float) -> None:
                    help="cpu: probability of a random delay per vertex (0..1)")
     p.add_argument("--stall-s", type=float_in(0.0, lo_open=True), default=stall_s,
                    help="watchdog: stop when nothing completes this long")
+    add_groups_flag(p)
+
+
+GROUPS = {"auto": None, "on": True, "off": False}
+
+
+def add_groups_flag(p) -> None:
+    """``--launch-groups``: runs of kernels on one GPU dispatched as one unit (``turnip.sched.groups``)."""
+    p.add_argument("--launch-groups", choices=list(GROUPS), default="auto",
+                   help="dispatch runs of kernels on one GPU as one unit (one command, one captured graph, one "
+                   "completion): auto = on for plans of several GPUs (TURNIP_LAUNCH_GROUPS=0|1 overrides auto)")
 
 
 TRAIN_DEFAULTS = {"rank": 16, "alpha": 32.0, "targets": "q,k,v,ffn", "lr": 1e-4, "checkpoint": "auto"}

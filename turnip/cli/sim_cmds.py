@@ -45,6 +45,7 @@ def register(sub) -> None:
     s.add_argument("--host-factor", type=ck.float_in(0.0, lo_open=True), metavar="F",
                    help="every host cost (issue, completion handling, polling) times F in every run: a host F times "
                         "slower than the profile's (default: each run's drawn from the profile's host_excess_sd)")
+    ck.add_groups_flag(s)
     s.add_argument("--link-factor", type=ck.float_in(0.0, lo_open=True), metavar="F",
                    help="every copy between host and GPU moves its bytes F times slower (its latency stays) in every "
                         "run: a host link at 1/F of the profile's rate, as when the host's memory is busy (default: "
@@ -273,7 +274,7 @@ def _runs(mg, prof, tm, policy: str, a, progress: str):
         n_rec = a.record_runs or a.runs
         with Progress(n_rec, "simulate: record nondet orders") as bar:
             best = fastest_run(mg, prof, range(a.seed, a.seed + n_rec), a.mean_only, tm, progress=bar.update,
-                               host=a.host_factor, link=a.link_factor)  # fmt: skip
+                               host=a.host_factor, link=a.link_factor, groups=ck.GROUPS[a.launch_groups])  # fmt: skip
         order = best.order
         replayed = (f"replaying the issue order of nondet seed {best.seed} ({best.makespan_ns / 1e6:.3f} ms, the "
                     f"fastest of {n_rec} nondet runs)")  # fmt: skip
@@ -281,7 +282,7 @@ def _runs(mg, prof, tm, policy: str, a, progress: str):
     with Progress(a.runs, progress) as bar:
         for i in range(a.runs):
             r = simulate(mg, prof, policy, a.seed + i, a.mean_only, tm, order, host=a.host_factor,
-                         link=a.link_factor)  # fmt: skip
+                         link=a.link_factor, groups=ck.GROUPS[a.launch_groups])  # fmt: skip
             first = first or r  # its bound is the one printed
             rows.append({"policy": policy, "seed": r.seed, "makespan_ns": r.makespan_ns,
                          "lower_bound_ns": r.lower_bound_ns, "wall_s": r.wall_s, "host_factor": r.host_factor,

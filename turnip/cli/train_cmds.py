@@ -148,7 +148,7 @@ def cmd_train(a) -> int:
     state = AdapterState.init(tg, a.seed)
     per_step = set(state.inputs()) | {"x0", "targets"}
     t_plan = time.perf_counter() - t0
-    opts = {"chaos": a.chaos} if a.backend == "cpu" else {}
+    opts = ({"chaos": a.chaos} if a.backend == "cpu" else {}) | {"groups": ck.GROUPS[a.launch_groups]}
     rows = []
     peak = format_nbytes(max(mg.stats.get("peak_nbytes_per_gpu", [0])))
     print(f"LoRA rank {tr['lora']['rank']} on {','.join(tr['lora']['targets'])} of {tr['n_layers']} layers: "

@@ -41,10 +41,18 @@ class RunResult:
     handle_ns: np.ndarray = field(repr=False)  # host time spent on each vertex's completion
     order: list = field(repr=False, default_factory=list)  # commands in issue order
     poll_ns: int = 0  # host time spent polling for completions (found or not), over the run
+    command: np.ndarray | None = field(repr=False, default=None)  # per vertex: issued as a command of its own
+    # (False for a launch group's members other than its head, which its head's command issues); None: all
 
     def host_cost_ns(self) -> np.ndarray:
-        """Host time per dispatched vertex: issuing its command plus handling its completion."""
+        """Host time per vertex: issuing its command plus handling its completion (a launch group's: its head's;
+        its other members 0)."""
         return (self.issue_ns - self.host_start_ns) + self.handle_ns
+
+    def command_host_cost_ns(self) -> np.ndarray:
+        """``host_cost_ns`` of the vertices issued as commands of their own (resident inputs included: 0)."""
+        hc = self.host_cost_ns()
+        return hc if self.command is None else hc[self.command]
 
     def trace(self, mg: MemGraph, meta: dict | None = None):
         """This run in the shared trace schema (``turnip.trace.Trace``), memory counter included."""
@@ -67,7 +75,7 @@ class RunResult:
         row["lower_bound_ns"] = (bound or {}).get("lower_bound_ns", -1)
         row |= run_metrics(tr.spans, mg.n_gpus)
         row |= {f"bound_{k}": v for k, v in (bound or {}).items() if k != "lower_bound_ns"}
-        hc = self.host_cost_ns()
+        hc = self.command_host_cost_ns()
         row |= {"n_vertices": mg.n, "backend": self.backend, "run_wall_s": self.wall_s,
                 "host_cost_us_p50": float(np.median(hc)) / 1e3 if len(hc) else 0.0}  # fmt: skip
         return row
@@ -151,7 +159,11 @@ def execute(
         if gc_was_enabled:
             gc.enable()
     wall_s = (clock() - t0) / 1e9
+    command = None
     for h, members in (groups.members.items() if groups is not None else ()):  # issued and seen with the head,
+        if command is None:
+            command = np.ones(n, dtype=bool)
+        command[members[1:]] = False
         for m in members[1:]:  # whose issue and handling are the group's host cost
             host_start[m] = issue[m] = issue[h]
             done[m], stream[m] = done[h], stream[h]
@@ -184,4 +196,5 @@ def execute(
         handle_ns=arr(handle),
         order=order,
         poll_ns=poll_ns,
+        command=command,
     )
