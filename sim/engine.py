@@ -163,6 +163,8 @@ class Simulation:
             per = int(prof.group_member_launch_ns * self.host_factor)
             for h, m in self.members.items():
                 self.launch_ns[h] += per * (len(m) - 1)
+                for u in m[1:]:  # issued by the head's command: no issue of their own
+                    self.launch_ns[u] = 0
         n, g = mg.n, mg.n_gpus
         self.issue, self.start, self.end, self.done = [0] * n, [0] * n, [0] * n, [0] * n
         self.handle = [0] * n  # host time spent handling each vertex's completion
