@@ -71,13 +71,19 @@ def assert_same_step(plans, cfg, batch: int, budget: int, offloads=()) -> None:
             np.testing.assert_allclose(b[k], a, rtol=1e-4, atol=1e-6, err_msg=k)
 
 
-@pytest.mark.parametrize("gpus", [2, 3])
-def test_data_split_training_step_matches_one_gpu(gpus):
+@pytest.mark.parametrize("gpus,spread", [(2, "0"), (3, "0"), (2, "1"), (3, "1")])
+def test_data_split_training_step_matches_one_gpu(gpus, spread, monkeypatch):
     """Loss, adapter gradients and the new adapters of a data-split step equal the one-GPU step's, under a
-    budget that offloads, on the CPU backend with chaos."""
+    budget that offloads, on the CPU backend with chaos; ``TURNIP_SPREAD_STATE=1``: each layer's adapters,
+    their sums and updates on GPU layer % G instead of GPU 0."""
     cfg = LLAMA["tiny"]
     one = lora_step(cfg, seq=16, batch=3, n_gpus=1, dtype="fp32", checkpoint="on")
+    monkeypatch.setenv("TURNIP_SPREAD_STATE", spread)
     many = lora_step(cfg, seq=16, batch=3, n_gpus=gpus, dtype="fp32", checkpoint="on", split="data")
+    state = {i for _, i in state_names(many)}
+    homes = {int(many.gpu[v]) for name, (_, blocks) in many.meta["input_blocks"].items() if name in state
+             for _, v in blocks}  # fmt: skip
+    assert homes == (set(range(min(gpus, cfg.n_layers))) if spread == "1" else {0}), homes
     assert_same_step([one, many], cfg, 3, 256 << 10, offloads=[many])
 
 

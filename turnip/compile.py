@@ -41,9 +41,9 @@ def compiler_fingerprint() -> str:
     for f in sorted([*src, *root.glob("memgraph/*.py")]):
         h.update(f.name.encode())
         h.update(f.read_bytes())
-    from turnip.train import pack_on
+    from turnip.train import pack_on, spread_state_on
 
-    h.update(f"fold={fold_adds_on()} pack={pack_on()} prompts={pack_prompts_on()}".encode())
+    h.update(f"fold={fold_adds_on()} pack={pack_on()} prompts={pack_prompts_on()} spread={spread_state_on()}".encode())
     return h.hexdigest()[:12]
 
 

@@ -219,6 +219,8 @@ class Tiling:
     pin: int | None = None  # every block on this GPU (the layers split, per node)
     replicate: frozenset = frozenset()  # logical inputs loaded by each GPU that reads them
     snake: bool = False  # blocks of the first parallel letter go 0, 1, .., G-1, G-1, .., 0, 0, 1, ..
+    home: int | None = None  # where blocks with no parallel letter go (None: GPU 0)
+    spread: bool = False  # the data split: a decoder layer's blocks with no parallel letter on GPU layer % G
 
     def stage(self, layer: int) -> int:
         """The GPU of decoder ``layer`` under the layers split (before the first: GPU 0; after the last: the
@@ -242,7 +244,7 @@ class Tiling:
                     r = coords[l] % (2 * self.n_gpus)
                     return r if r < self.n_gpus else 2 * self.n_gpus - 1 - r
                 return coords[l] % self.n_gpus
-        return 0
+        return self.home or 0
 
 
 class _Lowering:
@@ -281,12 +283,16 @@ class _Lowering:
         if base.parallel == "layers" and base.n_layers < 1:
             raise TilingError("the layers split needs the number of decoder layers (Tiling.n_layers)")
         pinned = [dataclasses.replace(base, pin=g) for g in range(base.n_gpus)]
+        homed = [dataclasses.replace(base, home=g) for g in range(base.n_gpus)]
         for node in self.g.nodes:
             if base.parallel == "layers":
                 if node.layer is None:
                     raise TilingError(f"the layers split places nodes by their layer; {node.op} {node.out.name} "
                                       "has none (build it inside Graph.layer_scope)")  # fmt: skip
                 self.T = pinned[base.stage(node.layer)]
+            elif base.spread:
+                L = node.layer
+                self.T = homed[L % base.n_gpus] if L is not None and 0 <= L else base
             getattr(self, "_" + ("map" if node.op in ELEMENTWISE else node.op))(node)
         self.T = base
         outs = [v for x in self.g.outputs for v in self.blocks[x].values()]

@@ -335,14 +335,14 @@ def pack_prompts(shape: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: s
 
 
 def split_tiling(tiles: dict, n_gpus: int, split: str, n_layers: int, parallel: str,
-                 replicate=frozenset(), snake: bool = False) -> Tiling:  # fmt: skip
+                 replicate=frozenset(), snake: bool = False, spread: bool = False) -> Tiling:  # fmt: skip
     """The ``Tiling`` of a split: blocks of the ``parallel`` letters round-robin (tensor), whole layers
     (layers), or token tiles round-robin (``snake``: back and forth) with the ``replicate`` inputs loaded by
     every GPU that reads them (data)."""
     if split == "layers":
         return Tiling(tiles, n_gpus=n_gpus, parallel="layers", n_layers=n_layers)
     if split == "data":
-        return Tiling(tiles, n_gpus=n_gpus, parallel="t", replicate=frozenset(replicate), snake=snake)
+        return Tiling(tiles, n_gpus=n_gpus, parallel="t", replicate=frozenset(replicate), snake=snake, spread=spread)
     return Tiling(tiles, n_gpus=n_gpus, parallel=parallel)
 
 

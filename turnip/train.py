@@ -245,6 +245,15 @@ def train_tiles(cfg: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str,
     return t
 
 
+SPREAD_SWITCH = "TURNIP_SPREAD_STATE"  # "1": the data split keeps layer i's adapters and their updates on GPU i % G
+
+
+def spread_state_on() -> bool:
+    """Whether a training step's data split spreads the adapters, their moments, gradient sums and Adam updates
+    over the GPUs by layer (``TURNIP_SPREAD_STATE=1``; off: all on GPU 0). Off by default until measured on a GPU."""
+    return os.environ.get(SPREAD_SWITCH) == "1"
+
+
 PACK_TOKENS = 2048  # packed token tiles of a training step grow to this many tokens
 
 
@@ -302,7 +311,7 @@ def lora_step(
     g, adapters = lora_graph(cfg, seq, batch, dtype, n_layers, lora, ck)
     state = {i for _, i in _state_pairs(adapters)}
     frozen = {n.out.name for n in g.nodes if n.op == "input" and "t" not in n.out.dims and n.out.name not in state}
-    tg = lower(g, split_tiling(t, n_gpus, split, L, "thf", replicate=frozen))
+    tg = lower(g, split_tiling(t, n_gpus, split, L, "thf", replicate=frozen, spread=spread_state_on()))
     tg.meta.update(
         model=cfg.name or "llama", seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head="train", split=split,
         embed={"input": "x0", "table": "model.embed_tokens.weight"},
