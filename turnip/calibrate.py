@@ -151,9 +151,10 @@ def host_samples(mg, runs, into: dict) -> dict:
 
 
 def handed_back(r) -> np.ndarray:
-    """Per vertex of run ``r``: how many commands the host issued in answer to its completion. The host loop
-    handles one completion, issues what the scheduler handed back, then handles the next: those are the
-    vertices whose issue began after this completion's handling and before the next completion was seen."""
+    """Per vertex of run ``r`` (a run without launch groups, as calibration's are: one GPU, or start events):
+    how many commands the host issued in answer to its completion. The host loop handles one completion, issues
+    what the scheduler handed back, then handles the next: those are the vertices whose issue began after this
+    completion's handling and before the next completion was seen."""
     sent = np.flatnonzero(r.issue_ns > 0)  # resident inputs complete nothing in a run
     # in the order the host handled them: two seen at once were handled the one with no handling time first
     o = sent[np.lexsort((r.handle_ns[sent], r.done_ns[sent]))]
