@@ -87,9 +87,10 @@ def test_configs_turnip_cannot_run_are_named(change, msg):
         LlamaConfig.from_hf(GQA | change)
 
 
-@pytest.mark.parametrize("gpus,head,dtype", [(1, "last", "fp32"), (2, "last", "fp32"), (2, "all", "fp32"),
-                                             (1, "last", "bf16")])  # fmt: skip
-def test_checkpoint_logits_match_numpy_on_the_cpu_backend(model_dir, gpus, head, dtype):
+@pytest.mark.parametrize("gpus,head,dtype,split", [(1, "last", "fp32", "tensor"), (2, "last", "fp32", "tensor"),
+                                                   (2, "all", "fp32", "tensor"), (1, "last", "bf16", "tensor"),
+                                                   (2, "all", "fp32", "data")])  # fmt: skip
+def test_checkpoint_logits_match_numpy_on_the_cpu_backend(model_dir, gpus, head, dtype, split):
     from turnip.checkpoint import Checkpoint
     from turnip.compile import build_with_resident, make_taskgraph
     from turnip.memgraph.interp import assemble
@@ -100,7 +101,7 @@ def test_checkpoint_logits_match_numpy_on_the_cpu_backend(model_dir, gpus, head,
     d, cfg, t = model_dir
     ids = np.random.default_rng(5).integers(0, cfg.vocab, size=37)
     budget = 200_000  # below the embedding table (517 x 64 fp32 = 132 KB) plus one layer: streamed, tiled head
-    tg = make_taskgraph(str(d), 37, gpus, dtype, {"t": 16, "v": 130}, budget_nbytes=budget, head=head)
+    tg = make_taskgraph(str(d), 37, gpus, dtype, {"t": 16, "v": 130}, budget_nbytes=budget, head=head, split=split)
     mg = build_with_resident(tg, budget)
     assert verify(mg, tg) == []
     with open_backend("cpu", mg, 3, chaos=0.3) as be:
