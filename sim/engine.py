@@ -280,9 +280,8 @@ class Simulation:
                     copies_active[src[v]] -= 1
                     copies_active[gpu[v]] -= 1
                 batch = complete(v, seen)
-                mem = members.get(v)
-                if mem is not None:  # a launch group: every member done with its head
-                    for m in mem:
+                if members and v in members:  # a launch group: every member done with its head
+                    for m in members[v]:
                         done[m] = seen
                 # it handles the completion (the longer, the more commands it hands back), then issues them
                 h = handle_ns + handle_cmd * len(batch)
@@ -316,20 +315,21 @@ class Simulation:
                 if e == kernel:
                     g = gpu[v]
                     ready = t + start_latency
-                    for u in members.get(v, (v,)):  # a launch group's members one after another
+                    if members and v in members:  # a launch group: its members one after another
+                        done_at = self._run_group(members[v], g, t, ready, power)
+                    else:
                         busy = compute_free[g] > ready
                         s = compute_free[g] if busy else ready
                         if copies_active[g]:
-                            dur = kernel_ns[u] * fc[u] * slowdown  # slowed and noisier while copies run
+                            dur = kernel_ns[v] * fc[v] * slowdown  # slowed and noisier while copies run
                         else:
-                            dur = kernel_ns[u] * f[u]
-                        dur = int(dur * overlap[u]) if busy else int(dur)  # it shares the GPU with the one before
+                            dur = kernel_ns[v] * f[v]
+                        dur = int(dur * overlap[v]) if busy else int(dur)  # it shares the GPU with the one before
                         if power is not None:
-                            dur = power(g, s, dur, u)
-                        issue[u] = t
-                        start[u] = s
-                        end[u] = compute_free[g] = s + dur
-                    push(q, (end[u] + completion, seq, (v << 1) | 1))
+                            dur = power(g, s, dur, v)
+                        start[v] = s
+                        end[v] = compute_free[g] = done_at = s + dur
+                    push(q, (done_at + completion, seq, (v << 1) | 1))
                     seq += 1
                 elif e == p2p:
                     dur = int((p2p_latency + nbytes[v] * 1e9 / p2p_rate) * f[v]) + stall[v]
@@ -364,6 +364,22 @@ class Simulation:
             if not popped:
                 host_free = t
         self.host_free, self.inflight, self._seq = host_free, inflight, seq
+
+    def _run_group(self, members: list[int], g: int, t: int, ready: int, power) -> int:
+        """A launch group issued at ``t`` on GPU ``g``: its kernels one after another (each as a kernel issued at
+        ``t`` would run); the last one's end."""
+        compute_free, kernel_ns, f, fc, overlap = self.compute_free, self.kernel_ns, self.f, self.fc, self.overlap
+        slowdown = self.prof.kernel_slowdown_with_copies
+        for u in members:
+            busy = compute_free[g] > ready
+            s = compute_free[g] if busy else ready
+            dur = kernel_ns[u] * fc[u] * slowdown if self.copies_active[g] else kernel_ns[u] * f[u]
+            dur = int(dur * overlap[u]) if busy else int(dur)  # it shares the GPU with the one before
+            if power is not None:
+                dur = power(g, s, dur, u)
+            self.issue[u], self.start[u] = t, s
+            self.end[u] = compute_free[g] = s + dur
+        return compute_free[g]
 
     def _power_limited(self, g: int, start: int, dur: int, v: int) -> int:
         """Duration of kernel v, ``dur`` ns at full clock, starting at ``start`` on GPU g under the power limit:

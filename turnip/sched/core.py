@@ -279,9 +279,8 @@ class Scheduler:
         if status[v] != RUNNING:
             raise ProtocolError(f"completion of {self.mg.label(v)}, which is not running (state {status[v]})")
         self.now_ns = t_ns
-        members = self._members.get(v)
-        if members is not None:
-            return self._complete_group(v, members)
+        if self._members and v in self._members:
+            return self._complete_group(v, self._members[v])
         status[v] = DONE
         self.n_done += 1
         self.n_running -= 1
