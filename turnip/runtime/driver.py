@@ -159,11 +159,8 @@ def execute(
         if gc_was_enabled:
             gc.enable()
     wall_s = (clock() - t0) / 1e9
-    command = None
-    for h, members in (groups.members.items() if groups is not None else ()):  # issued and seen with the head,
-        if command is None:
-            command = np.ones(n, dtype=bool)
-        command[members[1:]] = False
+    command = None if groups is None else groups.head == np.arange(n)  # a group's other members: issued by its head
+    for h, members in groups.members.items() if groups is not None else ():  # and seen with it,
         for m in members[1:]:  # whose issue and handling are the group's host cost
             host_start[m] = issue[m] = issue[h]
             done[m], stream[m] = done[h], stream[h]

@@ -89,10 +89,6 @@ def output_sources(mg: MemGraph) -> list[tuple[int, int, bool]]:
     return [(int(mg.tensor[o]), int(o), int(mg.kind[o]) == KIND_OFFLOAD) for o in mg.outputs.tolist()]
 
 
-__all__ = ["HOST_INPUT", "HOST_OFFLOAD", "NP_DTYPE", "Layout", "buffer_view", "input_vertices",
-           "output_sources", "plan_layout"]  # fmt: skip
-
-
 def row_range(shape, nbytes: int, rows: tuple[int, int] | None) -> tuple[int, int]:
     """(byte offset, byte count) of rows [first, first + count) of the leading dimension of a tensor of
     ``shape`` and ``nbytes`` (``rows`` None: the whole tensor). ``ValueError`` for rows outside the tensor."""
@@ -104,3 +100,7 @@ def row_range(shape, nbytes: int, rows: tuple[int, int] | None) -> tuple[int, in
         raise ValueError(f"rows [{first}, {first + count}) outside a tensor of {n0} rows (shape {tuple(shape)})")
     row = nbytes // n0
     return first * row, count * row
+
+
+__all__ = ["HOST_INPUT", "HOST_OFFLOAD", "NP_DTYPE", "Layout", "buffer_view", "input_vertices",
+           "output_sources", "plan_layout", "row_range"]  # fmt: skip

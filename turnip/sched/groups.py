@@ -91,7 +91,7 @@ def launch_groups(mg: MemGraph, max_members: int = MAX_MEMBERS, order: np.ndarra
     members: dict[int, list[int]] = {}
     ext: dict[int, set[int]] = {}  # an open group's head -> ancestors of the head (done when it is ready)
 
-    def ancestors(h: int, ds: list[int]) -> set[int]:  # within ANCESTOR_DEPTH dependency levels
+    def ancestors(ds: list[int]) -> set[int]:  # ``ds`` and their ancestors, ANCESTOR_DEPTH dependency levels up
         seen, frontier = set(ds), ds
         for _ in range(ANCESTOR_DEPTH - 1):
             nxt = []
@@ -133,7 +133,7 @@ def launch_groups(mg: MemGraph, max_members: int = MAX_MEMBERS, order: np.ndarra
         else:
             h = w
             members[w] = [w]
-            ext[w] = ancestors(w, ds)
+            ext[w] = ancestors(ds)
         g = gpu[w]
         if any(kind[x] != KIND_KERNEL or gpu[x] != g for x in si[sp[w] : sp[w + 1]]):
             del ext[h]  # closed: what reads w's result elsewhere should not wait for more members
