@@ -123,8 +123,8 @@ LLAMA = {
 # the tile sizes a LLaMA prefill takes (the hidden and head dimensions stay whole: norms and rotary need them)
 LLAMA_TILES = {"t": "tokens", "h": "key-value heads", "f": "FFN columns", "kv": "key range in tokens, a multiple of t",
                "v": "vocabulary rows of the LM head"}  # fmt: skip
-# across GPUs: blocks of heads, FFN and vocabulary; whole decoder layers; or (training) whole sequences, every GPU
-# loading the frozen weights it reads
+# across GPUs: blocks of heads, FFN and vocabulary; whole decoder layers; or token tiles (whole sequences in
+# training), every GPU loading the frozen weights it reads
 SPLITS = ("tensor", "layers", "data")
 HEADS = ("none", "last", "all")  # LM head: none (final hidden states out), last position's logits, all positions'
 
@@ -165,9 +165,8 @@ def llama_config(model: str) -> LlamaConfig | None:
     return None
 
 
-def check_split(split: str, n_gpus: int, n_layers: int, train: bool = False) -> None:
-    """``ValueError`` for a split that is not one of ``SPLITS``, or layers over more GPUs than layers (``train``: a
-    training step)."""
+def check_split(split: str, n_gpus: int, n_layers: int) -> None:
+    """``ValueError`` for a split that is not one of ``SPLITS``, or layers over more GPUs than layers."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if split == "layers" and n_layers < n_gpus:
@@ -186,9 +185,8 @@ def check_llama_args(
     t_tile: int | None = None,
     head: str = "none",
     split: str = "tensor",
-    train: bool = False,
 ) -> None:
-    """Raise ``ValueError`` naming the first bad argument of a LLaMA prefill or (``train``) training step
+    """Raise ``ValueError`` naming the first bad argument of a LLaMA prefill or training step
     (``t_tile``: the token tile in effect, given or default; when known, a given ``kv`` must be a multiple of
     it)."""
     if not 1 <= n_gpus <= 8:
@@ -201,7 +199,7 @@ def check_llama_args(
         raise ValueError(f"LM head must be one of {HEADS}, got {head!r}")
     if n_layers is not None and not 1 <= n_layers <= shape.n_layers:
         raise ValueError(f"n_layers must be in 1..{shape.n_layers} for this model, got {n_layers}")
-    check_split(split, n_gpus, shape.n_layers if n_layers is None else n_layers, train)
+    check_split(split, n_gpus, shape.n_layers if n_layers is None else n_layers)
     for k, v in (tiles or {}).items():
         if k not in LLAMA_TILES:
             names = ", ".join(f"{n} ({what})" for n, what in LLAMA_TILES.items())
@@ -314,11 +312,17 @@ def sequence_tiles(shape: LlamaConfig, seq: int, n_gpus: int, dtype: str, budget
         t["t"] = min(t["t"], 1 << ((seq // (2 * n_gpus)).bit_length() - 1))  # back and forth (Tiling.snake)
     if shape.d_model <= 256:
         return t
-    blocks, nb = 1, DTYPE_NBYTES[dtype]
+    return t | {"h": shape.kv_heads, "f": -(-shape.d_ffn // ffn_blocks(shape, dtype, budget_nbytes))}
+
+
+def ffn_blocks(shape: LlamaConfig, dtype: str, budget_nbytes: int | None, step: int = 1) -> int:
+    """FFN column blocks, a multiple of ``step`` (the GPU count where blocks go round-robin): the fewest that keep
+    one block's three weight matrices within an eighth of the budget (``step`` without a budget)."""
+    blocks, nb = step, DTYPE_NBYTES[dtype]
     if budget_nbytes is not None:
         while blocks < shape.d_ffn and 3 * shape.d_model * -(-shape.d_ffn // blocks) * nb > budget_nbytes // 8:
-            blocks += 1
-    return t | {"h": shape.kv_heads, "f": -(-shape.d_ffn // blocks)}
+            blocks += step
+    return blocks
 
 
 def pack_prompts(shape: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str, budget_nbytes: int | None,

@@ -30,7 +30,7 @@ import numpy as np
 from turnip.autodiff import backward
 from turnip.graph import Graph, lower
 from turnip.memgraph.plan import DTYPE_NBYTES
-from turnip.models import LlamaConfig, default_tiles, split_tiling
+from turnip.models import LlamaConfig, default_tiles, ffn_blocks, split_tiling
 from turnip.taskgraph import TaskGraph
 
 MODULES = ("q", "k", "v", "o", "gate", "up", "down")
@@ -224,12 +224,8 @@ def train_tiles(cfg: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str,
     if cfg.d_model <= 256:
         t = {k: v for k, v in default_tiles(cfg, seq, n_gpus, dtype, budget_nbytes).items() if k in ("h", "f")}
     else:
-        G, nb = max(1, n_gpus), DTYPE_NBYTES[dtype]
-        blocks = G
-        if budget_nbytes is not None:
-            while blocks < cfg.d_ffn and 3 * cfg.d_model * -(-cfg.d_ffn // blocks) * nb > budget_nbytes // 8:
-                blocks += G
-        t = {"h": -(-cfg.kv_heads // G), "f": -(-cfg.d_ffn // blocks)}
+        G = max(1, n_gpus)
+        t = {"h": -(-cfg.kv_heads // G), "f": -(-cfg.d_ffn // ffn_blocks(cfg, dtype, budget_nbytes, G))}
     t["t"] = seq * per_tile
     for k, v in (tiles or {}).items():
         if k in ("v", "kv"):
@@ -304,7 +300,7 @@ def lora_step(
         raise ValueError(f"batch must be positive, got {batch}")
     if seq < 2:
         raise ValueError(f"training needs sequences of at least 2 tokens, got {seq}")
-    check_llama_args(cfg, seq, n_gpus, dtype, None, n_layers, split=split, train=True)
+    check_llama_args(cfg, seq, n_gpus, dtype, None, n_layers, split=split)
     L = cfg.n_layers if n_layers is None else n_layers
     ck = pick_checkpoint(checkpoint, cfg, batch * seq, L, dtype, budget_nbytes)
     t = train_tiles(cfg, seq, batch, n_gpus, dtype, tiles, budget_nbytes, split)
