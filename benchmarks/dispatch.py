@@ -11,6 +11,8 @@ Variants (``--variants``, each a set of backend options against the first, the b
   groups    graphs, with launch groups (``turnip.sched.groups``: runs of kernels on one GPU dispatched as one
             captured graph): fewer commands and completions for the host; outputs bitwise the baseline's
   groups1   groups, each group recording only its last member's end event (``group_events=False``)
+  wide      groups, wide (``TURNIP_WIDE_GROUPS=1``: a head may wait for kernels of groups that start before it,
+            transfers wait for a group's end): fewer units again
 The backend's default is ``graphs``.
 Rows are ``SEQ:BUDGET:GPUS[:T][:SPLIT]`` (prefill; ``none`` = a 60 GiB arena per GPU, every weight resident;
 ``T``: the token tile; ``SPLIT``: tensor (default), layers or data) or ``lora:BATCHxSEQ:BUDGET:GPUS[:SPLIT]``
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import time
 
 import numpy as np
@@ -39,7 +42,15 @@ VARIANTS = {
     "fold": {"lib_graphs": True, "native_poll": False, "fold": True},
     "groups": {"lib_graphs": True, "native_poll": False, "groups": True},
     "groups1": {"lib_graphs": True, "native_poll": False, "groups": True, "group_events": False},
+    "wide": {"lib_graphs": True, "native_poll": False, "groups": True, "wide": True},
 }
+PLAN_KEYS = ("fold", "wide")  # variant keys that are not backend options
+
+
+def backend_options(a, name: str) -> dict:
+    """The backend options of variant ``name`` (none on the CPU backend); sets ``TURNIP_WIDE_GROUPS`` for it."""
+    os.environ["TURNIP_WIDE_GROUPS"] = "1" if VARIANTS[name].get("wide") else "0"
+    return {k: v for k, v in VARIANTS[name].items() if k not in PLAN_KEYS} if a.backend == "cuda" else {}
 
 
 def rel_diff(ref: dict, out: dict) -> float:
@@ -72,7 +83,7 @@ def run_row(a, spec: str) -> list[dict]:
         tg, mg = plans[fold]
         bound = plan_bound(mg, a.profile)["lower_bound_ns"] / 1e6
         t0 = time.perf_counter()
-        opts = {k: v for k, v in VARIANTS[name].items() if k != "fold"} if a.backend == "cuda" else {}
+        opts = backend_options(a, name)
         with open_loaded(a.backend, tg, mg, seed=a.seed, **opts) as be:
             load_s = time.perf_counter() - t0
             for policy in a.policies:
@@ -133,7 +144,7 @@ def lora_row(a, spec: str) -> list[dict]:
             rng = np.random.default_rng(a.seed)
             ids = [rng.integers(0, vocab_size(tg), (batch, seq)) for _ in range(a.warmup + a.repeat)]
             embed = random_embedding(tg, a.seed)
-        opts = {k: v for k, v in VARIANTS[name].items() if k != "fold"} if a.backend == "cuda" else {}
+        opts = backend_options(a, name)
         t0 = time.perf_counter()
         with open_backend(a.backend, mg, 5, **opts) as be:
             state = AdapterState.init(tg, a.seed)
@@ -180,6 +191,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="")
     a = ap.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
     rows: list[dict] = []
     for spec in a.rows:
         rows += lora_row(a, spec) if spec.startswith("lora:") else run_row(a, spec)

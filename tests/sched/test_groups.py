@@ -14,8 +14,8 @@ from turnip.sched.testing import chain, drive, make_memgraph, random_memgraph
 pytestmark = pytest.mark.unit
 
 
-def check_groups(mg, gr: LaunchGroups) -> None:
-    """Every invariant of ``turnip.sched.groups`` on ``mg``."""
+def check_groups(mg, gr: LaunchGroups, wide: bool = False) -> None:
+    """Every invariant of ``turnip.sched.groups`` on ``mg`` (``wide``: of wide groups)."""
     pre = mg.preloaded()
     pos = np.empty(mg.n, dtype=np.int64)
     pos[topo_order(mg)] = np.arange(mg.n)
@@ -29,8 +29,8 @@ def check_groups(mg, gr: LaunchGroups) -> None:
             if u not in own:
                 own.add(u)
                 frontier += mg.deps(u).tolist()
-        extra = gr.extra.get(h, [])  # copies the head waits for too: before it in the order, so no descendants
-        assert all(mg.kind[x] != KIND_KERNEL and pos[x] < pos[h] for x in extra)
+        extra = gr.extra.get(h, [])  # what the head waits for too: before it in the order, so no descendants
+        assert all(pos[x] < pos[h] if mg.kind[x] != KIND_KERNEL else wide and pos[gr.head[x]] < pos[h] for x in extra)
         for m in members:
             assert mg.kind[m] == KIND_KERNEL and mg.gpu[m] == mg.gpu[h] and mg.lock_group[m] < 0 and not pre[m]
             for u in mg.deps(m).tolist():
@@ -57,28 +57,45 @@ def test_groups_end_where_another_gpu_or_engine_reads():
     mg = make_memgraph(["kernel", "kernel", "kernel", "transfer", "kernel", "kernel"],
                        [[], [0], [1], [1], [3], [2]], n_gpus=2, gpus=[0, 0, 0, 1, 1, 0],
                        src_gpus=[0, 0, 0, 0, 1, 0])  # fmt: skip
-    gr = launch_groups(mg)
+    gr = launch_groups(mg, wide=False)
     assert gr.members == {0: [0, 1], 2: [2, 5]}
     check_groups(mg, gr)
+    wide = launch_groups(mg, wide=True)  # the transfer waits for the group's end: 0, 1, 2, 5 one group
+    assert wide.members == {0: [0, 1, 2, 5]} and wide.extra == {}
+    check_groups(mg, wide, wide=True)
 
 
 def test_a_member_needs_no_dependency_beyond_the_heads():
     # 2 reads 0 and 1 (two roots): it cannot join 0's group, whose head does not wait for 1
     mg = make_memgraph(["kernel"] * 3, [[], [], [0, 1]])
-    gr = launch_groups(mg)
+    gr = launch_groups(mg, wide=False)
     assert gr.members == {} and gr.n_units == 3
+    # wide: 2 joins the later root's group, whose head waits for the earlier root too
+    wide = launch_groups(mg, wide=True)
+    (h,) = wide.members
+    assert wide.members[h] == [h, 2] and wide.extra == {h: [1 - h]} and wide.n_units == 2
+    check_groups(mg, wide, wide=True)
 
 
-@settings(max_examples=60, deadline=None)
+def test_wide_heads_wait_only_for_groups_that_start_before_them():
+    # 3 reads 0 and 2, where 2 is in 1's group: 3 cannot join 0's group (its head would wait for 1's group,
+    # which starts after it); it joins 1's, whose head waits for 0
+    mg = make_memgraph(["kernel"] * 4, [[], [], [1], [0, 2]])
+    gr = launch_groups(mg, wide=True)
+    assert gr.members == {1: [1, 2, 3]} and gr.extra == {1: [0]}
+    check_groups(mg, gr, wide=True)
+
+
+@settings(max_examples=100, deadline=None)
 @given(seed=st.integers(0, 2**31), n=st.integers(2, 40), n_gpus=st.integers(1, 3), policy=st.sampled_from(POLICIES),
-       streams=st.integers(1, 5), p_edge=st.sampled_from([0.05, 0.1, 0.3]))  # fmt: skip
-def test_grouped_runs_finish_under_every_policy(seed, n, n_gpus, policy, streams, p_edge):
-    """Random plans, random completion orders: groups respect their invariants, every vertex finishes after
-    its dependencies, no slot is shared, and a recorded grouped run replays."""
+       streams=st.integers(1, 5), p_edge=st.sampled_from([0.05, 0.1, 0.3]), wide=st.booleans())  # fmt: skip
+def test_grouped_runs_finish_under_every_policy(seed, n, n_gpus, policy, streams, p_edge, wide):
+    """Random plans, random completion orders: groups (narrow and wide) respect their invariants, every vertex
+    finishes after its dependencies, no slot is shared, and a recorded grouped run replays."""
     rng = np.random.default_rng(seed)
     mg = random_memgraph(rng, n, n_gpus, p_edge)
-    gr = launch_groups(mg, max_members=int(rng.integers(2, 6)))
-    check_groups(mg, gr)
+    gr = launch_groups(mg, max_members=int(rng.integers(2, 6)), wide=wide)
+    check_groups(mg, gr, wide)
     order = None
     if policy == "det-replay":
         order = [c.v for c in drive(Scheduler(mg, "nondet", streams, groups=gr), rng)]
@@ -118,10 +135,12 @@ def test_simulator_runs_groups_as_one_launch_each():
     assert replay.makespan_ns > 0
 
 
-@pytest.mark.parametrize("split,kib", [("data", 96), ("tensor", 64)])
-def test_cpu_backend_grouped_run_equals_plain(split, kib):
-    """A grouped run on the CPU backend (chaos, poisoned arenas) gives the plain run's outputs bitwise, under a
-    budget that offloads."""
+@pytest.mark.parametrize("split,kib,wide", [("data", 96, False), ("tensor", 64, False), ("data", 96, True),
+                                             ("tensor", 64, True)])  # fmt: skip
+def test_cpu_backend_grouped_run_equals_plain(split, kib, wide, monkeypatch):
+    """A grouped run on the CPU backend (chaos, poisoned arenas; narrow and wide groups) gives the plain run's
+    outputs bitwise, under a budget that offloads."""
+    monkeypatch.setenv("TURNIP_WIDE_GROUPS", "1" if wide else "0")
     from turnip.compile import compile_model
     from turnip.memgraph.verify import verify
     from turnip.runtime import execute, open_backend
