@@ -194,3 +194,23 @@ def test_cli_launch_groups_flag(capsys):
     with pytest.raises(SystemExit) as e:
         main(["simulate", "llama-tiny:64:2:1MiB", "--launch-groups", "sometimes"])
     assert e.value.code == 2 and "invalid choice: 'sometimes'" in capsys.readouterr().err
+
+
+def test_wide_groups_by_default_for_training_steps_only(monkeypatch):
+    """Unset, ``TURNIP_WIDE_GROUPS`` means wide groups for a training step and narrow ones for a prompt."""
+    from turnip.compile import compile_model
+    from turnip.sched.groups import wide_groups_on
+    from turnip.train import LoraConfig, TrainSpec
+
+    monkeypatch.delenv("TURNIP_WIDE_GROUPS", raising=False)
+    _, step = compile_model("llama-tiny", 32, 2, "64MiB", dtype="fp32", split="data", resident="auto",
+                            train=TrainSpec(2, LoraConfig(rank=4), "auto"))  # fmt: skip
+    _, prompt = compile_model("llama-tiny", 32, 2, "64MiB", dtype="fp32", split="data", resident="auto")
+    assert wide_groups_on(step) and not wide_groups_on(prompt)
+    assert launch_groups(step).members == launch_groups(step, wide=True).members
+    assert launch_groups(step).n_units < launch_groups(step, wide=False).n_units
+    check_groups(step, launch_groups(step), wide=True)
+    monkeypatch.setenv("TURNIP_WIDE_GROUPS", "0")
+    assert not wide_groups_on(step)
+    monkeypatch.setenv("TURNIP_WIDE_GROUPS", "1")
+    assert wide_groups_on(prompt)

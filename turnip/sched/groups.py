@@ -18,13 +18,15 @@ A group closes after a member whose result something other than a kernel of its 
 offload, another GPU's kernel): those wait for the whole group, so a group ends where another engine or GPU
 needs its result. ``max_members`` bounds a group.
 
-Wide groups (``wide``; ``TURNIP_WIDE_GROUPS=1``, off by default until timed on GPUs): a kernel whose group (or
-itself, ungrouped) starts before the head in the order can become the head's ``extra`` dependency too, and a
-transfer no longer closes a group (it waits for the group's end; offloads and other GPUs' kernels still
-close it). Neither makes a cycle: what a head waits for is a group or copy whose head comes before it in the
-order, and a group's members never wait for anything after its head; a transfer reading a member comes after
-that member in the order, so no member of the group waits for it. A LoRA step of 7B (8 x 1K on 4 GPUs) goes
-from 16,749 dispatch units to 12,377 (21,385 vertices), on 2 GPUs from 14,595 to 7,913.
+Wide groups (``wide``; ``TURNIP_WIDE_GROUPS=1|0``; unset: on for training steps, off for prompts): a kernel
+whose group (or itself, ungrouped) starts before the head in the order can become the head's ``extra``
+dependency too, and a transfer no longer closes a group (it waits for the group's end; offloads and other
+GPUs' kernels still close it). Neither makes a cycle: what a head waits for is a group or copy whose head
+comes before it in the order, and a group's members never wait for anything after its head; a transfer
+reading a member comes after that member in the order, so no member of the group waits for it. A LoRA step
+of 7B (8 x 1K, 16 GiB per GPU, data split) on 4 H100s: 18,777 dispatch units -> 11,295, 322.8 -> 302.0 ms in
+one process; a 4K prompt on 4 GPUs (data split): 2,060 -> 1,760 units but 32.6 -> 36.4 ms, its keys and
+values held back until their group ends (``benchmarks/results/multi_gpu/README.md``).
 
 Invariants: every member of a group of two or more is a kernel on the head's GPU with no lock group; its
 dependencies lie in the group, among the head's ancestors, among the resident inputs or among the head's
@@ -42,7 +44,7 @@ import numpy as np
 from turnip.memgraph.plan import KIND_KERNEL, KIND_TRANSFER, MemGraph
 
 GROUPS_SWITCH = "TURNIP_LAUNCH_GROUPS"  # "1": launch groups on, "0": off; unset: on for plans of several GPUs
-WIDE_SWITCH = "TURNIP_WIDE_GROUPS"  # "1": wide groups (module doc); off by default
+WIDE_SWITCH = "TURNIP_WIDE_GROUPS"  # "1": wide groups (module doc), "0": narrow; unset: wide for training steps
 MAX_MEMBERS = 32
 ANCESTOR_DEPTH = 4  # dependency levels searched for a head's ancestors
 ANCESTOR_LIMIT = 256  # ancestors kept per head at most
@@ -86,19 +88,22 @@ class LaunchGroups:
         return out
 
 
-def wide_groups_on() -> bool:
-    """Whether ``launch_groups`` builds wide groups by default (``TURNIP_WIDE_GROUPS=1``)."""
-    return os.environ.get(WIDE_SWITCH) == "1"
+def wide_groups_on(mg: MemGraph) -> bool:
+    """Whether ``launch_groups`` builds wide groups for ``mg`` by default: ``TURNIP_WIDE_GROUPS=1`` always, ``0``
+    never, unset for a training step (a plan that updates parameters: its gradients' transfers are off the
+    step's critical path, where a prompt's keys and values are on it)."""
+    v = os.environ.get(WIDE_SWITCH)
+    return v == "1" if v in ("0", "1") else any(op.startswith("adam") for op in mg.op)
 
 
 def launch_groups(
     mg: MemGraph, max_members: int = MAX_MEMBERS, order: np.ndarray | None = None, wide: bool | None = None
 ) -> LaunchGroups:
     """The launch groups of ``mg`` (module doc); ``order``: the topological order to follow (default
-    ``topo_order(mg)``); ``wide``: wide groups (None: ``wide_groups_on()``)."""
+    ``topo_order(mg)``); ``wide``: wide groups (None: ``wide_groups_on(mg)``)."""
     from turnip.sched.priority import topo_order
 
-    wide = wide_groups_on() if wide is None else wide
+    wide = wide_groups_on(mg) if wide is None else wide
     n = mg.n
     kind, gpu, lock = mg.kind.tolist(), mg.gpu.tolist(), mg.lock_group.tolist()
     pre = mg.preloaded().tolist()
