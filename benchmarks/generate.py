@@ -8,7 +8,7 @@ the decode step's lower bound on ``--profile``; HF ``generate`` (greedy, ``min_n
 a limit or, with ``--accelerate``, through ``dispatch_model`` with ``max_memory`` = BUDGET; the greedy
 tokens compared (how many leading tokens agree per sequence; the issue's fp16 check is 32). Prompts: random
 ids of PROMPT tokens. Times from this run only; results to ``--out`` as ``generate_<tag>.csv`` and ``.md``.
-Run on a CPU only so far (the smoke line below): the GPU rows are untested.
+Progress (setup, plans built, warm-up done) goes to stderr with the seconds since the start.
 
     PYTHONPATH=. python benchmarks/generate.py --rows 1:512:128:6GiB 64:512:128:6GiB 1:512:128:none \\
         --accelerate --tag h100_a
@@ -97,6 +97,11 @@ def main(argv=None) -> int:
     from turnip.models import LLAMA
     from turnip.plancache import PlanCache
 
+    t_start = time.perf_counter()
+
+    def progress(what: str) -> None:
+        print(f"[{time.perf_counter() - t_start:7.1f} s] {what}", file=sys.stderr, flush=True)
+
     s = LLAMA[a.size]
     tdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     rows = [r.split(":") for r in a.rows]
@@ -113,6 +118,7 @@ def main(argv=None) -> int:
                 w.copy_(1 + 0.1 * torch.randn_like(w) if name.endswith("norm.weight") else 0.02 * torch.randn_like(w))
     sd = {k: v for k, v in model.state_dict().items()}
     m = turnip_model(s, sd, a.dtype)
+    progress("weights ready")
     results = []
     for batch, prompt, new, budget in rows:
         B, P, N = int(batch), int(prompt), int(new)
@@ -125,8 +131,10 @@ def main(argv=None) -> int:
         plans = PlanCache(s, b, 1, a.dtype, a.block, a.plan_dir or None)
         for n in range((P + N - 2) // a.block + 1):  # every plan built before the timed run
             plans.get("decode", B, n + 1)
+        progress(f"batch {B}: decode plans built")
         kw = {"dtype": a.dtype, "backend": a.backend, "block": a.block, "plans": plans, "eos": ()}
         generate(m, prompts, 2, b, profile=None, **kw)  # warm-up: kernels compiled, the prefill plan built
+        progress(f"batch {B}: warm-up done")
         r = generate(m, prompts, N, b, profile=a.profile, **kw)
         st = r.stats
         row = {"system": "turnip", "batch": B, "prompt": P, "new": N, "budget": budget, "ttft_ms": st["ttft_s"] * 1e3,
