@@ -3,8 +3,9 @@
 seeded random weights, one process.
 
 For each ``--rows BATCH:PROMPT:NEW:BUDGET`` (BUDGET ``none``: 90% of the GPU's free memory): turnip's time
-to first token (every decode plan built beforehand, in memory), tokens/s, host<->GPU bytes per token and
-the decode step's lower bound on ``--profile``; HF ``generate`` (greedy, ``min_new_tokens`` = NEW) without
+to first token (every decode plan built beforehand, in memory), tokens/s, ms per decode step (all steps,
+and within a cache bucket: less the time spent loading the next bucket's plan), host<->GPU bytes per token
+and the decode step's lower bound on ``--profile``; HF ``generate`` (greedy, ``min_new_tokens`` = NEW) without
 a limit or, with ``--accelerate``, through ``dispatch_model`` with ``max_memory`` = BUDGET; the greedy
 tokens compared (how many leading tokens agree per sequence; the issue's fp16 check is 32). Prompts: random
 ids of PROMPT tokens. Times from this run only; results to ``--out`` as ``generate_<tag>.csv`` and ``.md``.
@@ -139,6 +140,8 @@ def main(argv=None) -> int:
         st = r.stats
         row = {"system": "turnip", "batch": B, "prompt": P, "new": N, "budget": budget, "ttft_ms": st["ttft_s"] * 1e3,
                "tokens_per_s": st["tokens_per_s"], "ms_per_step": st["decode_s"] / max(1, st["steps"] - 1) * 1e3,
+               "switch_s": st["switch_s"],
+               "ms_per_step_in_bucket": (st["decode_s"] - st["switch_s"]) / max(1, st["steps"] - 1) * 1e3,
                "bound_ms": st["bound_ms"], "link_nbytes_per_token": st["link_nbytes_per_token"],
                "plans": len(st["plans_built"])}  # fmt: skip
         row["efficiency"] = row["bound_ms"] / row["ms_per_step"] if row["bound_ms"] else None

@@ -6,7 +6,7 @@ stopping and bad input."""
 import numpy as np
 import pytest
 
-from turnip.generation import GenerateError, Model, Sampling, generate, load_model, sample
+from turnip.generation import GenerateError, Model, Sampling, carry_rows_on, generate, load_model, sample
 from turnip.plancache import PlanCache
 
 pytestmark = pytest.mark.cpu_runtime
@@ -325,12 +325,13 @@ def test_carry_of_one_row_copies_that_row_alone():
 
 
 def test_carrying_the_written_rows_alone_keeps_the_tokens(monkeypatch):
-    """``TURNIP_CARRY_ROWS=1``: the same greedy tokens as carrying whole blocks (several blocks, a cache that
-    spills to the host, chaos)."""
+    """Carrying the written rows alone (the default) gives the greedy tokens of carrying whole blocks
+    (``TURNIP_CARRY_ROWS=0``; several blocks, a cache that spills to the host, chaos)."""
     m = load_model("llama-tiny", "fp32", seed=3)
     prompts = [[5, 7, 9, 11, 2], [3, 1, 4]]
     got = []
     for on in ("0", "1"):
         monkeypatch.setenv("TURNIP_CARRY_ROWS", on)
+        assert carry_rows_on() == (on == "1")
         got.append(generate(m, prompts, max_new_tokens=9, budget="64KiB", block=4, chaos=0.2, seed=1).ids)
     assert got[0] == got[1] and all(len(x) == 9 for x in got[0])

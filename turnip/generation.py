@@ -25,14 +25,15 @@ from turnip.plancache import PlanCache
 
 STEP_INPUTS = ("x0", "rot", "W", "Eq", "Ek", "Pv")  # the decode plan's inputs that are not weights
 PREFILL_ROUND = 16  # prefill plans per prompt length rounded up to this many tokens
-CARRY_ROWS_SWITCH = "TURNIP_CARRY_ROWS"  # "1": a decode step carries only its written slot's rows (not yet timed)
+CARRY_ROWS_SWITCH = "TURNIP_CARRY_ROWS"  # "0": a decode step carries its written blocks whole (the old way)
 
 
 def carry_rows_on() -> bool:
     """Whether a decode step hands its written cache block to the next step by the written slot's rows alone
-    (``TURNIP_CARRY_ROWS=1``; off: the whole block, 2 x layers x block x batch x heads x head-dim values a step,
-    8 GB for 7B at batch 64 with blocks of 256 slots). Off by default until measured on a GPU."""
-    return os.environ.get(CARRY_ROWS_SWITCH) == "1"
+    (the default; ``TURNIP_CARRY_ROWS=0``: the whole block, 2 x layers x block x batch x heads x head-dim values
+    a step, 9.1 GB for 7B at batch 64 with blocks of 256 slots). On an H100 at batch 64 under 6 GiB: 1961 ms a
+    decode step against 3067 carrying whole blocks (``benchmarks/results/generate/README.md``)."""
+    return os.environ.get(CARRY_ROWS_SWITCH) != "0"
 
 
 class GenerateError(ValueError):
@@ -230,7 +231,8 @@ def generate(
     (``turnip.runtime.open_backend``, e.g. the CPU backend's ``poison``). ``stats``: ttft_s (to the first
     new token, plan builds included), tokens_per_s (new tokens of the batch over the decode time),
     link_nbytes_per_token (host<->GPU bytes of a decode step per sequence), bound_ms (the last decode
-    plan's lower bound on ``profile``), plans built / loaded, steps."""
+    plan's lower bound on ``profile``), plans built / loaded, steps, decode_s (first new token to the last),
+    switch_s (the part of decode_s spent loading the next cache bucket's plan: its weights written again)."""
     from turnip.compile import parse_nbytes
 
     t0 = time.perf_counter()
@@ -258,12 +260,13 @@ def generate(
     out = _Outputs(m.tokenizer, B, set(m.eos if eos is None else eos), stop, on_token)
     rng = np.random.default_rng(sampling.seed)
     cur = np.array([x[-1] for x in ids], dtype=np.int64)
-    runner, ttft, t_dec = None, None, None
+    runner, ttft, t_dec, switch_s = None, None, None, 0.0
     try:
         for k in range(max_new_tokens):
             slot = P - 1 + k
             nb = slot // block + 1
             if runner is None or runner.tg.meta["decode"]["n_blocks"] != nb:
+                t_switch = time.perf_counter()
                 if runner is not None:  # the written block back to the host copy, the next bucket's plan loaded
                     cache.take(runner.tg, runner.be.read_outputs(only={o for o, _ in carry_pairs(runner.tg)}))
                     runner.be.close()
@@ -271,6 +274,8 @@ def generate(
                 runner = _Runner(*plans.get("decode", B, nb), m, cache, backend, streams, opts)
                 if (P + max_new_tokens - 2) // block + 1 > nb:  # the generation reaches the next bucket
                     plans.prefetch("decode", B, nb + 1)
+                if ttft is not None:  # a bucket's plan loaded while decoding
+                    switch_s += time.perf_counter() - t_switch
             inputs = {"x0": m.embed(cur), "rot": rotations(m.cfg, [n - 1 + k for n in lens], dtype),
                       "W": slot_onehot(block, slot, dtype)}  # fmt: skip
             logits = runner.run(inputs, policy, streams, None if seed is None else seed + k, ["logits"])["logits"]
@@ -290,7 +295,7 @@ def generate(
     n_new = sum(len(x) for x in out.ids)
     dec_s = t_end - t_dec
     stats = {"ttft_s": ttft, "tokens_per_s": (n_new - B) / dec_s if dec_s > 0 and n_new > B else None,
-             "decode_s": dec_s, "steps": k + 1, "new_tokens": n_new,
+             "decode_s": dec_s, "switch_s": switch_s, "steps": k + 1, "new_tokens": n_new,
              "link_nbytes_per_token": run_link_nbytes(runner.mg) / B,
              "bound_ms": lower_bound(runner.mg, profile)["lower_bound_ns"] / 1e6 if profile else None,
              "profile": profile, "plans_built": list(plans.built), "plans_loaded": list(plans.loaded),
