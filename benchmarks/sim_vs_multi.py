@@ -61,18 +61,19 @@ def main(argv=None) -> int:
     for r in rows:
         r["sim_ms"] = simulate_row(r, prof, a.runs, cache)
         r["error"] = r["sim_ms"] / float(r["ms_median"]) - 1
-    by = {(r["seq"], r["budget"], r["gpus"], r["split"], r["policy"]): r for r in rows}
+    by = {(r["seq"], r.get("batch") or "1", r["budget"], r["gpus"], r["split"], r["policy"]): r for r in rows}
     print("| prompt | budget | GPUs | split | nondet measured / simulated | error | det error "
           "| nondet/det measured / sim |")
     print("|---|---|---|---|---|---|---|---|")
-    for (seq, budget, gpus, split, policy), r in by.items():
+    for (seq, batch, budget, gpus, split, policy), r in by.items():
         if policy != "nondet":
             continue
-        d = by.get((seq, budget, gpus, split, "det"))
+        d = by.get((seq, batch, budget, gpus, split, "det"))
         det = f"{d['error']:+.1%}" if d else "-"
         ratio = (f"{float(r['ms_median']) / float(d['ms_median']):.2f} / {r['sim_ms'] / d['sim_ms']:.2f}" if d
                  else "-")  # fmt: skip
-        print(f"| {int(seq) // 1024}K | {budget} | {gpus} | {split} | {float(r['ms_median']):.1f} / {r['sim_ms']:.1f} "
+        prompt = f"{int(seq) // 1024}K" + (f" x {batch}" if batch != "1" else "")
+        print(f"| {prompt} | {budget} | {gpus} | {split} | {float(r['ms_median']):.1f} / {r['sim_ms']:.1f} "
               f"| {r['error']:+.1%} | {det} | {ratio} |")  # fmt: skip
     within = sum(abs(r["error"]) <= 0.05 for r in rows)
     print(f"\n{within} of {len(rows)} cells within +-5%; mean |error| "
