@@ -157,6 +157,9 @@ def cmd_generate(a) -> int:
     tps = f"{s['tokens_per_s']:.1f}" if s["tokens_per_s"] else "n/a"
     print(f"tokens/s             {tps} ({s['new_tokens']} new tokens, batch {len(res.ids)}, {s['steps']} steps in "
           f"{s['decode_s']:.2f} s)", file=sys.stderr)  # fmt: skip
+    if s["switch_s"]:
+        print(f"cache buckets        {s['switch_s']:.2f} s of that loading the next bucket's plan (longer cache)",
+              file=sys.stderr)  # fmt: skip
     print(f"bytes moved / token  {format_nbytes(s['link_nbytes_per_token'])} (host<->GPU, last decode plan)",
           file=sys.stderr)  # fmt: skip
     if s["bound_ms"] is not None:
