@@ -91,3 +91,40 @@ def test_wrong_tensor_read_caught(plan):
     a, b = mg.in_ptr[v], mg.in_ptr[v] + 1
     idx[a], idx[b] = idx[b], idx[a]
     assert "taskgraph" in kinds(verify(dataclasses.replace(mg, in_idx=idx), tg))
+
+
+def _shifted_onto_a_dependency(mg, output: bool):
+    """A kernel whose buffer is moved to overlap the tail of the buffer of a kernel it reads (a plan output
+    when ``output``), or None."""
+    outs = set(mg.outputs.tolist())
+    for v in np.flatnonzero(mg.kind == 1).tolist():
+        for u in mg.reads(v).tolist():
+            if mg.kind[u] == 1 and mg.gpu[u] == mg.gpu[v] and (u in outs) == output and mg.op[v] != "sum_into":
+                off = mg.out_offset.copy()
+                off[v] = off[u] + mg.out_nbytes[u] - 4
+                if off[v] + mg.out_nbytes[v] <= mg.budget_nbytes[mg.gpu[v]]:
+                    return dataclasses.replace(mg, out_offset=off), u, v
+    return None
+
+
+def test_a_kernel_writing_over_what_it_reads_is_caught(plan):
+    """A kernel's output placed over the last bytes of its own input: ordered after that input's writer (so no
+    ordering race), but the kernel reads what it overwrites."""
+    tg, mg = plan
+    bad, u, v = _shifted_onto_a_dependency(mg, output=False)
+    vs = verify(bad, tg)
+    assert any(x.kind == "race" and "which it reads" in x.message and set(x.vertices) == {u, v} for x in vs)
+
+
+def test_writing_over_a_plan_output_is_caught():
+    """A LoRA step's new Adam moment is a plan output read after the run; the update kernel reading it, placed
+    over its last bytes, is caught (a tampered plan the fuzz test found the verifier passing)."""
+    from turnip.compile import compile_model
+    from turnip.train import TrainSpec
+
+    tg, mg = compile_model("llama-tiny", seq=16, dtype="fp32", n_layers=1, gpus=1, budget="2MiB",
+                           train=TrainSpec(batch=1))  # fmt: skip
+    assert verify(mg, tg) == []
+    bad, u, v = _shifted_onto_a_dependency(mg, output=True)
+    vs = verify(bad, tg)
+    assert any(x.kind == "race" and "plan output" in x.message and set(x.vertices) == {u, v} for x in vs)

@@ -10,7 +10,8 @@ Checks, each reported as a ``Violation``:
              offload copies a buffer of its own tensor, and host copies of different tensors never overlap
   race       buffers sharing bytes on one GPU are ordered: every access of the earlier one happens before
              the later one is created — so no valid order can interleave them (interval sweep over
-             buffers in topological order of their creators, plus reachability)
+             buffers in topological order of their creators, plus reachability); no vertex writes over
+             bytes of a buffer it reads, and nothing writes over a plan output's buffer (read after the run)
 
 Reachability is exact: queries that a direct edge or two hops do not settle are answered together at the
 end with bitsets over a topological order (``_Reach``), so a plan with few, non-redundant edges verifies
@@ -250,6 +251,8 @@ def _check_races(mg, topo, writers, readers, reach, add):
             " with it",
         )
 
+    out_bufs = {int(o) for o in mg.outputs.tolist() if 0 <= o < mg.n and mg.kind[o] != KIND_OFFLOAD}
+
     for g in range(mg.n_gpus):
         bufs = [b for b in writers if mg.gpu[b] == g]
         bufs.sort(key=lambda b: topo[b])
@@ -267,8 +270,15 @@ def _check_races(mg, topo, writers, readers, reach, add):
                 if seg[1] > e:
                     keep.append((e, seg[1], seg[2]))
             for p in prev:
+                if p in out_bufs:
+                    add("race", [p, b], f"gpu {g} bytes [{s}, {e}): {mg.label(b)} writes over the buffer of plan "
+                        f"output {mg.label(p)}, which is read after the run")  # fmt: skip
                 for a in writers[p] + readers[p]:
-                    reach.require(a, b, race, a, b, p, s, e)
+                    if a == b:
+                        add("race", [p, b], f"gpu {g} bytes [{s}, {e}): {mg.label(b)} writes over buffer {p}, "
+                            "which it reads")  # fmt: skip
+                    else:
+                        reach.require(a, b, race, a, b, p, s, e)
             keep.append((s, e, b))
             keep.sort()
             segs = keep
