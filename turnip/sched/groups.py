@@ -78,13 +78,15 @@ class LaunchGroups:
         other members (what ``det-replay`` and ``turnip.sched.replay.check_order`` take); members already in
         ``order`` are dropped and put back behind their head, so an expanded order expands to itself."""
         out: list[int] = []
-        head = self.head
-        for v in order:
-            v = int(v)
+        head, get = self.head.tolist(), self.members.get
+        for v in order.tolist() if isinstance(order, np.ndarray) else order:
             if head[v] != v:
                 continue
-            m = self.members.get(v)
-            out.extend(m if m is not None else (v,))
+            m = get(v)
+            if m is None:
+                out.append(v)
+            else:
+                out.extend(m)
         return out
 
 
