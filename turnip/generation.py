@@ -32,7 +32,7 @@ def carry_rows_on() -> bool:
     """Whether a decode step hands its written cache block to the next step by the written slot's rows alone
     (the default; ``TURNIP_CARRY_ROWS=0``: the whole block, 2 x layers x block x batch x heads x head-dim values
     a step, 9.1 GB for 7B at batch 64 with blocks of 256 slots). On an H100 at batch 64 under 6 GiB: 1961 ms a
-    decode step against 3067 carrying whole blocks (``benchmarks/results/generate/README.md``)."""
+    decode step against 3067 carrying whole blocks (``benchmarks/results/generate/generate_b64_h100.md``)."""
     return os.environ.get(CARRY_ROWS_SWITCH) != "0"
 
 
