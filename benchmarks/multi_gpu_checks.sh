@@ -10,10 +10,13 @@
 #   bash benchmarks/multi_gpu_checks.sh OUT dispatch # host dispatch variants on 1, 2, 4 GPUs (benchmarks/dispatch.py)
 #   bash benchmarks/multi_gpu_checks.sh OUT families # the Hugging Face families on two physical GPUs
 #   bash benchmarks/multi_gpu_checks.sh OUT prompts  # batch-64 generation, prompts packed (TURNIP_PACK_PROMPTS) or not
+#   bash benchmarks/multi_gpu_checks.sh OUT carry    # batch-64 generation, the cache carried by written rows or whole
+#                                                    # blocks (TURNIP_CARRY_ROWS); a 7B row of batch 64 takes ~4.5 min
+#                                                    # on an H100 (weights 55 s, a 2-token warm-up 125 s, the row)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
-what=${2:?diag, tests, prefill, lora, paper, dispatch, tampered, families or prompts}
+what=${2:?diag, tests, prefill, lora, paper, dispatch, tampered, families, prompts or carry}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import cudnn" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -54,8 +57,14 @@ families)
     ;;
 prompts)
     for pack in 1 0; do
-        TURNIP_PACK_PROMPTS=$pack timeout 270 python3 benchmarks/generate.py --rows ${ROWS:-64:512:16:6GiB} --no-hf \
+        TURNIP_PACK_PROMPTS=$pack timeout 285 python3 benchmarks/generate.py --rows ${ROWS:-64:512:8:6GiB} --no-hf \
             --out "$out" --tag "prompts_pack$pack" 2>&1 | tee "$out/prompts_pack$pack.log" | tail -4
+    done
+    ;;
+carry)
+    for rows in 0 1; do
+        TURNIP_PACK_PROMPTS=1 TURNIP_CARRY_ROWS=$rows timeout 285 python3 benchmarks/generate.py \
+            --rows ${ROWS:-64:512:8:6GiB} --no-hf --out "$out" --tag "carry_rows$rows" 2>&1 | tee "$out/carry_rows$rows.log" | tail -4
     done
     ;;
 paper)
