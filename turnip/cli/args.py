@@ -202,7 +202,8 @@ def add_groups_flag(p) -> None:
     """``--launch-groups``: runs of kernels on one GPU dispatched as one unit (``turnip.sched.groups``)."""
     p.add_argument("--launch-groups", choices=list(GROUPS), default="auto",
                    help="dispatch runs of kernels on one GPU as one unit (one command, one captured graph, one "
-                   "completion): auto = on for plans of several GPUs (TURNIP_LAUNCH_GROUPS=0|1 overrides auto)")
+                   "completion): auto = on for plans of several GPUs (TURNIP_LAUNCH_GROUPS=0|1 overrides auto); "
+                   "a training step's groups are wide (TURNIP_WIDE_GROUPS=0|1 decides otherwise)")
 
 
 TRAIN_DEFAULTS = {"rank": 16, "alpha": 32.0, "targets": "q,k,v,ffn", "lr": 1e-4, "checkpoint": "auto"}
