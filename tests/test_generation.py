@@ -335,3 +335,22 @@ def test_carrying_the_written_rows_alone_keeps_the_tokens(monkeypatch):
         assert carry_rows_on() == (on == "1")
         got.append(generate(m, prompts, max_new_tokens=9, budget="64KiB", block=4, chaos=0.2, seed=1).ids)
     assert got[0] == got[1] and all(len(x) == 9 for x in got[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", ["64KiB", "16MiB"])
+def test_cuda_backend_carries_the_written_rows_to_the_cpu_backends_tokens(monkeypatch, budget):
+    """On a GPU: the CUDA backend's tokens with the written rows carried (the default) and with whole blocks
+    equal the CPU backend's (a cache that spills to the host at 64 KiB, one resident on the GPU at 16 MiB)."""
+    from tests.runtime.helpers import gpus
+
+    if gpus() < 1:
+        pytest.skip("needs a CUDA device")
+    m = load_model("llama-tiny", "fp32", seed=3)
+    prompts = [[5, 7, 9, 11, 2], [3, 1, 4]]
+    want = generate(m, prompts, max_new_tokens=9, budget=budget, block=4, seed=1).ids
+    got = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("TURNIP_CARRY_ROWS", on)
+        got[on] = generate(m, prompts, max_new_tokens=9, budget=budget, block=4, backend="cuda", seed=1).ids
+    assert got["1"] == got["0"] == want
