@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 out=${1:?output folder}
 mkdir -p "$out"
 export PYTHONPATH=".:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
-timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/cuda_kernels tests/runtime > "$out/gpu_tests.log" 2>&1
+timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/cuda_kernels tests/runtime tests/test_generation.py > "$out/gpu_tests.log" 2>&1
 tail -15 "$out/gpu_tests.log"
 timeout 120 python3 benchmarks/kernel_speed.py --tokens 4096 --reps 20 --fast --out "$out/kernels_fast.csv" \
     > "$out/kernels_fast.log" 2>&1

@@ -40,7 +40,8 @@ diag)
     timeout 300 python3 benchmarks/exit_check.py cmds --gpus 2 --out "$out/exit.csv" 2>&1 | tee "$out/exit.log"
     ;;
 tests)
-    timeout 500 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/runtime tests/test_train.py > "$out/tests.log" 2>&1
+    timeout 500 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/runtime tests/test_train.py tests/test_generation.py \
+        > "$out/tests.log" 2>&1
     echo "rc $?"; tail -15 "$out/tests.log"
     ;;
 prefill)
