@@ -246,7 +246,9 @@ SPREAD_SWITCH = "TURNIP_SPREAD_STATE"  # "1": the data split keeps layer i's ada
 
 def spread_state_on() -> bool:
     """Whether a training step's data split spreads the adapters, their moments, gradient sums and Adam updates
-    over the GPUs by layer (``TURNIP_SPREAD_STATE=1``; off: all on GPU 0). Off by default until measured on a GPU."""
+    over the GPUs by layer (``TURNIP_SPREAD_STATE=1``; off: all on GPU 0). Off by default: on four H100s a 7B
+    8 x 1K step took 289.9 ms with it against 302.0 without (two processes, within that host's spread), and
+    ``h100-calibrated`` predicts it slower (211 -> 245 ms, ``benchmarks/results/multi_gpu/README.md``)."""
     return os.environ.get(SPREAD_SWITCH) == "1"
 
 
