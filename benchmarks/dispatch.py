@@ -13,7 +13,12 @@ Variants (``--variants``, each a set of backend options against the first, the b
   groups1   groups, each group recording only its last member's end event (``group_events=False``)
   wide      groups, wide (``TURNIP_WIDE_GROUPS=1``: a head may wait for kernels of groups that start before it,
             transfers wait for a group's end): fewer units again
-The backend's default is ``graphs``.
+  wide1     wide, each group recording only its last member's end event
+  lean      wide, on the plan compiled with ``TURNIP_LEAN_STEP=1`` (the data split's sums across GPUs as one
+            add, a training step's adapters sent at its start): fewer units again
+  lean1     lean, each group recording only its last member's end event
+Every variant names its ``group_events``; the backend's default is ``graphs`` (with groups on several GPUs,
+member end events off for training steps).
 Rows are ``SEQ:BUDGET:GPUS[:T][:SPLIT]`` (prefill; ``none`` = a 60 GiB arena per GPU, every weight resident;
 ``T``: the token tile; ``SPLIT``: tensor (default), layers or data) or ``lora:BATCHxSEQ:BUDGET:GPUS[:SPLIT]``
 (LoRA steps, ``lora_row``). Per row and variant: ``--repeat`` timed runs per policy after a warm-up, the median
@@ -40,11 +45,22 @@ VARIANTS = {
     "poll": {"lib_graphs": False, "native_poll": True},
     "both": {"lib_graphs": True, "native_poll": True},
     "fold": {"lib_graphs": True, "native_poll": False, "fold": True},
-    "groups": {"lib_graphs": True, "native_poll": False, "groups": True},
+    "groups": {"lib_graphs": True, "native_poll": False, "groups": True, "group_events": True},
     "groups1": {"lib_graphs": True, "native_poll": False, "groups": True, "group_events": False},
-    "wide": {"lib_graphs": True, "native_poll": False, "groups": True, "wide": True},
+    "wide": {"lib_graphs": True, "native_poll": False, "groups": True, "wide": True, "group_events": True},
+    "wide1": {"lib_graphs": True, "native_poll": False, "groups": True, "wide": True, "group_events": False},
+    "lean": {"lib_graphs": True, "native_poll": False, "groups": True, "wide": True, "lean": True,
+             "group_events": True},
+    "lean1": {"lib_graphs": True, "native_poll": False, "groups": True, "wide": True, "lean": True,
+              "group_events": False},
 }
-PLAN_KEYS = ("fold", "wide")  # variant keys that are not backend options
+PLAN_KEYS = ("fold", "wide", "lean")  # variant keys that are not backend options
+
+
+def plan_key(name: str) -> tuple:
+    """What the plan of variant ``name`` is compiled with (sums folded, lean step); sets ``TURNIP_LEAN_STEP``."""
+    os.environ["TURNIP_LEAN_STEP"] = "1" if VARIANTS[name].get("lean") else "0"
+    return VARIANTS[name].get("fold", False), VARIANTS[name].get("lean", False)
 
 
 def backend_options(a, name: str) -> dict:
@@ -76,11 +92,11 @@ def run_row(a, spec: str) -> list[dict]:
     plans = {}
     rows, ref = [], None
     for name in a.variants:
-        fold = VARIANTS[name].get("fold", False)
-        if fold not in plans:
-            plans[fold] = compile_model(fold=fold, model=a.model, seq=seq, gpus=gpus, budget=b, resident="auto",
-                                   tiles=tiles, n_layers=a.layers, split=split)  # fmt: skip
-        tg, mg = plans[fold]
+        key = plan_key(name)
+        if key not in plans:
+            plans[key] = compile_model(fold=key[0], model=a.model, seq=seq, gpus=gpus, budget=b, resident="auto",
+                                       tiles=tiles, n_layers=a.layers, split=split)  # fmt: skip
+        tg, mg = plans[key]
         bound = plan_bound(mg, a.profile)["lower_bound_ns"] / 1e6
         t0 = time.perf_counter()
         opts = backend_options(a, name)
@@ -135,11 +151,11 @@ def lora_row(a, spec: str) -> list[dict]:
     plans = {}
     rows, ref = [], None
     for name in a.variants:
-        fold = VARIANTS[name].get("fold", False)
-        if fold not in plans:
-            plans[fold] = compile_model(fold=fold, model=a.model, seq=seq, gpus=gpus, budget=budget,
-                                   resident="auto", train=train, split=split, n_layers=a.layers)  # fmt: skip
-        tg, mg = plans[fold]
+        key = plan_key(name)
+        if key not in plans:
+            plans[key] = compile_model(fold=key[0], model=a.model, seq=seq, gpus=gpus, budget=budget,
+                                       resident="auto", train=train, split=split, n_layers=a.layers)  # fmt: skip
+        tg, mg = plans[key]
         if ref is None:
             rng = np.random.default_rng(a.seed)
             ids = [rng.integers(0, vocab_size(tg), (batch, seq)) for _ in range(a.warmup + a.repeat)]

@@ -2,12 +2,14 @@
 weights it reads from the host (replica inputs), the adapters and their updates on GPU 0; it computes what one
 GPU computes, and ``auto`` weighs it against the tensor and layers splits."""
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
 from turnip.compile import build_with_resident, compile_model, split_candidates
 from turnip.memgraph.interp import assemble
-from turnip.memgraph.plan import KIND_INPUT, KIND_TRANSFER
+from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL, KIND_TRANSFER
 from turnip.memgraph.verify import verify
 from turnip.models import LLAMA, llama_prefill
 from turnip.runtime import execute, open_backend
@@ -71,20 +73,67 @@ def assert_same_step(plans, cfg, batch: int, budget: int, offloads=()) -> None:
             np.testing.assert_allclose(b[k], a, rtol=1e-4, atol=1e-6, err_msg=k)
 
 
-@pytest.mark.parametrize("gpus,spread", [(2, "0"), (3, "0"), (2, "1"), (3, "1")])
-def test_data_split_training_step_matches_one_gpu(gpus, spread, monkeypatch):
+@pytest.mark.parametrize("gpus,spread,lean", [(2, "0", "0"), (3, "0", "0"), (2, "1", "0"), (3, "1", "0"),
+                                              (2, "0", "1"), (3, "0", "1"), (3, "1", "1")])  # fmt: skip
+def test_data_split_training_step_matches_one_gpu(gpus, spread, lean, monkeypatch):
     """Loss, adapter gradients and the new adapters of a data-split step equal the one-GPU step's, under a
     budget that offloads, on the CPU backend with chaos; ``TURNIP_SPREAD_STATE=1``: each layer's adapters,
-    their sums and updates on GPU layer % G instead of GPU 0."""
+    their sums and updates on GPU layer % G instead of GPU 0; ``TURNIP_LEAN_STEP=1``: sums across GPUs as
+    one add, the adapters sent at the start."""
     cfg = LLAMA["tiny"]
     one = lora_step(cfg, seq=16, batch=3, n_gpus=1, dtype="fp32", checkpoint="on")
     monkeypatch.setenv("TURNIP_SPREAD_STATE", spread)
+    monkeypatch.setenv("TURNIP_LEAN_STEP", lean)
     many = lora_step(cfg, seq=16, batch=3, n_gpus=gpus, dtype="fp32", checkpoint="on", split="data")
     state = {i for _, i in state_names(many)}
     homes = {int(many.gpu[v]) for name, (_, blocks) in many.meta["input_blocks"].items() if name in state
              for _, v in blocks}  # fmt: skip
     assert homes == (set(range(min(gpus, cfg.n_layers))) if spread == "1" else {0}), homes
     assert_same_step([one, many], cfg, 3, 256 << 10, offloads=[many])
+
+
+def test_lean_step_sends_each_adapter_once_first_and_sums_with_one_add(monkeypatch):
+    """``TURNIP_LEAN_STEP=1``: every transfer of an adapter comes before any other kernel, each adapter reaches
+    each other GPU once (the backward reads the forward's cast), every gradient is summed across GPUs by one
+    ``add_n`` (no ``sum_into`` left on GPU 0), each update follows its sum at once; and a 4-GPU step of a
+    7B-shaped model has fewer launch units for the host than without it."""
+    from turnip.sched.groups import launch_groups
+
+    cfg = LLAMA["tiny"]
+    plain = lora_step(cfg, seq=16, batch=4, n_gpus=2, dtype="fp32", checkpoint="on", split="data", tiles={"t": 16})
+    plain16 = lora_step(cfg, seq=16, batch=4, n_gpus=2, dtype="fp16", checkpoint="on", split="data", tiles={"t": 16})
+    monkeypatch.setenv("TURNIP_LEAN_STEP", "1")
+    tg = lora_step(cfg, seq=16, batch=4, n_gpus=2, dtype="fp32", checkpoint="on", split="data", tiles={"t": 16})
+    tg.validate()
+    kinds, ops = tg.kind, tg.op
+    state = {v for name, (_, blocks) in tg.meta["input_blocks"].items() if ".lora_" in name for _, v in blocks}
+    sends = [v for v in range(tg.n) if kinds[v] == KIND_TRANSFER and int(tg.args(v)[0]) in state]
+    assert sends and max(sends) < min(v for v in range(tg.n) if kinds[v] == KIND_KERNEL)
+    for dtype, want in (("fp16", 1), ("fp32", 1)):  # fp16: the backward reads the forward's casts, sent once
+        for p, times in ((lora_step(cfg, seq=16, batch=4, n_gpus=2, dtype=dtype, checkpoint="on", split="data",
+                                    tiles={"t": 16}), want),
+                         ) + (((plain16, 2),) if dtype == "fp16" else ()):  # fmt: skip
+            srcs = [int(p.args(v)[0]) for v in range(p.n) if p.kind[v] == KIND_TRANSFER and ".lora_" in p.name[v]
+                    and (p.kind[int(p.args(v)[0])] == KIND_INPUT or p.op[int(p.args(v)[0])] == "cast")]  # fmt: skip
+            names = Counter(p.name[s].replace("'", "") for s in srcs)  # a block, its recomputed cast alike
+            assert names and set(names.values()) == {times}, (dtype, names)
+    grads = {tg.name[v]: v for v in range(tg.n) if tg.name[v].split("[")[0].endswith(".grad")}
+    assert grads
+    for name, v in grads.items():
+        s = int(tg.args(v)[0])
+        assert ops[s] == "add_n" and len(tg.args(s)) == 2, name  # GPU 0's term and GPU 1's, moved
+        adam = [u for u in range(v + 1, min(v + 8, tg.n)) if ops[u].startswith("adam")]
+        assert len(adam) == 3, name  # the update right behind its sum
+    assert not any(ops[v] == "sum_into" and tg.gpu[v] == 0 and ".lora_" in tg.name[v] for v in range(tg.n))
+    assert_same_step([plain, tg], cfg, 4, 256 << 10, offloads=[tg])
+    train = TrainSpec(8)
+    units = []
+    for lean in ("0", "1"):
+        monkeypatch.setenv("TURNIP_LEAN_STEP", lean)
+        _, mg = compile_model("llama-7b", 1024, 4, "16GiB", train=train, split="data", n_layers=8, resident="auto")
+        gr = launch_groups(mg, wide=True)
+        units.append(gr.n_units - int(mg.preloaded().sum()))
+    assert units[1] < 0.6 * units[0], units
 
 
 def test_auto_weighs_the_data_split():

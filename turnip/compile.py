@@ -32,8 +32,7 @@ RANDOM_KERNELS = 200  # kernels of ``--model random``
 
 
 @functools.cache
-def compiler_fingerprint() -> str:
-    """Short hash of the compiler's source: plan caches keyed on it never serve a plan built by other code."""
+def _source_hash() -> bytes:
     root = Path(__file__).parent
     h = hashlib.sha256()
     src = [*root.glob("graph*.py"), *(root / f for f in ("models.py", "hfconfig.py", "taskgraph.py", "fuse.py",
@@ -41,9 +40,18 @@ def compiler_fingerprint() -> str:
     for f in sorted([*src, *root.glob("memgraph/*.py")]):
         h.update(f.name.encode())
         h.update(f.read_bytes())
+    return h.digest()
+
+
+def compiler_fingerprint() -> str:
+    """Short hash of the compiler's source and of the switches that change what it builds (read at each call):
+    plan caches keyed on it never serve a plan built by other code or other switches."""
+    from turnip.graph_lower import lean_step_on
     from turnip.train import pack_on, spread_state_on
 
-    h.update(f"fold={fold_adds_on()} pack={pack_on()} prompts={pack_prompts_on()} spread={spread_state_on()}".encode())
+    h = hashlib.sha256(_source_hash())
+    h.update(f"fold={fold_adds_on()} pack={pack_on()} prompts={pack_prompts_on()} spread={spread_state_on()} "
+             f"lean={lean_step_on()}".encode())  # fmt: skip
     return h.hexdigest()[:12]
 
 

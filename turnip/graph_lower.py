@@ -4,6 +4,7 @@ reduced dimension and therefore need partial results plus a combine step."""
 from __future__ import annotations
 
 import itertools
+import os
 
 from turnip.memgraph.plan import DTYPE_NBYTES
 from turnip.taskgraph import Builder
@@ -13,13 +14,28 @@ class TilingError(ValueError):  # turnip.graph's (re-exported there)
     pass
 
 
+LEAN_SWITCH = "TURNIP_LEAN_STEP"  # "1": the data split's sums across GPUs as one add_n (and sends hoisted)
+
+
+def lean_step_on() -> bool:
+    """Whether the data split sums partials across GPUs with one ``add_n`` per block (its terms' transfers
+    first) instead of a ``sum_into`` per term, and sends a training step's adapters at its start
+    (``turnip.train.hoist_sends``): ``TURNIP_LEAN_STEP=1``; off by default until measured on GPUs."""
+    return os.environ.get(LEAN_SWITCH) == "1"
+
+
 def _accumulate(b: Builder, parts: list[int], gpu: int, moves: dict, name: str, local: bool = False) -> int:
     """Sum partial tiles on ``gpu``: the first (moved there) is the accumulator, the rest sum into it. With
     ``local`` (the data split: each GPU the partials of its sequences), where another GPU holds several
-    partials, they are summed there first and their sum moves once."""
+    partials, they are summed there first and their sum moves once; with ``lean_step_on()`` too, each of
+    those sums is one ``add_n`` of its terms in order (every term moved first): one kernel, no lock, the same
+    order whatever order the terms arrive in."""
     by_gpu: dict[int, list[int]] = {}
     for p in parts:
         by_gpu.setdefault(b.gpu_of(p), []).append(p)
+    if local and lean_step_on():
+        parts = [_add_on(b, ps, g, f"{name}@gpu{g}") for g, ps in by_gpu.items()]
+        return _add_on(b, [b.to_gpu(p, gpu, moves) for p in parts], gpu, name)
     if local and any(len(ps) > 1 for g, ps in by_gpu.items() if g != gpu):
         parts = [x for g, ps in by_gpu.items()
                  for x in (ps if g == gpu or len(ps) == 1 else [_sum_on(b, ps, f"{name}@gpu{g}")])]  # fmt: skip
@@ -27,6 +43,13 @@ def _accumulate(b: Builder, parts: list[int], gpu: int, moves: dict, name: str, 
     for i, p in enumerate(parts[1:], 1):
         b.sum_into(acc, b.to_gpu(p, gpu, moves), name=f"{name}+={i}")
     return acc
+
+
+def _add_on(b: Builder, parts: list[int], gpu: int, name: str) -> int:
+    """One ``add_n`` of ``parts`` (all on ``gpu``) in their order; a single part is itself."""
+    if len(parts) == 1:
+        return parts[0]
+    return b.kernel("add_n", parts, b.shape_of(parts[0]), b.rows[parts[0]][6], gpu, {}, name=f"{name}+")
 
 
 def _sum_on(b: Builder, parts: list[int], name: str) -> int:

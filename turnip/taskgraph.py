@@ -268,3 +268,32 @@ class Builder:
             name=list(cols[10]),
             meta=dict(meta or {}),
         )
+
+
+def reordered(tg: TaskGraph, order) -> TaskGraph:
+    """``tg`` with its vertices renumbered: new vertex ``i`` is old vertex ``order[i]`` (a permutation in which
+    every vertex comes after its operands: ``TaskGraphError`` otherwise); ``meta``'s block maps follow."""
+    order = np.asarray(order, dtype=np.int64)
+    n = tg.n
+    if len(order) != n or not np.array_equal(np.sort(order), np.arange(n)):
+        raise TaskGraphError(f"reordered: not a permutation of the {n} vertices")
+    new = np.empty(n, dtype=np.int64)
+    new[order] = np.arange(n)
+    args = [new[tg.args(int(v))].tolist() for v in order]
+    bad = next((i for i, a in enumerate(args) if any(x >= i for x in a)), None)
+    if bad is not None:
+        raise TaskGraphError(f"reordered: vertex {int(order[bad])} ({tg.name[int(order[bad])]}) would come before "
+                             "an operand")  # fmt: skip
+    ptr, idx = csr(args)
+    acc = np.where(tg.acc[order] >= 0, new[np.maximum(tg.acc[order], 0)], -1).astype(np.int32)
+    meta = dict(tg.meta)
+    for k in ("input_blocks", "output_blocks"):
+        if k in meta:
+            meta[k] = {name: (shape, [(c, int(new[x])) for c, x in blocks])
+                       for name, (shape, blocks) in meta[k].items()}  # fmt: skip
+    ix = order.tolist()
+    return TaskGraph(n_gpus=tg.n_gpus, kind=tg.kind[order], gpu=tg.gpu[order], src_gpu=tg.src_gpu[order],
+                     op=[tg.op[v] for v in ix], params=[tg.params[v] for v in ix], shape=[tg.shape[v] for v in ix],
+                     dtype=[tg.dtype[v] for v in ix], nbytes=tg.nbytes[order], flops=tg.flops[order], arg_ptr=ptr,
+                     arg_idx=idx, acc=acc, is_output=tg.is_output[order], name=[tg.name[v] for v in ix],
+                     meta=meta)  # fmt: skip

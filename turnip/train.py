@@ -29,7 +29,8 @@ import numpy as np
 
 from turnip.autodiff import backward
 from turnip.graph import Graph, lower
-from turnip.memgraph.plan import DTYPE_NBYTES
+from turnip.graph_lower import lean_step_on
+from turnip.memgraph.plan import DTYPE_NBYTES, KIND_INPUT, KIND_KERNEL, KIND_TRANSFER
 from turnip.models import LlamaConfig, default_tiles, ffn_blocks, split_tiling
 from turnip.taskgraph import TaskGraph
 
@@ -113,10 +114,12 @@ def pick_checkpoint(mode: str, cfg: LlamaConfig, tokens: int, n_layers: int, dty
 
 def lora_graph(
     cfg: LlamaConfig, seq: int, batch: int = 1, dtype: str = "fp16", n_layers: int | None = None,
-    lora: LoraConfig = LoraConfig(), checkpoint: bool = False,
+    lora: LoraConfig = LoraConfig(), checkpoint: bool = False, keep_casts: bool = False,
 ) -> tuple[Graph, list[Adapter]]:  # fmt: skip
     """The logical graph of one LoRA training step (module doc) and its adapters. ``ValueError`` for a model
-    whose layers are not plain LLaMA's (``LlamaConfig.extras``: sliding windows, biases, ...)."""
+    whose layers are not plain LLaMA's (``LlamaConfig.extras``: sliding windows, biases, ...). ``keep_casts``:
+    with ``checkpoint``, the backward reads each adapter's cast from the forward instead of recomputing it
+    (the lean data split, which sends each adapter to the other GPUs once)."""
     s = cfg
     if cfg.extras():
         raise ValueError(f"LoRA training runs plain LLaMA layers; {cfg.name or 'this model'} has "
@@ -188,6 +191,8 @@ def lora_graph(
     loss = g.xent(logits, targets, name="loss")
     dlogits = g.xent_bwd(logits, targets, name="dlogits")
     wrt = list(compute)
+    if keep_casts:  # the backward reads the forward's cast of each adapter, not a recomputed one
+        segments = [[x for x in seg if x not in compute] for seg in segments]
     grads = backward(g, {logits: dlogits}, wrt, recompute=segments if checkpoint else None)
     n_pred = batch * (seq - 1) if seq > 1 else batch
     outs = [loss]
@@ -208,6 +213,50 @@ def lora_graph(
         outs += [gr, mm, vv, new]
     g.outputs = outs
     return g, adapters
+
+
+def hoist_sends(tg: TaskGraph) -> TaskGraph:
+    """``tg`` renumbered for the data split's launch groups (``turnip.sched.groups``, which follow compile
+    order), its dependencies unchanged:
+
+    - the inputs that other GPUs read, or their casts (the adapters, cast to the compute dtype on the GPU that
+      keeps them), and their transfers come first: every GPU receives its adapters at the
+      step's start, not just before their first use, so a kernel reading an adapter follows its transfer and
+      may join the group of its other operand (a copy before the group's head) instead of starting one;
+    - each adapter's update (the gradient's cast and the Adam kernels) comes right after the gradient's last
+      term, not after the whole backward: it joins the group of that sum and frees its memory early.
+
+    Costs each GPU its adapters for the whole step (7B rank 16: about 20 MB), which the backward reads again."""
+    from turnip.taskgraph import reordered
+
+    k, op, n = tg.kind, tg.op, tg.n
+    args = [tg.args(v).tolist() for v in range(n)]
+    casts = {v for v in range(n) if k[v] == KIND_KERNEL and op[v] == "cast" and args[v]
+             and all(k[a] == KIND_INPUT for a in args[v])}  # fmt: skip
+    sends = [v for v in range(n) if k[v] == KIND_TRANSFER and (args[v][0] in casts or k[args[v][0]] == KIND_INPUT)]
+    srcs = {args[v][0] for v in sends}
+    first = sorted(srcs | {a for c in srcs for a in args[c]} | set(sends))
+    adam = {v for v in range(n) if op[v] in ("adam_m", "adam_v", "adam_p")}
+    tail = adam | {a for v in adam for a in args[v] if op[a] == "cast" and a not in casts}
+    if not sends and not tail:
+        return tg
+    chosen = set(first)
+    base = first + [v for v in range(n) if v not in chosen]
+    ins = {a for v in tail for a in args[v] if k[a] == KIND_INPUT and a not in chosen}  # the moments, the step
+    key: list[tuple] = [()] * n  # (place in ``base``, 0); an update's: (its latest operand's place, 1, its own)
+    readers: dict[int, list[int]] = {a: [] for a in ins}
+    for i, v in enumerate(base):
+        for a in args[v]:
+            if a in ins:
+                readers[a].append(v)
+        if v in tail:
+            key[v] = (max((key[a][0] for a in args[v] if a not in ins), default=i), 1, i)
+        elif v not in ins:
+            key[v] = (i, 0, i)
+    for i, v in enumerate(base):  # an update's inputs just before the first reader's place: before the head of
+        if v in ins:  # the group the update joins (a copy there becomes the head's dependency)
+            key[v] = (min(key[r][0] for r in readers[v]), -1, i)
+    return reordered(tg, sorted(range(n), key=key.__getitem__))
 
 
 def train_tiles(cfg: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str, tiles: dict | None,
@@ -306,10 +355,13 @@ def lora_step(
     L = cfg.n_layers if n_layers is None else n_layers
     ck = pick_checkpoint(checkpoint, cfg, batch * seq, L, dtype, budget_nbytes)
     t = train_tiles(cfg, seq, batch, n_gpus, dtype, tiles, budget_nbytes, split)
-    g, adapters = lora_graph(cfg, seq, batch, dtype, n_layers, lora, ck)
+    lean = split == "data" and lean_step_on()
+    g, adapters = lora_graph(cfg, seq, batch, dtype, n_layers, lora, ck, keep_casts=lean)
     state = {i for _, i in _state_pairs(adapters)}
     frozen = {n.out.name for n in g.nodes if n.op == "input" and "t" not in n.out.dims and n.out.name not in state}
     tg = lower(g, split_tiling(t, n_gpus, split, L, "thf", replicate=frozen, spread=spread_state_on()))
+    if lean:
+        tg = hoist_sends(tg)
     tg.meta.update(
         model=cfg.name or "llama", seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head="train", split=split,
         embed={"input": "x0", "table": "model.embed_tokens.weight"},

@@ -86,15 +86,30 @@ def test_wide_heads_wait_only_for_groups_that_start_before_them():
     check_groups(mg, gr, wide=True)
 
 
+def test_small_kernels_that_need_nothing_join_the_latest_open_group():
+    # 0 -> 1 on GPU 0 (1 MiB each); 2 and 3 read only a resident input (4): small ones join 0's open group (wide)
+    kinds, deps = ["kernel"] * 4 + ["input"], [[], [0], [4], [4], []]
+    mg = make_memgraph(kinds, deps, nbytes=[1 << 20, 1 << 20, 4096, 4096, 4096])
+    mg.params[4]["resident"] = True
+    assert launch_groups(mg, wide=False).members == {0: [0, 1]}
+    wide = launch_groups(mg, wide=True)
+    assert wide.members == {0: [0, 1, 2, 3]} and wide.n_units == 2  # the resident input counts as a unit
+    check_groups(mg, wide, wide=True)
+    big = launch_groups(mg, wide=True, small_nbytes=4096)  # not small enough: each its own launch
+    assert big.members == {0: [0, 1]}
+
+
 @settings(max_examples=100, deadline=None)
 @given(seed=st.integers(0, 2**31), n=st.integers(2, 40), n_gpus=st.integers(1, 3), policy=st.sampled_from(POLICIES),
-       streams=st.integers(1, 5), p_edge=st.sampled_from([0.05, 0.1, 0.3]), wide=st.booleans())  # fmt: skip
-def test_grouped_runs_finish_under_every_policy(seed, n, n_gpus, policy, streams, p_edge, wide):
-    """Random plans, random completion orders: groups (narrow and wide) respect their invariants, every vertex
-    finishes after its dependencies, no slot is shared, and a recorded grouped run replays."""
+       streams=st.integers(1, 5), p_edge=st.sampled_from([0.05, 0.1, 0.3]), wide=st.booleans(),
+       small=st.booleans())  # fmt: skip
+def test_grouped_runs_finish_under_every_policy(seed, n, n_gpus, policy, streams, p_edge, wide, small):
+    """Random plans, random completion orders: groups (narrow and wide, every kernel small or none) respect
+    their invariants, every vertex finishes after its dependencies, no slot is shared, and a recorded grouped
+    run replays."""
     rng = np.random.default_rng(seed)
     mg = random_memgraph(rng, n, n_gpus, p_edge)
-    gr = launch_groups(mg, max_members=int(rng.integers(2, 6)), wide=wide)
+    gr = launch_groups(mg, max_members=int(rng.integers(2, 6)), wide=wide, small_nbytes=1 << 62 if small else 0)
     check_groups(mg, gr, wide)
     order = None
     if policy == "det-replay":
@@ -197,7 +212,8 @@ def test_cli_launch_groups_flag(capsys):
 
 
 def test_wide_groups_by_default_for_training_steps_only(monkeypatch):
-    """Unset, ``TURNIP_WIDE_GROUPS`` means wide groups for a training step and narrow ones for a prompt."""
+    """Unset, ``TURNIP_WIDE_GROUPS`` means wide groups for a training step and narrow ones for a prompt, and
+    ``TURNIP_GROUP_EVENTS`` a captured group's end event on its last member only in a training step."""
     from turnip.compile import compile_model
     from turnip.sched.groups import wide_groups_on
     from turnip.train import LoraConfig, TrainSpec
@@ -214,3 +230,11 @@ def test_wide_groups_by_default_for_training_steps_only(monkeypatch):
     assert not wide_groups_on(step)
     monkeypatch.setenv("TURNIP_WIDE_GROUPS", "1")
     assert wide_groups_on(prompt)
+    from turnip.sched.groups import group_events_on  # members' end events: off for a training step
+
+    monkeypatch.delenv("TURNIP_GROUP_EVENTS", raising=False)
+    assert group_events_on(prompt) and not group_events_on(step)
+    monkeypatch.setenv("TURNIP_GROUP_EVENTS", "1")
+    assert group_events_on(step)
+    monkeypatch.setenv("TURNIP_GROUP_EVENTS", "0")
+    assert not group_events_on(prompt)

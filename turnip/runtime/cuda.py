@@ -32,7 +32,8 @@ them done before a run starts (were one issued, it would be a no-op).
 Launch groups (``groups``; default ``launch_groups_on``: on for several GPUs; needs ``graphs`` and no start
 events): each group of ``turnip.sched.groups`` is captured as one graph of its members in order (per stream
 slot where a member uses its slot's library handle), each member recording its end event (``group_events=False``:
-only the last does, and the others are placed between their neighbours in the trace); one ``cuGraphLaunch``
+only the last does, and the others are placed between their neighbours in the trace; default
+``group_events_on``: every member's, except in training steps); one ``cuGraphLaunch``
 issues the group and its last member's event is the one polled. A group with a member that is not captured
 launches its members one after another instead.
 
@@ -54,7 +55,7 @@ from turnip.runtime._cudadrv import NOT_READY, PEER_ACCESS_ALREADY_ENABLED, SUCC
 from turnip.runtime.backend import check_ready
 from turnip.runtime.errors import BackendError, VertexFailed
 from turnip.runtime.layout import HOST_INPUT, NP_DTYPE, input_vertices, output_sources, plan_layout, row_range
-from turnip.sched.groups import launch_groups, launch_groups_on
+from turnip.sched.groups import group_events_on, launch_groups, launch_groups_on
 
 _COPY_KINDS = (KIND_INPUT, KIND_RELOAD, KIND_OFFLOAD, KIND_TRANSFER)
 
@@ -69,7 +70,7 @@ class CudaBackend:
     def __init__(self, mg: MemGraph, streams_per_gpu: int = 5, devices: list[int] | None = None,
                  gemm: str = "auto", fast: bool = True, bound: bool = True, graphs: bool = True,
                  graph_events: bool = False, device_start: bool = False, lib_graphs: bool = True,
-                 native_poll: bool = False, groups: bool | None = None, group_events: bool = True):  # fmt: skip
+                 native_poll: bool = False, groups: bool | None = None, group_events: bool | None = None):  # fmt: skip
         from cuda_kernels._numba import cuda as numba_cuda
         from cuda_kernels.launch import driver as launch_driver
 
@@ -152,7 +153,7 @@ class CudaBackend:
         self._work = [self._prepare(v) for v in range(n)]
         self._pev = list(self.ev1)  # the event a vertex's completion is polled on (a group: its last member's)
         self.groups = None
-        self.group_events = group_events
+        self.group_events = group_events_on(mg) if group_events is None else group_events
         self._untimed: set[int] = set()  # members of captured groups that record no end event of their own
         if (launch_groups_on(G) if groups is None else groups) and self.graphs and not device_start:
             self.groups = launch_groups(mg)

@@ -589,6 +589,9 @@ class Scheduler:
         for v in range(n):
             m = sum(1 for u in self.mg.deps(v).tolist() + self._extra.get(v, []) if st[u] != DONE)
             assert self.missing[v] == m, f"missing[{v}]={self.missing[v]}, expected {m}"
+            if self._ready_q[v] == -3:  # a group's member (not its head) waits until its whole group is done
+                assert st[v] in (WAITING, DONE), f"state of group member {v}"
+                continue
             assert (st[v] == WAITING) == (m > 0) or st[v] == WAITING and not self.started, f"state of {v}"
         per_gpu = [0] * self.n_gpus
         streams_used: set[tuple[int, int]] = set()

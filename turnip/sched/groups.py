@@ -21,12 +21,14 @@ needs its result. ``max_members`` bounds a group.
 Wide groups (``wide``; ``TURNIP_WIDE_GROUPS=1|0``; unset: on for training steps, off for prompts): a kernel
 whose group (or itself, ungrouped) starts before the head in the order can become the head's ``extra``
 dependency too, and a transfer no longer closes a group (it waits for the group's end; offloads and other
-GPUs' kernels still close it). Neither makes a cycle: what a head waits for is a group or copy whose head
-comes before it in the order, and a group's members never wait for anything after its head; a transfer
-reading a member comes after that member in the order, so no member of the group waits for it. A LoRA step
-of 7B (8 x 1K, 16 GiB per GPU, data split) on 4 H100s: 18,777 dispatch units -> 11,295, 322.8 -> 302.0 ms in
-one process; a 4K prompt on 4 GPUs (data split): 2,060 -> 1,760 units but 32.6 -> 36.4 ms, its keys and
-values held back until their group ends (``benchmarks/results/multi_gpu/README.md``).
+GPUs' kernels still close it), and a small kernel (output under ``SMALL_NBYTES``) that needs nothing the run
+makes (every dependency a resident input: a training step's casts of its adapters) joins the group opened last
+on its GPU, if still open, rather than being launched alone. None of this makes a cycle: what a head waits for
+is a group or copy whose head comes before it in the order, and a group's members never wait for anything
+after its head; a transfer reading a member comes after that member in the order, so no member of the group
+waits for it. A LoRA step of 7B (8 x 1K, 16 GiB per GPU, data split) on 4 H100s: 18,777 dispatch units ->
+11,295, 322.8 -> 302.0 ms in one process; a 4K prompt on 4 GPUs (data split): 2,060 -> 1,760 units but 32.6 ->
+36.4 ms, its keys and values held back until their group ends (``benchmarks/results/multi_gpu/README.md``).
 
 Invariants: every member of a group of two or more is a kernel on the head's GPU with no lock group; its
 dependencies lie in the group, among the head's ancestors, among the resident inputs or among the head's
@@ -48,6 +50,7 @@ WIDE_SWITCH = "TURNIP_WIDE_GROUPS"  # "1": wide groups (module doc), "0": narrow
 MAX_MEMBERS = 32
 ANCESTOR_DEPTH = 4  # dependency levels searched for a head's ancestors
 ANCESTOR_LIMIT = 256  # ancestors kept per head at most
+SMALL_NBYTES = 1 << 20  # wide groups: a kernel writing less, that needs nothing the run makes, joins any open group
 
 
 def launch_groups_on(n_gpus: int) -> bool:
@@ -98,11 +101,26 @@ def wide_groups_on(mg: MemGraph) -> bool:
     return v == "1" if v in ("0", "1") else any(op.startswith("adam") for op in mg.op)
 
 
+EVENTS_SWITCH = "TURNIP_GROUP_EVENTS"  # "1": every member of a captured group records its end event; "0": the last
+
+
+def group_events_on(mg: MemGraph) -> bool:
+    """Whether a GPU backend's captured launch group records every member's end event (device times per
+    member, for traces) or only its last member's (one event node per graph: less host time per launch):
+    ``TURNIP_GROUP_EVENTS=1`` / ``0``; unset: every member's, except in a training step, whose runs read no
+    device times by default (on four H200s a 7B LoRA step took 265.2 ms with the last event only, 290.7 with
+    every member's: ``benchmarks/results/multi_gpu/README.md``)."""
+    v = os.environ.get(EVENTS_SWITCH)
+    return v == "1" if v in ("0", "1") else not any(op.startswith("adam") for op in mg.op)
+
+
 def launch_groups(
-    mg: MemGraph, max_members: int = MAX_MEMBERS, order: np.ndarray | None = None, wide: bool | None = None
-) -> LaunchGroups:
+    mg: MemGraph, max_members: int = MAX_MEMBERS, order: np.ndarray | None = None, wide: bool | None = None,
+    small_nbytes: int = SMALL_NBYTES,
+) -> LaunchGroups:  # fmt: skip
     """The launch groups of ``mg`` (module doc); ``order``: the topological order to follow (default
-    ``topo_order(mg)``); ``wide``: wide groups (None: ``wide_groups_on(mg)``)."""
+    ``topo_order(mg)``); ``wide``: wide groups (None: ``wide_groups_on(mg)``); ``small_nbytes``: below this
+    output size a wide group takes kernels that need nothing the run makes."""
     from turnip.sched.priority import topo_order
 
     wide = wide_groups_on(mg) if wide is None else wide
@@ -135,11 +153,17 @@ def launch_groups(
     pos[order] = np.arange(n)
     pos = pos.tolist()
     extra: dict[int, list[int]] = {}
+    latest: dict[int, int] = {}  # GPU -> the head of the group opened last on it
+    small = (mg.out_nbytes < small_nbytes).tolist()
     for w in order.tolist():
         if kind[w] != KIND_KERNEL or pre[w] or lock[w] >= 0:
             continue
         ds = [u for u in dep_src[dep_ptr[w] : dep_ptr[w + 1]] if not pre[u]]
         h, add = -1, ()
+        if wide and not ds and small[w]:  # needs nothing the run makes: it may join its GPU's latest open group
+            c = latest.get(gpu[w], -1)
+            if c in ext and len(members[c]) < max_members:
+                h = c
         for v in ds:
             c = head[v]
             if c in ext and gpu[c] == gpu[w] and len(members[c]) < max_members:
@@ -160,6 +184,7 @@ def launch_groups(
             h = w
             members[w] = [w]
             ext[w] = ancestors(ds)
+            latest[gpu[w]] = w
         g = gpu[w]
         if any(gpu[x] != g if kind[x] == KIND_KERNEL else not (wide and kind[x] == KIND_TRANSFER)
                for x in si[sp[w] : sp[w + 1]]):  # fmt: skip
