@@ -124,13 +124,8 @@ def test_nothing_to_fold_returns_the_graph_itself():
 def test_the_switch_folds_in_make_taskgraph_and_changes_the_fingerprint(monkeypatch):
     """Folding is on by default; ``TURNIP_FOLD_ADDS=0`` or ``fold=False`` keeps the sums."""
     monkeypatch.delenv(FOLD_SWITCH, raising=False)
-    compiler_fingerprint.cache_clear()
-    try:
-        folded, fp = make_taskgraph("llama-tiny", 32, n_layers=2), compiler_fingerprint()
-        monkeypatch.setenv(FOLD_SWITCH, "0")
-        compiler_fingerprint.cache_clear()
-        plain = make_taskgraph("llama-tiny", 32, n_layers=2)
-        assert compiler_fingerprint() != fp
-    finally:
-        compiler_fingerprint.cache_clear()
+    folded, fp = make_taskgraph("llama-tiny", 32, n_layers=2), compiler_fingerprint()
+    monkeypatch.setenv(FOLD_SWITCH, "0")
+    plain = make_taskgraph("llama-tiny", 32, n_layers=2)
+    assert compiler_fingerprint() != fp  # read at each call: a switch set later still counts
     assert folded.n < plain.n == make_taskgraph("llama-tiny", 32, n_layers=2, fold=False).n

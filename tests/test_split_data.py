@@ -78,8 +78,8 @@ def assert_same_step(plans, cfg, batch: int, budget: int, offloads=()) -> None:
 def test_data_split_training_step_matches_one_gpu(gpus, spread, lean, monkeypatch):
     """Loss, adapter gradients and the new adapters of a data-split step equal the one-GPU step's, under a
     budget that offloads, on the CPU backend with chaos; ``TURNIP_SPREAD_STATE=1``: each layer's adapters,
-    their sums and updates on GPU layer % G instead of GPU 0; ``TURNIP_LEAN_STEP=1``: sums across GPUs as
-    one add, the adapters sent at the start."""
+    their sums and updates on GPU layer % G instead of GPU 0; ``TURNIP_LEAN_STEP=0``: sums across GPUs as
+    sum_into chains, the adapters sent where first used (otherwise one add each, sent at the start)."""
     cfg = LLAMA["tiny"]
     one = lora_step(cfg, seq=16, batch=3, n_gpus=1, dtype="fp32", checkpoint="on")
     monkeypatch.setenv("TURNIP_SPREAD_STATE", spread)
@@ -93,13 +93,14 @@ def test_data_split_training_step_matches_one_gpu(gpus, spread, lean, monkeypatc
 
 
 def test_lean_step_sends_each_adapter_once_first_and_sums_with_one_add(monkeypatch):
-    """``TURNIP_LEAN_STEP=1``: every transfer of an adapter comes before any other kernel, each adapter reaches
+    """The lean step (default; ``TURNIP_LEAN_STEP=0`` turns it off): every transfer of an adapter comes before any other kernel, each adapter reaches
     each other GPU once (the backward reads the forward's cast), every gradient is summed across GPUs by one
     ``add_n`` (no ``sum_into`` left on GPU 0), each update follows its sum at once; and a 4-GPU step of a
     7B-shaped model has fewer launch units for the host than without it."""
     from turnip.sched.groups import launch_groups
 
     cfg = LLAMA["tiny"]
+    monkeypatch.setenv("TURNIP_LEAN_STEP", "0")
     plain = lora_step(cfg, seq=16, batch=4, n_gpus=2, dtype="fp32", checkpoint="on", split="data", tiles={"t": 16})
     plain16 = lora_step(cfg, seq=16, batch=4, n_gpus=2, dtype="fp16", checkpoint="on", split="data", tiles={"t": 16})
     monkeypatch.setenv("TURNIP_LEAN_STEP", "1")
