@@ -21,12 +21,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+
+def turnip_row(st: dict, B: int, P: int, N: int, budget: str, keep) -> dict:
+    """The CSV row of one timed turnip generation (its ``stats``)."""
+    row = {"system": "turnip", "batch": B, "prompt": P, "new": N, "budget": budget, "ttft_ms": st["ttft_s"] * 1e3,
+           "tokens_per_s": st["tokens_per_s"], "ms_per_step": st["decode_s"] / max(1, st["steps"] - 1) * 1e3,
+           "switch_s": st["switch_s"],
+           "ms_per_step_in_bucket": (st["decode_s"] - st["switch_s"]) / max(1, st["steps"] - 1) * 1e3,
+           "bound_ms": st["bound_ms"], "link_nbytes_per_token": st["link_nbytes_per_token"],
+           "plans": len(st["plans_built"]), "keep_weights": keep, "weights_kept": st["weights_kept"]}  # fmt: skip
+    row["efficiency"] = row["bound_ms"] / row["ms_per_step"] if row["bound_ms"] else None
+    return row
 
 
 def turnip_model(s, sd, dtype: str):
@@ -85,6 +98,9 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default="h100")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plan-dir", default="", help="keep compiled plans here")
+    p.add_argument("--keep", nargs="+", default=[], choices=["0", "1"],
+                   help="time each row once per value of TURNIP_KEEP_WEIGHTS (a plan's host weights passed to "
+                        "the next plan's backend), in this order")  # fmt: skip
     p.add_argument("--tag", default=platform.node())
     p.add_argument("--out", default="benchmarks/results")
     a = p.parse_args(argv)
@@ -136,17 +152,14 @@ def main(argv=None) -> int:
         kw = {"dtype": a.dtype, "backend": a.backend, "block": a.block, "plans": plans, "eos": ()}
         generate(m, prompts, 2, b, profile=None, **kw)  # warm-up: kernels compiled, the prefill plan built
         progress(f"batch {B}: warm-up done")
-        r = generate(m, prompts, N, b, profile=a.profile, **kw)
-        st = r.stats
-        row = {"system": "turnip", "batch": B, "prompt": P, "new": N, "budget": budget, "ttft_ms": st["ttft_s"] * 1e3,
-               "tokens_per_s": st["tokens_per_s"], "ms_per_step": st["decode_s"] / max(1, st["steps"] - 1) * 1e3,
-               "switch_s": st["switch_s"],
-               "ms_per_step_in_bucket": (st["decode_s"] - st["switch_s"]) / max(1, st["steps"] - 1) * 1e3,
-               "bound_ms": st["bound_ms"], "link_nbytes_per_token": st["link_nbytes_per_token"],
-               "plans": len(st["plans_built"])}  # fmt: skip
-        row["efficiency"] = row["bound_ms"] / row["ms_per_step"] if row["bound_ms"] else None
-        print(json.dumps(row), flush=True)
-        results.append(row)
+        for keep in a.keep or [None]:
+            if keep is not None:
+                os.environ["TURNIP_KEEP_WEIGHTS"] = keep
+            r = generate(m, prompts, N, b, profile=a.profile, **kw)
+            row = turnip_row(r.stats, B, P, N, budget, keep)
+            progress(f"batch {B}: timed{'' if keep is None else ' with TURNIP_KEEP_WEIGHTS=' + keep}")
+            print(json.dumps(row), flush=True)
+            results.append(row)
         if a.no_hf:
             continue
         hf = []

@@ -354,3 +354,73 @@ def test_cuda_backend_carries_the_written_rows_to_the_cpu_backends_tokens(monkey
         monkeypatch.setenv("TURNIP_CARRY_ROWS", on)
         got[on] = generate(m, prompts, max_new_tokens=9, budget=budget, block=4, backend="cuda", seed=1).ids
     assert got["1"] == got["0"] == want
+
+
+@pytest.mark.parametrize("budget", ["64KiB", "16MiB"])
+def test_kept_weights_keep_the_tokens(monkeypatch, budget):
+    """``TURNIP_KEEP_WEIGHTS=1``: every decode plan takes over the host weights of the plan before (the first
+    decode plan the prefill's, in part) and the greedy tokens stay those of writing them again (several
+    buckets, chaos, a cache that spills at 64 KiB)."""
+    m = load_model("llama-tiny", "fp32", seed=3)
+    prompts = [[5, 7, 9, 11, 2, 8, 1, 6, 4], [3, 1, 4]]
+    got = {}
+    for on in ("0", "1"):
+        monkeypatch.setenv("TURNIP_KEEP_WEIGHTS", on)
+        r = generate(m, prompts, max_new_tokens=11, budget=budget, block=4, chaos=0.2, seed=1)
+        got[on] = r.ids
+        n_decode = sum(1 for p in r.stats["plans_built"] if p[0] == "decode")
+        assert n_decode >= 3 and r.stats["weights_kept"] == (n_decode if on == "1" else 0), r.stats
+    assert got["0"] == got["1"]
+
+
+def test_a_host_input_region_passes_to_a_plan_laid_out_alike():
+    """``plan_layout(first=...)`` puts those input tensors first, in order; a detached region (``HostInputs``)
+    is adopted by a backend whose prefix shares its leading tensors and is large enough, values in place; a
+    backend with nothing in common, or needing more bytes, allocates its own and frees the handed one."""
+    from turnip.compile import compile_model
+    from turnip.generation import weight_prefix
+    from turnip.runtime import open_backend
+    from turnip.runtime.layout import ALIGN, buffer_view, plan_layout
+    from turnip.runtime.weights import logical_inputs, random_inputs_for, tile_inputs
+
+    tg, mg = compile_model("llama-tiny", 16, 1, "64KiB", dtype="fp32", resident="auto")
+    names = [k for k in logical_inputs(tg) if k != "x0"]
+    first, key = weight_prefix(tg, names)
+    lay = plan_layout(mg, first, reserve=1000)
+    offs = [lay.host_offset[mg.tensor.tolist().index(t)] for t in first]
+    assert offs[0] == 0 and offs == sorted(offs) and all(o % ALIGN == 0 for o in offs)
+    assert lay.host_prefix_nbytes >= offs[-1] and lay.host_input_nbytes >= plan_layout(mg).host_input_nbytes + 1000
+    with pytest.raises(ValueError, match="no input with a host copy"):
+        plan_layout(mg, [10**6])
+    values = tile_inputs(tg, random_inputs_for(tg, seed=2))
+    a = open_backend("cpu", mg, 2, host_first=first, host_key=key, host_reserve=4096)
+    a.write_inputs(values)
+    h = a.detach_host_inputs()
+    a.close()
+    assert h.common(key) == len(key) and h.common(key[:3] + (("x",),)) == 3 and h.common((("x",),)) == 0
+    b = open_backend("cpu", mg, 2, host_first=first, host_key=key, host_inputs=h)
+    assert b.adopted == first
+    v = mg.tensor.tolist().index(first[-1])
+    got = buffer_view(b.host_in, b.lay.host_offset[v], mg.shape[v], mg.dtype[v])
+    np.testing.assert_array_equal(got, np.asarray(values[first[-1]]).reshape(got.shape))
+    h2 = b.detach_host_inputs()
+    b.close()
+    c = open_backend("cpu", mg, 2, host_first=first, host_key=key, host_reserve=1 << 20, host_inputs=h2)
+    assert c.adopted == [] and h2.array is None  # too small for this layout: freed, a region of its own
+    c.close()
+
+
+@pytest.mark.gpu
+def test_cuda_backend_with_kept_weights_gives_the_cpu_backends_tokens(monkeypatch):
+    """On a GPU: decode plans taking over the pinned host weights of the plan before (``TURNIP_KEEP_WEIGHTS=1``)
+    give the CPU backend's tokens, and every decode plan took them over."""
+    from tests.runtime.helpers import gpus
+
+    if gpus() < 1:
+        pytest.skip("needs a CUDA device")
+    m = load_model("llama-tiny", "fp32", seed=3)
+    prompts = [[5, 7, 9, 11, 2, 8, 1, 6, 4], [3, 1, 4]]
+    want = generate(m, prompts, max_new_tokens=11, budget="64KiB", block=4, seed=1).ids
+    monkeypatch.setenv("TURNIP_KEEP_WEIGHTS", "1")
+    r = generate(m, prompts, max_new_tokens=11, budget="64KiB", block=4, backend="cuda", seed=1)
+    assert r.ids == want and r.stats["weights_kept"] == sum(1 for p in r.stats["plans_built"] if p[0] == "decode")

@@ -36,6 +36,28 @@ def carry_rows_on() -> bool:
     return os.environ.get(CARRY_ROWS_SWITCH) != "0"
 
 
+KEEP_WEIGHTS_SWITCH = "TURNIP_KEEP_WEIGHTS"  # "1": a plan's filled host weights pass to the next plan's backend
+
+
+def keep_weights_on() -> bool:
+    """Whether the next plan of a generation (the first decode plan after the prefill, the next cache bucket's)
+    takes over the host input region of the plan before it, its weights laid out first in the same order
+    (``turnip.runtime.layout.HostInputs``), instead of allocating and writing them again: ``TURNIP_KEEP_WEIGHTS=1``
+    (off until measured on GPUs)."""
+    return os.environ.get(KEEP_WEIGHTS_SWITCH) == "1"
+
+
+def weight_prefix(tg, names) -> tuple[list[int], tuple]:
+    """The taskgraph input vertices of the logical weights ``names`` in a canonical order (name, block starts,
+    GPU) and the key of that order (names, starts, shapes, dtypes, GPUs): plans whose weights are tiled and
+    placed alike give the same key."""
+    blocks = tg.meta["input_blocks"]
+    items = sorted((name, tuple(int(x) for x in st), int(tg.gpu[v]), int(v)) for name in names if name in blocks
+                   for st, v in blocks[name][1])  # fmt: skip
+    key = tuple((n, st, g, tuple(tg.shape[v]), tg.dtype[v]) for n, st, g, v in items)
+    return [v for *_, v in items], key
+
+
 class GenerateError(ValueError):
     """Bad input to a generation (one line, naming the argument)."""
 
@@ -185,18 +207,30 @@ class Result:
 
 
 class _Runner:
-    """One plan loaded on a backend: its weights, constants and cache blocks written."""
+    """One plan loaded on a backend: its weights, constants and cache blocks written. ``host``: the host
+    input region of the plan before (``HostInputs``; with ``keep_weights_on()``): taken over when its weights
+    were laid out as this plan's, else freed; ``reserve``: spare bytes in this plan's region for the next's."""
 
-    def __init__(self, tg, mg, model: Model, cache: HostCache | None, backend: str, streams: int, options: dict):
+    def __init__(self, tg, mg, model: Model, cache: HostCache | None, backend: str, streams: int, options: dict,
+                 host=None, reserve: int = 0):  # fmt: skip
         from turnip.runtime import open_backend
         from turnip.runtime.loader import write_arrays
         from turnip.runtime.weights import logical_inputs, tile_inputs
 
         self.tg, self.mg = tg, mg
+        lg = logical_inputs(tg)
+        if keep_weights_on():
+            first, key = weight_prefix(tg, [k for k in model.weights if k in lg])
+            options = options | {"host_first": first, "host_key": key, "host_reserve": reserve, "host_inputs": host}
+        elif host is not None:
+            host.free()
         self.be = open_backend(backend, mg, streams, **options)
         try:
-            lg = logical_inputs(tg)
-            write_arrays(self.be, tg, {k: x for k, x in model.weights.items() if k in lg})  # by threads
+            kept = set(getattr(self.be, "adopted", None) or ())  # weights in place: only resident ones to the GPUs
+            self.be.load_resident(kept)
+            blocks = tg.meta["input_blocks"]
+            write_arrays(self.be, tg, {k: x for k, x in model.weights.items()  # the others, by threads
+                                       if k in lg and not all(v in kept for _, v in blocks[k][1])})  # fmt: skip
             if cache is not None:
                 self.be.write_inputs(tile_inputs(tg, constants(model.cfg, model.dtype)))
                 self.be.write_inputs(merge_inputs(tg))
@@ -232,7 +266,8 @@ def generate(
     new token, plan builds included), tokens_per_s (new tokens of the batch over the decode time),
     link_nbytes_per_token (host<->GPU bytes of a decode step per sequence), bound_ms (the last decode
     plan's lower bound on ``profile``), plans built / loaded, steps, decode_s (first new token to the last),
-    switch_s (the part of decode_s spent loading the next cache bucket's plan: its weights written again)."""
+    switch_s (the part of decode_s spent loading the next cache bucket's plan), weights_kept (decode plans
+    that took over the host weights of the plan before: ``keep_weights_on``)."""
     from turnip.compile import parse_nbytes
 
     t0 = time.perf_counter()
@@ -255,12 +290,15 @@ def generate(
     P = max(lens)
     plans.prefetch("decode", B, -(-P // block))  # the first decode step writes slot P - 1
     cache = HostCache(m.cfg, B, block, dtype)
+    last_nb = (P + max_new_tokens - 2) // block + 1  # the last step's bucket
+    spare = lambda nb: cache.nbytes(last_nb) - cache.nbytes(nb) + (64 << 20)  # noqa: E731  # the next plans' cache
+    host = None  # the host input region handed from one plan to the next (``keep_weights_on``)
     if P > 1:
-        _prefill(m, ids, plans, cache, (backend, streams, opts, policy, seed))
+        host = _prefill(m, ids, plans, cache, (backend, streams, opts, policy, seed), spare(0))
     out = _Outputs(m.tokenizer, B, set(m.eos if eos is None else eos), stop, on_token)
     rng = np.random.default_rng(sampling.seed)
     cur = np.array([x[-1] for x in ids], dtype=np.int64)
-    runner, ttft, t_dec, switch_s = None, None, None, 0.0
+    runner, ttft, t_dec, switch_s, kept = None, None, None, 0.0, 0
     try:
         for k in range(max_new_tokens):
             slot = P - 1 + k
@@ -269,9 +307,12 @@ def generate(
                 t_switch = time.perf_counter()
                 if runner is not None:  # the written block back to the host copy, the next bucket's plan loaded
                     cache.take(runner.tg, runner.be.read_outputs(only={o for o, _ in carry_pairs(runner.tg)}))
+                    host = runner.be.detach_host_inputs() if keep_weights_on() else None
                     runner.be.close()
                     runner = None
-                runner = _Runner(*plans.get("decode", B, nb), m, cache, backend, streams, opts)
+                runner, host = _Runner(*plans.get("decode", B, nb), m, cache, backend, streams, opts, host,
+                                       spare(nb)), None  # fmt: skip
+                kept += bool(getattr(runner.be, "adopted", None))
                 if (P + max_new_tokens - 2) // block + 1 > nb:  # the generation reaches the next bucket
                     plans.prefetch("decode", B, nb + 1)
                 if ttft is not None:  # a bucket's plan loaded while decoding
@@ -289,13 +330,15 @@ def generate(
     finally:
         if runner is not None:
             runner.be.close()
+        if host is not None:
+            host.free()
     from turnip.compile import run_link_nbytes
     from turnip.runtime.driver import lower_bound
 
     n_new = sum(len(x) for x in out.ids)
     dec_s = t_end - t_dec
     stats = {"ttft_s": ttft, "tokens_per_s": (n_new - B) / dec_s if dec_s > 0 and n_new > B else None,
-             "decode_s": dec_s, "switch_s": switch_s, "steps": k + 1, "new_tokens": n_new,
+             "decode_s": dec_s, "switch_s": switch_s, "weights_kept": kept, "steps": k + 1, "new_tokens": n_new,
              "link_nbytes_per_token": run_link_nbytes(runner.mg) / B,
              "bound_ms": lower_bound(runner.mg, profile)["lower_bound_ns"] / 1e6 if profile else None,
              "profile": profile, "plans_built": list(plans.built), "plans_loaded": list(plans.loaded),
@@ -303,23 +346,30 @@ def generate(
     return Result(out.ids, out.texts if m.tokenizer is not None else [None] * B, stats)
 
 
-def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple) -> None:
+def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple, reserve: int = 0):
     """The prompts but their last tokens through the prefill plan (right-padded with id 0 to a multiple of
     ``PREFILL_ROUND`` tokens: no prompt token sees a pad, token tiles divide the length, and prompts of
     similar lengths share a plan), their keys and values into ``cache``. ``run``: (backend, streams,
-    options, policy, seed)."""
+    options, policy, seed). Returns the plan's host input region (``keep_weights_on``; ``reserve`` spare
+    bytes in it for the decode plans' cache) or None."""
     backend, streams, opts, policy, seed = run
     seq = -(-(max(len(x) for x in ids) - 1) // PREFILL_ROUND) * PREFILL_ROUND
     tg, mg = plans.get("prefill", len(ids), seq)
     padded = np.zeros((len(ids), seq), dtype=np.int64)
     for b, x in enumerate(ids):
         padded[b, : len(x) - 1] = x[:-1]
-    r = _Runner(tg, mg, m, None, backend, streams, opts)
+    from turnip.runtime.weights import logical_inputs
+
+    lg = logical_inputs(tg)  # the decode plans also hold the weights the prefill does not read
+    reserve += sum(int(x.nbytes) for k, x in m.weights.items() if k not in lg)
+    r = _Runner(tg, mg, m, None, backend, streams, opts, reserve=reserve)
     try:
         kv = r.run({"x0": m.embed(padded.reshape(-1))}, policy, streams, seed, list(tg.meta["output_blocks"]))
+        host = r.be.detach_host_inputs() if keep_weights_on() else None
     finally:
         r.be.close()
     cache.fill(kv, seq, [len(x) - 1 for x in ids])
+    return host
 
 
 class _Outputs:

@@ -49,6 +49,10 @@ class CpuBackend:
         chaos_max_s: float = 0.002,
         poison: bool = False,
         groups: bool | None = None,
+        host_first: list[int] | None = None,
+        host_key: tuple = (),
+        host_reserve: int = 0,
+        host_inputs=None,
     ):
         self.mg, self.k, self.chaos, self.chaos_max_s = mg, streams_per_gpu, chaos, chaos_max_s
         self.poison = poison
@@ -59,10 +63,18 @@ class CpuBackend:
         self._members = self.groups.members if self.groups is not None else {}
         self.allocations = 0
         self.views_built = 0
-        self.lay = lay = plan_layout(mg)
+        self.lay = lay = plan_layout(mg, host_first, host_reserve)
         self._whole: list[np.ndarray] = []  # each allocation with its guard regions
         self.arenas = [self._alloc(int(b)) for b in mg.budget_nbytes]
-        self.host = [self._alloc(lay.host_input_nbytes), self._alloc(lay.host_offload_nbytes)]
+        self.host_key, self.adopted = tuple(host_key), []  # adopted: tensors whose host copies came with it
+        k = host_inputs.adoptable(self.host_key, lay) if host_inputs is not None else 0
+        if k:
+            self.host = [host_inputs.array, self._alloc(lay.host_offload_nbytes)]
+            self.adopted = list(host_first or ())[:k]
+        else:
+            if host_inputs is not None:
+                host_inputs.free()
+            self.host = [self._alloc(lay.host_input_nbytes), self._alloc(lay.host_offload_nbytes)]
         self._buf = {}
         self._fn = [self._closure(v) for v in range(mg.n)]
         n = mg.n
@@ -274,6 +286,15 @@ class CpuBackend:
             done.put((v, err))
 
     # ------------------------------------------------------------------ teardown
+    def detach_host_inputs(self):
+        """The host input region, handed over (``HostInputs``) for the next backend to adopt: its prefix
+        (``host_first``) keeps its values; this backend runs no more (close it)."""
+        from turnip.runtime.layout import HostInputs
+
+        h = HostInputs(self.host[HOST_INPUT], self.host_key, self.lay.host_prefix_nbytes)
+        self.host[HOST_INPUT] = None
+        return h
+
     def close(self) -> None:
         """Stop and join every worker; drop the arenas. Idempotent."""
         if self._closed:

@@ -70,7 +70,9 @@ class CudaBackend:
     def __init__(self, mg: MemGraph, streams_per_gpu: int = 5, devices: list[int] | None = None,
                  gemm: str = "auto", fast: bool = True, bound: bool = True, graphs: bool = True,
                  graph_events: bool = False, device_start: bool = False, lib_graphs: bool = True,
-                 native_poll: bool = False, groups: bool | None = None, group_events: bool | None = None):  # fmt: skip
+                 native_poll: bool = False, groups: bool | None = None, group_events: bool | None = None,
+                 host_first: list[int] | None = None, host_key: tuple = (), host_reserve: int = 0,
+                 host_inputs=None):  # fmt: skip
         from cuda_kernels._numba import cuda as numba_cuda
         from cuda_kernels.launch import driver as launch_driver
 
@@ -91,7 +93,7 @@ class CudaBackend:
         if self.ws_slot and streams_per_gpu > slots:
             raise BackendError(f"the plan reserves workspace for {slots} stream slots per GPU; run it with at most "
                                f"{slots} streams (asked {streams_per_gpu}) or recompile it")  # fmt: skip
-        self.lay = lay = plan_layout(mg)
+        self.lay = lay = plan_layout(mg, host_first, host_reserve)
         G = mg.n_gpus
         self.devices = list(devices) if devices is not None else list(range(G))
         if len(cuda.gpus) < max(self.devices) + 1:
@@ -126,7 +128,17 @@ class CudaBackend:
         ]  # fmt: skip
         self.cur = -1
         self._set_ctx(0)
-        self.host_in = self._host_alloc(lay.host_input_nbytes, write_combined=True)
+        self.host_key, self.adopted = tuple(host_key), []  # adopted: tensors whose host copies came with it
+        k = host_inputs.adoptable(self.host_key, lay) if host_inputs is not None and host_inputs.ptr else 0
+        if k:
+            self.host_in = host_inputs.array  # a filled region of an earlier plan: its prefix kept, freed by us
+            self._host_ptrs.append(host_inputs.ptr)
+            host_inputs.release = None
+            self.adopted = list(host_first or ())[:k]
+        else:
+            if host_inputs is not None:
+                host_inputs.free()
+            self.host_in = self._host_alloc(lay.host_input_nbytes, write_combined=True)
         self.host_off = self._host_alloc(lay.host_offload_nbytes, write_combined=False)
         self._host_base = [self._host_ptrs[0], self._host_ptrs[1]]
         self._views: dict[int, object] = {}
@@ -650,8 +662,22 @@ class CudaBackend:
         self.arenas, self.streams, self.copy_streams = [], [], []
         self.cur = -1
         for p in self._host_ptrs:
-            self.drv.cuMemFreeHost(p)
+            if p:  # 0: detached (``detach_host_inputs``)
+                self.drv.cuMemFreeHost(p)
         self._host_ptrs = []
+
+    def detach_host_inputs(self):
+        """The pinned input region, handed over (``HostInputs``) for the next backend to adopt (it then frees
+        it; else whoever holds it calls ``free``): its prefix (``host_first``) keeps its values. Waits for
+        every GPU first; this backend runs no more (close it)."""
+        from turnip.runtime.layout import HostInputs
+
+        self.abort()
+        p, drv = self._host_ptrs[0], self.drv
+        h = HostInputs(self.host_in, self.host_key, self.lay.host_prefix_nbytes, p, lambda: drv.cuMemFreeHost(p))
+        self._host_ptrs[0] = 0
+        self.host_in = None
+        return h
 
     def __enter__(self):
         return self

@@ -37,18 +37,27 @@ class Layout:
     reads: list[list[int]]
     host_input_nbytes: int
     host_offload_nbytes: int
+    host_prefix_nbytes: int = 0  # bytes of the ``first`` tensors at the input region's start
 
     @property
     def host_nbytes(self) -> tuple[int, int]:
         return self.host_input_nbytes, self.host_offload_nbytes
 
 
-def plan_layout(mg: MemGraph) -> Layout:
+def plan_layout(mg: MemGraph, first: list[int] | None = None, reserve: int = 0) -> Layout:
+    """The plan's layout. ``first``: taskgraph input tensors whose host copies open the input region, in this
+    order, each at an ``ALIGN``-ed offset (the others follow in plan order): two plans given the same tensors
+    (the same sizes, in the same order) lay them out alike, so one plan's filled input region can serve the
+    next (``HostInputs``); ``reserve``: spare bytes at the region's end (a later plan's larger region)."""
     n = mg.n
     input_tensors = set(mg.tensor[mg.kind == KIND_INPUT].tolist())
     tensor = mg.tensor.tolist()
     host_off = mg.host_offset.tolist()
     region = [-1 if host_off[v] < 0 else (HOST_INPUT if tensor[v] in input_tensors else HOST_OFFLOAD) for v in range(n)]
+    prefix, in_nbytes = 0, int(mg.stats.get("host_input_nbytes", 0))
+    if first is not None or reserve:
+        host_off, prefix, in_nbytes = _inputs_first(mg, tensor, host_off, region, first or [])
+        in_nbytes += reserve
     kind = mg.kind.tolist()
     resident = mg.preloaded().tolist()
     ip, ii = mg.in_ptr.tolist(), mg.in_idx.tolist()
@@ -62,9 +71,74 @@ def plan_layout(mg: MemGraph) -> Layout:
         host_region=region,
         resident=resident,
         reads=[ii[ip[v] : ip[v + 1]] for v in range(n)],
-        host_input_nbytes=_round_up(int(mg.stats.get("host_input_nbytes", 0)) + ALIGN),
+        host_input_nbytes=_round_up(in_nbytes + ALIGN),
         host_offload_nbytes=_round_up(int(mg.host_nbytes) + ALIGN),
+        host_prefix_nbytes=prefix,
     )
+
+
+def _inputs_first(mg: MemGraph, tensor: list, host_off: list, region: list, first: list[int]) -> tuple:
+    """Host offsets with the input tensors ``first`` at the region's start (each ALIGN-ed, in that order), the
+    other input tensors after them in plan order; (offsets, the prefix's bytes, the region's bytes)."""
+    size: dict[int, int] = {}
+    old: dict[int, int] = {}
+    nb = mg.out_nbytes.tolist()
+    for v, r in enumerate(region):
+        if r == HOST_INPUT:
+            size[tensor[v]] = max(size.get(tensor[v], 0), nb[v])
+            old.setdefault(tensor[v], host_off[v])
+    unknown = [t for t in first if t not in size]
+    if unknown:
+        raise ValueError(f"the host prefix names tensor {unknown[0]}, which is no input with a host copy of this plan")
+    if len(set(first)) != len(first):
+        raise ValueError("the host prefix names a tensor twice")
+    new: dict[int, int] = {}
+    end = prefix = 0
+    for i, t in enumerate(first + sorted(set(size) - set(first), key=old.__getitem__)):
+        if i == len(first):
+            prefix = end
+        new[t] = end
+        end = _round_up(end + size[t])
+    if len(first) == len(size):
+        prefix = end
+    out = [new[tensor[v]] if region[v] == HOST_INPUT else host_off[v] for v in range(len(host_off))]
+    return out, prefix, end
+
+
+@dataclass
+class HostInputs:
+    """A filled host input region handed from a closed backend to the next (``detach_host_inputs``): its bytes
+    (``array``, at ``ptr`` where pinned), the ``key`` of its prefix tensors (one entry per tensor, in layout
+    order) and the prefix's size. Whoever holds it frees it (``free``) unless a backend adopts it."""
+
+    array: np.ndarray
+    key: tuple
+    prefix_nbytes: int
+    ptr: int = 0
+    release: object = None  # callable freeing the memory (pinned host memory), or None
+
+    def free(self) -> None:
+        if self.release is not None:
+            self.release()
+            self.release = None
+        self.array = None
+
+    def common(self, key: tuple) -> int:
+        """How many leading tensors of a prefix with ``key`` this region holds laid out alike (their keys equal:
+        the same tensors of the same sizes in the same order from offset 0)."""
+        k = 0
+        for a, b in zip(self.key, key, strict=False):
+            if a != b:
+                break
+            k += 1
+        return k
+
+    def adoptable(self, key: tuple, lay: Layout) -> int:
+        """The leading prefix tensors a backend of layout ``lay`` (prefix ``key``) finds filled in this region
+        if it takes the region as its own; 0: it cannot (nothing in common, or the region is too small)."""
+        if self.array is None or len(self.array) < lay.host_input_nbytes:
+            return 0
+        return self.common(key)
 
 
 def _round_up(n: int) -> int:
@@ -102,5 +176,5 @@ def row_range(shape, nbytes: int, rows: tuple[int, int] | None) -> tuple[int, in
     return first * row, count * row
 
 
-__all__ = ["HOST_INPUT", "HOST_OFFLOAD", "NP_DTYPE", "Layout", "buffer_view", "input_vertices",
+__all__ = ["HOST_INPUT", "HOST_OFFLOAD", "NP_DTYPE", "HostInputs", "Layout", "buffer_view", "input_vertices",
            "output_sources", "plan_layout", "row_range"]  # fmt: skip
