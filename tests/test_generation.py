@@ -358,9 +358,9 @@ def test_cuda_backend_carries_the_written_rows_to_the_cpu_backends_tokens(monkey
 
 @pytest.mark.parametrize("budget", ["64KiB", "16MiB"])
 def test_kept_weights_keep_the_tokens(monkeypatch, budget):
-    """``TURNIP_KEEP_WEIGHTS=1``: every decode plan takes over the host weights of the plan before (the first
-    decode plan the prefill's, in part) and the greedy tokens stay those of writing them again (several
-    buckets, chaos, a cache that spills at 64 KiB)."""
+    """``TURNIP_KEEP_WEIGHTS=1``: every decode plan after the first takes over the host weights of the plan
+    before and the greedy tokens stay those of writing them again (several buckets, chaos, a cache that
+    spills at 64 KiB)."""
     m = load_model("llama-tiny", "fp32", seed=3)
     prompts = [[5, 7, 9, 11, 2, 8, 1, 6, 4], [3, 1, 4]]
     got = {}
@@ -369,7 +369,9 @@ def test_kept_weights_keep_the_tokens(monkeypatch, budget):
         r = generate(m, prompts, max_new_tokens=11, budget=budget, block=4, chaos=0.2, seed=1)
         got[on] = r.ids
         n_decode = sum(1 for p in r.stats["plans_built"] if p[0] == "decode")
-        assert n_decode >= 3 and r.stats["weights_kept"] == (n_decode if on == "1" else 0), r.stats
+        # every decode plan after the first (the first too where the prefill tiles its weights alike)
+        assert n_decode >= 3 and r.stats["weights_kept"] >= (n_decode - 1 if on == "1" else 0), r.stats
+        assert on == "1" or r.stats["weights_kept"] == 0
     assert got["0"] == got["1"]
 
 
@@ -413,7 +415,7 @@ def test_a_host_input_region_passes_to_a_plan_laid_out_alike():
 @pytest.mark.gpu
 def test_cuda_backend_with_kept_weights_gives_the_cpu_backends_tokens(monkeypatch):
     """On a GPU: decode plans taking over the pinned host weights of the plan before (``TURNIP_KEEP_WEIGHTS=1``)
-    give the CPU backend's tokens, and every decode plan took them over."""
+    give the CPU backend's tokens, and every decode plan after the first took them over."""
     from tests.runtime.helpers import gpus
 
     if gpus() < 1:
@@ -423,4 +425,4 @@ def test_cuda_backend_with_kept_weights_gives_the_cpu_backends_tokens(monkeypatc
     want = generate(m, prompts, max_new_tokens=11, budget="64KiB", block=4, seed=1).ids
     monkeypatch.setenv("TURNIP_KEEP_WEIGHTS", "1")
     r = generate(m, prompts, max_new_tokens=11, budget="64KiB", block=4, backend="cuda", seed=1)
-    assert r.ids == want and r.stats["weights_kept"] == sum(1 for p in r.stats["plans_built"] if p[0] == "decode")
+    assert r.ids == want and r.stats["weights_kept"] >= sum(1 for p in r.stats["plans_built"] if p[0] == "decode") - 1

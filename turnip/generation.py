@@ -60,6 +60,20 @@ def weight_prefix(tg, names) -> tuple[list[int], tuple]:
     return [v for *_, v in items], key
 
 
+def shared_weights(m: Model, a, b) -> float:
+    """The fraction of plan ``b``'s weight bytes that lead its host prefix laid out as in plan ``a`` (the bytes
+    ``b`` finds in place when it takes over ``a``'s host region): 0 when their weights are tiled apart."""
+    from turnip.runtime.layout import HostInputs
+    from turnip.runtime.weights import logical_inputs
+
+    la, lb = logical_inputs(a), logical_inputs(b)
+    _, ka = weight_prefix(a, [k for k in m.weights if k in la])
+    vb, kb = weight_prefix(b, [k for k in m.weights if k in lb])
+    k = HostInputs(None, ka, 0).common(kb)
+    total = sum(int(b.nbytes[v]) for v in vb)
+    return sum(int(b.nbytes[v]) for v in vb[:k]) / total if total else 0.0
+
+
 class GenerateError(ValueError):
     """Bad input to a generation (one line, naming the argument)."""
 
@@ -296,7 +310,8 @@ def generate(
     spare = lambda nb: cache.nbytes(last_nb) - cache.nbytes(nb) + (64 << 20)  # noqa: E731  # the next plans' cache
     host = None  # the host input region handed from one plan to the next (``keep_weights_on``)
     if P > 1:
-        host = _prefill(m, ids, plans, cache, (backend, streams, opts, policy, seed), spare(0))
+        nxt = plans.get("decode", B, (P - 1) // block + 1)[0] if keep_weights_on() else None  # the first decode plan
+        host = _prefill(m, ids, plans, cache, (backend, streams, opts, policy, seed), spare(0), nxt)
     out = _Outputs(m.tokenizer, B, set(m.eos if eos is None else eos), stop, on_token)
     rng = np.random.default_rng(sampling.seed)
     cur = np.array([x[-1] for x in ids], dtype=np.int64)
@@ -348,12 +363,13 @@ def generate(
     return Result(out.ids, out.texts if m.tokenizer is not None else [None] * B, stats)
 
 
-def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple, reserve: int = 0):
+def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple, reserve: int = 0, nxt=None):
     """The prompts but their last tokens through the prefill plan (right-padded with id 0 to a multiple of
     ``PREFILL_ROUND`` tokens: no prompt token sees a pad, token tiles divide the length, and prompts of
     similar lengths share a plan), their keys and values into ``cache``. ``run``: (backend, streams,
-    options, policy, seed). Returns the plan's host input region (``keep_weights_on``; ``reserve`` spare
-    bytes in it for the decode plans' cache) or None."""
+    options, policy, seed). ``nxt``: the first decode plan's taskgraph, where the region is to pass on: the
+    prefill's host input region (with ``reserve`` spare bytes for that plan's cache) is returned for it when
+    at least half of its weights' bytes would be found in place (``shared_weights``), else None."""
     backend, streams, opts, policy, seed = run
     seq = -(-(max(len(x) for x in ids) - 1) // PREFILL_ROUND) * PREFILL_ROUND
     tg, mg = plans.get("prefill", len(ids), seq)
@@ -362,12 +378,14 @@ def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple
         padded[b, : len(x) - 1] = x[:-1]
     from turnip.runtime.weights import logical_inputs
 
-    lg = logical_inputs(tg)  # the decode plans also hold the weights the prefill does not read
-    reserve += sum(int(x.nbytes) for k, x in m.weights.items() if k not in lg)
+    lg = logical_inputs(tg)
+    hand = nxt is not None and shared_weights(m, tg, nxt) >= 0.5
+    # the decode plans also hold the weights the prefill does not read
+    reserve = reserve + sum(int(x.nbytes) for k, x in m.weights.items() if k not in lg) if hand else 0
     r = _Runner(tg, mg, m, None, backend, streams, opts, reserve=reserve)
     try:
         kv = r.run({"x0": m.embed(padded.reshape(-1))}, policy, streams, seed, list(tg.meta["output_blocks"]))
-        host = r.be.detach_host_inputs() if keep_weights_on() else None
+        host = r.be.detach_host_inputs() if hand else None
     finally:
         r.be.close()
     cache.fill(kv, seq, [len(x) - 1 for x in ids])
