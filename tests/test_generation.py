@@ -357,6 +357,22 @@ def test_cuda_backend_carries_the_written_rows_to_the_cpu_backends_tokens(monkey
 
 
 @pytest.mark.parametrize("budget", ["64KiB", "16MiB"])
+def test_kept_cache_blocks_keep_the_tokens(monkeypatch, budget):
+    """``TURNIP_KEEP_CACHE=1``: the kept host prefix also carries the cache blocks no step writes; the next
+    bucket's plan finds more bytes in place and the greedy tokens stay the same (a cache that spills at 64
+    KiB, one resident at 16 MiB, chaos)."""
+    m = load_model("llama-tiny", "fp32", seed=3)
+    prompts = [[5, 7, 9, 11, 2, 8, 1, 6, 4], [3, 1, 4]]
+    got, kept = {}, {}
+    for on in ("0", "1"):
+        monkeypatch.setenv("TURNIP_KEEP_WEIGHTS", "1")
+        monkeypatch.setenv("TURNIP_KEEP_CACHE", on)
+        r = generate(m, prompts, max_new_tokens=11, budget=budget, block=4, chaos=0.2, seed=1)
+        got[on], kept[on] = r.ids, r.stats["kept_nbytes"]
+    assert got["0"] == got["1"] and kept["1"] > kept["0"] > 0, kept
+
+
+@pytest.mark.parametrize("budget", ["64KiB", "16MiB"])
 def test_kept_weights_keep_the_tokens(monkeypatch, budget):
     """``TURNIP_KEEP_WEIGHTS=1``: every decode plan after the first takes over the host weights of the plan
     before and the greedy tokens stay those of writing them again (several buckets, chaos, a cache that
@@ -413,9 +429,11 @@ def test_a_host_input_region_passes_to_a_plan_laid_out_alike():
 
 
 @pytest.mark.gpu
-def test_cuda_backend_with_kept_weights_gives_the_cpu_backends_tokens(monkeypatch):
-    """On a GPU: decode plans taking over the pinned host weights of the plan before (``TURNIP_KEEP_WEIGHTS=1``)
-    give the CPU backend's tokens, and every decode plan after the first took them over."""
+@pytest.mark.parametrize("cache", ["0", "1"])
+def test_cuda_backend_with_kept_weights_gives_the_cpu_backends_tokens(monkeypatch, cache):
+    """On a GPU: decode plans taking over the pinned host weights of the plan before (``TURNIP_KEEP_WEIGHTS=1``;
+    with ``TURNIP_KEEP_CACHE=1`` the unwritten cache blocks too) give the CPU backend's tokens, and every decode
+    plan after the first took them over."""
     from tests.runtime.helpers import gpus
 
     if gpus() < 1:
@@ -424,5 +442,6 @@ def test_cuda_backend_with_kept_weights_gives_the_cpu_backends_tokens(monkeypatc
     prompts = [[5, 7, 9, 11, 2, 8, 1, 6, 4], [3, 1, 4]]
     want = generate(m, prompts, max_new_tokens=11, budget="64KiB", block=4, seed=1).ids
     monkeypatch.setenv("TURNIP_KEEP_WEIGHTS", "1")
+    monkeypatch.setenv("TURNIP_KEEP_CACHE", cache)
     r = generate(m, prompts, max_new_tokens=11, budget="64KiB", block=4, backend="cuda", seed=1)
     assert r.ids == want and r.stats["weights_kept"] >= sum(1 for p in r.stats["plans_built"] if p[0] == "decode") - 1

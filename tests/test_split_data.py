@@ -93,10 +93,10 @@ def test_data_split_training_step_matches_one_gpu(gpus, spread, lean, monkeypatc
 
 
 def test_lean_step_sends_each_adapter_once_first_and_sums_with_one_add(monkeypatch):
-    """The lean step (default; ``TURNIP_LEAN_STEP=0`` turns it off): every transfer of an adapter comes before any other kernel, each adapter reaches
-    each other GPU once (the backward reads the forward's cast), every gradient is summed across GPUs by one
-    ``add_n`` (no ``sum_into`` left on GPU 0), each update follows its sum at once; and a 4-GPU step of a
-    7B-shaped model has fewer launch units for the host than without it."""
+    """The lean step (default; ``TURNIP_LEAN_STEP=0`` turns it off): every transfer of an adapter comes before
+    any other kernel, each adapter reaches each other GPU once (the backward reads the forward's cast), every
+    gradient is summed across GPUs by one ``add_n`` (no ``sum_into`` left on GPU 0), each update follows its
+    sum at once; and a 4-GPU step of a 7B-shaped model has fewer launch units for the host than without it."""
     from turnip.sched.groups import launch_groups
 
     cfg = LLAMA["tiny"]

@@ -49,6 +49,26 @@ def keep_weights_on() -> bool:
     return os.environ.get(KEEP_WEIGHTS_SWITCH) != "0"
 
 
+KEEP_CACHE_SWITCH = "TURNIP_KEEP_CACHE"  # "1": kept host regions carry the cache blocks no step writes too
+
+
+def keep_cache_on() -> bool:
+    """Whether a decode plan's kept host prefix (``keep_weights_on``) also holds the cache blocks that no step
+    of the plan writes (every block but its last), block by block, so that the next bucket's plan finds them
+    in place and writes only the last two: ``TURNIP_KEEP_CACHE=1`` (off until measured on GPUs)."""
+    return os.environ.get(KEEP_CACHE_SWITCH) == "1"
+
+
+def cache_prefix(tg) -> tuple[list[int], tuple]:
+    """A decode plan's cache block inputs that no step writes (its blocks but the last), block-major (block,
+    layer, K/V, head range), and their key: the next bucket's plan lists the same blocks first, then one more."""
+    n = tg.meta["decode"]["n_blocks"]
+    kv = sorted((int(c["j"]), int(c["layer"]), c["which"], int(c["h0"]), int(c["input"])) for c in tg.meta["kv"]
+                if int(c["j"]) < n - 1)  # fmt: skip
+    key = tuple(("kv", j, layer, w, h0, tuple(tg.shape[v]), tg.dtype[v], int(tg.gpu[v])) for j, layer, w, h0, v in kv)
+    return [v for *_, v in kv], key
+
+
 def weight_prefix(tg, names) -> tuple[list[int], tuple]:
     """The taskgraph input vertices of the logical weights ``names`` in a canonical order (name, block starts,
     GPU) and the key of that order (names, starts, shapes, dtypes, GPUs): plans whose weights are tiled and
@@ -237,12 +257,16 @@ class _Runner:
         lg = logical_inputs(tg)
         if keep_weights_on():
             first, key = weight_prefix(tg, [k for k in model.weights if k in lg])
+            if cache is not None and keep_cache_on():
+                more, more_key = cache_prefix(tg)
+                first, key = first + more, key + more_key
             options = options | {"host_first": first, "host_key": key, "host_reserve": reserve, "host_inputs": host}
         elif host is not None:
             host.free()
         self.be = open_backend(backend, mg, streams, **options)
         try:
             kept = set(getattr(self.be, "adopted", None) or ())  # weights in place: only resident ones to the GPUs
+            self.kept_nbytes = sum(int(tg.nbytes[v]) for v in kept)
             self.be.load_resident(kept)
             blocks = tg.meta["input_blocks"]
             write_arrays(self.be, tg, {k: x for k, x in model.weights.items()  # the others, by threads
@@ -250,7 +274,7 @@ class _Runner:
             if cache is not None:
                 self.be.write_inputs(tile_inputs(tg, constants(model.cfg, model.dtype)))
                 self.be.write_inputs(merge_inputs(tg))
-                self.be.write_inputs(cache.block_inputs(tg))
+                self.be.write_inputs(cache.block_inputs(tg, skip=kept))  # those found in place: loaded above
         except BaseException:
             self.be.close()
             raise
@@ -283,7 +307,8 @@ def generate(
     link_nbytes_per_token (host<->GPU bytes of a decode step per sequence), bound_ms (the last decode
     plan's lower bound on ``profile``), plans built / loaded, steps, decode_s (first new token to the last),
     switch_s (the part of decode_s spent loading the next cache bucket's plan), weights_kept (decode plans
-    that took over the host weights of the plan before: ``keep_weights_on``)."""
+    that took over the host weights of the plan before: ``keep_weights_on``), kept_nbytes (the bytes they
+    found in place, weights and, with ``keep_cache_on``, cache blocks)."""
     from turnip.compile import parse_nbytes
 
     t0 = time.perf_counter()
@@ -315,7 +340,7 @@ def generate(
     out = _Outputs(m.tokenizer, B, set(m.eos if eos is None else eos), stop, on_token)
     rng = np.random.default_rng(sampling.seed)
     cur = np.array([x[-1] for x in ids], dtype=np.int64)
-    runner, ttft, t_dec, switch_s, kept = None, None, None, 0.0, 0
+    runner, ttft, t_dec, switch_s, kept, kept_nbytes = None, None, None, 0.0, 0, 0
     try:
         for k in range(max_new_tokens):
             slot = P - 1 + k
@@ -330,6 +355,7 @@ def generate(
                 runner, host = _Runner(*plans.get("decode", B, nb), m, cache, backend, streams, opts, host,
                                        spare(nb)), None  # fmt: skip
                 kept += bool(getattr(runner.be, "adopted", None))
+                kept_nbytes += runner.kept_nbytes
                 if (P + max_new_tokens - 2) // block + 1 > nb:  # the generation reaches the next bucket
                     plans.prefetch("decode", B, nb + 1)
                 if ttft is not None:  # a bucket's plan loaded while decoding
@@ -355,7 +381,8 @@ def generate(
     n_new = sum(len(x) for x in out.ids)
     dec_s = t_end - t_dec
     stats = {"ttft_s": ttft, "tokens_per_s": (n_new - B) / dec_s if dec_s > 0 and n_new > B else None,
-             "decode_s": dec_s, "switch_s": switch_s, "weights_kept": kept, "steps": k + 1, "new_tokens": n_new,
+             "decode_s": dec_s, "switch_s": switch_s, "weights_kept": kept, "kept_nbytes": kept_nbytes,
+             "steps": k + 1, "new_tokens": n_new,
              "link_nbytes_per_token": run_link_nbytes(runner.mg) / B,
              "bound_ms": lower_bound(runner.mg, profile)["lower_bound_ns"] / 1e6 if profile else None,
              "profile": profile, "plans_built": list(plans.built), "plans_loaded": list(plans.loaded),
