@@ -49,22 +49,21 @@ def keep_weights_on() -> bool:
     return os.environ.get(KEEP_WEIGHTS_SWITCH) != "0"
 
 
-KEEP_CACHE_SWITCH = "TURNIP_KEEP_CACHE"  # "1": kept host regions carry the cache blocks no step writes too
+KEEP_CACHE_SWITCH = "TURNIP_KEEP_CACHE"  # "1": kept host regions carry the cache blocks too
 
 
 def keep_cache_on() -> bool:
-    """Whether a decode plan's kept host prefix (``keep_weights_on``) also holds the cache blocks that no step
-    of the plan writes (every block but its last), block by block, so that the next bucket's plan finds them
-    in place and writes only the last two: ``TURNIP_KEEP_CACHE=1`` (off until measured on GPUs)."""
+    """Whether a decode plan's kept host prefix (``keep_weights_on``) also holds its cache blocks, block by
+    block (the written one's host copy made current at the switch), so that the next bucket's plan finds them
+    in place and writes only its new last block: ``TURNIP_KEEP_CACHE=1`` (off until measured on GPUs)."""
     return os.environ.get(KEEP_CACHE_SWITCH) == "1"
 
 
 def cache_prefix(tg) -> tuple[list[int], tuple]:
-    """A decode plan's cache block inputs that no step writes (its blocks but the last), block-major (block,
-    layer, K/V, head range), and their key: the next bucket's plan lists the same blocks first, then one more."""
-    n = tg.meta["decode"]["n_blocks"]
-    kv = sorted((int(c["j"]), int(c["layer"]), c["which"], int(c["h0"]), int(c["input"])) for c in tg.meta["kv"]
-                if int(c["j"]) < n - 1)  # fmt: skip
+    """A decode plan's cache block inputs, block-major (block, layer, K/V, head range), and their key: the next
+    bucket's plan lists the same blocks first, then its new last block. (The written block's host copy is made
+    current before the plan's region is handed over.)"""
+    kv = sorted((int(c["j"]), int(c["layer"]), c["which"], int(c["h0"]), int(c["input"])) for c in tg.meta["kv"])
     key = tuple(("kv", j, layer, w, h0, tuple(tg.shape[v]), tg.dtype[v], int(tg.gpu[v])) for j, layer, w, h0, v in kv)
     return [v for *_, v in kv], key
 
@@ -349,6 +348,9 @@ def generate(
                 t_switch = time.perf_counter()
                 if runner is not None:  # the written block back to the host copy, the next bucket's plan loaded
                     cache.take(runner.tg, runner.be.read_outputs(only={o for o, _ in carry_pairs(runner.tg)}))
+                    if keep_weights_on() and keep_cache_on():  # the written block's host copy made current
+                        written = {i for _, i in carry_pairs(runner.tg)}
+                        runner.be.write_inputs(cache.block_inputs(runner.tg, only=written), load_resident=False)
                     host = runner.be.detach_host_inputs() if keep_weights_on() else None
                     runner.be.close()
                     runner = None

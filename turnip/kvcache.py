@@ -55,12 +55,13 @@ class HostCache:
                         blk[: e - s, b, :, :dh] = x[b, s:e]
                         blk[: e - s, b, :, dh] = 0
 
-    def block_inputs(self, tg, skip=()) -> dict[int, np.ndarray]:
-        """The values of a decode plan's block inputs (by taskgraph vertex), but those in ``skip``."""
+    def block_inputs(self, tg, skip=(), only=None) -> dict[int, np.ndarray]:
+        """The values of a decode plan's block inputs (by taskgraph vertex), but those in ``skip`` (``only``:
+        just these)."""
         self.ensure(tg.meta["decode"]["n_blocks"])
         out = {}
         for c in tg.meta["kv"]:
-            if int(c["input"]) in skip:
+            if int(c["input"]) in skip or only is not None and int(c["input"]) not in only:
                 continue
             x = self.blocks[(c["layer"], c["j"], c["which"])][:, :, c["h0"] : c["h1"]]
             out[int(c["input"])] = np.ascontiguousarray(x).reshape(self.block, -1, self.F)
