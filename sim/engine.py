@@ -160,7 +160,12 @@ class Simulation:
         self.launch_ns = pd.launch_ns if launch is tm.launch_ns else launch.tolist()
         if self.members:  # a group's graph: its head's launch and a node's cost per other member
             self.launch_ns = list(self.launch_ns)
-            per = int(prof.group_member_launch_ns * self.host_factor)
+            from turnip.sched.groups import group_events_on
+
+            member = prof.group_member_launch_ns  # as the runtime captures the plan's groups: member events or not
+            if not group_events_on(mg) and prof.group_member_noevent_launch_ns:
+                member = prof.group_member_noevent_launch_ns
+            per = int(member * self.host_factor)
             for h, m in self.members.items():
                 self.launch_ns[h] += per * (len(m) - 1)
                 for u in m[1:]:  # issued by the head's command: no issue of their own

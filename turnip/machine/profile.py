@@ -68,6 +68,9 @@ class MachineProfile:
     # kernel node and end-event node; measured on an H200 quad: 7B 4K, 3.5 ms of issue per run for 81 launches of
     # 9.5 kernels each on one GPU, 12.0 ms for about 900 launches of 2,500 vertices on four)
     group_member_launch_ns: int = 3_000
+    # the same where a group records only its last member's end event (``turnip.sched.groups.group_events_on``:
+    # training steps); 0: group_member_launch_ns
+    group_member_noevent_launch_ns: int = 0
     completion_ns: int = 7_000  # a completion event reaching the host loop (polling), host idle
     # and this much more per vertex in flight: the loop queries every in-flight vertex's end event in turn
     # (`turnip calibrate` fits both to the poll delays it sees; 0: a constant delay)
