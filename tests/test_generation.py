@@ -372,17 +372,17 @@ def test_kept_cache_blocks_keep_the_tokens(monkeypatch, budget):
     assert got["0"] == got["1"] and kept["1"] > kept["0"] > 0, kept
 
 
-@pytest.mark.parametrize("budget", ["64KiB", "16MiB"])
-def test_kept_weights_keep_the_tokens(monkeypatch, budget):
+@pytest.mark.parametrize("budget,dtype", [("64KiB", "fp32"), ("16MiB", "fp32"), ("64KiB", "fp16")])
+def test_kept_weights_keep_the_tokens(monkeypatch, budget, dtype):
     """``TURNIP_KEEP_WEIGHTS=1``: every decode plan after the first takes over the host weights of the plan
     before and the greedy tokens stay those of writing them again (several buckets, chaos, a cache that
     spills at 64 KiB)."""
-    m = load_model("llama-tiny", "fp32", seed=3)
+    m = load_model("llama-tiny", dtype, seed=3)
     prompts = [[5, 7, 9, 11, 2, 8, 1, 6, 4], [3, 1, 4]]
     got = {}
     for on in ("0", "1"):
         monkeypatch.setenv("TURNIP_KEEP_WEIGHTS", on)
-        r = generate(m, prompts, max_new_tokens=11, budget=budget, block=4, chaos=0.2, seed=1)
+        r = generate(m, prompts, max_new_tokens=11, budget=budget, dtype=dtype, block=4, chaos=0.2, seed=1)
         got[on] = r.ids
         n_decode = sum(1 for p in r.stats["plans_built"] if p[0] == "decode")
         # every decode plan after the first (the first too where the prefill tiles its weights alike)
@@ -424,8 +424,13 @@ def test_a_host_input_region_passes_to_a_plan_laid_out_alike():
     h2 = b.detach_host_inputs()
     b.close()
     c = open_backend("cpu", mg, 2, host_first=first, host_key=key, host_reserve=1 << 20, host_inputs=h2)
-    assert c.adopted == [] and h2.array is None  # too small for this layout: freed, a region of its own
+    assert c.adopted == first  # a plan's own reserve is for later plans: not asked of the region it adopts
+    h3 = c.detach_host_inputs()
     c.close()
+    h3.array = h3.array[:1024]
+    d = open_backend("cpu", mg, 2, host_first=first, host_key=key, host_inputs=h3)
+    assert d.adopted == [] and h3.array is None  # too small for this layout: freed, a region of its own
+    d.close()
 
 
 @pytest.mark.gpu

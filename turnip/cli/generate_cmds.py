@@ -158,8 +158,9 @@ def cmd_generate(a) -> int:
     print(f"tokens/s             {tps} ({s['new_tokens']} new tokens, batch {len(res.ids)}, {s['steps']} steps in "
           f"{s['decode_s']:.2f} s)", file=sys.stderr)  # fmt: skip
     if s["switch_s"]:
-        print(f"cache buckets        {s['switch_s']:.2f} s of that loading the next bucket's plan (longer cache)",
-              file=sys.stderr)  # fmt: skip
+        kept = f"; {s['weights_kept']} took the plan before's host weights" if s.get("weights_kept") else ""
+        print(f"cache buckets        {s['switch_s']:.2f} s of that loading the next bucket's plan (longer cache)"
+              f"{kept}", file=sys.stderr)  # fmt: skip
     print(f"bytes moved / token  {format_nbytes(s['link_nbytes_per_token'])} (host<->GPU, last decode plan)",
           file=sys.stderr)  # fmt: skip
     if s["bound_ms"] is not None:

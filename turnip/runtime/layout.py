@@ -38,6 +38,7 @@ class Layout:
     host_input_nbytes: int
     host_offload_nbytes: int
     host_prefix_nbytes: int = 0  # bytes of the ``first`` tensors at the input region's start
+    host_reserve_nbytes: int = 0  # spare bytes at the input region's end, for a later plan (in host_input_nbytes)
 
     @property
     def host_nbytes(self) -> tuple[int, int]:
@@ -74,6 +75,7 @@ def plan_layout(mg: MemGraph, first: list[int] | None = None, reserve: int = 0) 
         host_input_nbytes=_round_up(in_nbytes + ALIGN),
         host_offload_nbytes=_round_up(int(mg.host_nbytes) + ALIGN),
         host_prefix_nbytes=prefix,
+        host_reserve_nbytes=reserve,
     )
 
 
@@ -136,8 +138,8 @@ class HostInputs:
     def adoptable(self, key: tuple, lay: Layout) -> int:
         """The leading prefix tensors a backend of layout ``lay`` (prefix ``key``) finds filled in this region
         if it takes the region as its own; 0: it cannot (nothing in common, or the region is too small)."""
-        if self.array is None or len(self.array) < lay.host_input_nbytes:
-            return 0
+        if self.array is None or len(self.array) < lay.host_input_nbytes - lay.host_reserve_nbytes:
+            return 0  # (an adopted region is as large as it is: its own reserve is what the next plans share)
         return self.common(key)
 
 
