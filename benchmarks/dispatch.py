@@ -23,7 +23,8 @@ Rows are ``SEQ:BUDGET:GPUS[:T][:SPLIT]`` (prefill; ``none`` = a 60 GiB arena per
 ``T``: the token tile; ``SPLIT``: tensor (default), layers or data) or ``lora:BATCHxSEQ:BUDGET:GPUS[:SPLIT]``
 (LoRA steps, ``lora_row``). Per row and variant: ``--repeat`` timed runs per policy after a warm-up, the median
 makespan, the host's time per run split into issuing, completion handling and polling, the median host cost
-per vertex, and whether the variant's outputs equal the baseline's bitwise.
+per vertex, a launch group's issue cost as its head's plus a cost per other member (what a profile's
+``group_member_launch_ns`` takes), and whether the variant's outputs equal the baseline's bitwise.
 
     PYTHONPATH=. python benchmarks/dispatch.py --rows 4096:none:1 4096:none:4 16384:none:4 --out res/
 
@@ -120,17 +121,35 @@ def run_row(a, spec: str) -> list[dict]:
     return rows
 
 
+def group_fit(res: list, gr) -> tuple[float, float]:
+    """(µs, µs): a launch group's issue time in runs ``res`` as a line in its number of members beyond the
+    head (``turnip.calibrate.line_fit`` over every group of every run): the head's launch and the cost of each
+    other member, what a profile's ``group_member_launch_ns`` (or ``..._noevent_...``) takes; NaN without
+    groups."""
+    from turnip.calibrate import line_fit
+
+    if gr is None or not gr.members:
+        return float("nan"), float("nan")
+    heads = np.fromiter(gr.members, dtype=np.int64)
+    extra = np.array([len(m) - 1 for m in gr.members.values()], dtype=np.int64)
+    ys = np.concatenate([(r.issue_ns - r.host_start_ns)[heads] for r in res])
+    icpt, slope = line_fit(ys, np.tile(extra, len(res)))
+    return icpt / 1e3, slope / 1e3
+
+
 def timings(res: list, mg, be) -> dict:
     """Median and fastest makespan of runs ``res``, and the host's time per run: issuing, completion handling,
-    polling; the median host cost per vertex."""
+    polling; the median host cost per vertex; a launch group's issue cost (``group_fit``)."""
     ms = sorted(r.makespan_ns / 1e6 for r in res)
     k = len(res)
     hc = np.concatenate([r.command_host_cost_ns() for r in res])
     gr = getattr(be, "groups", None)
+    head_us, member_us = group_fit(res, gr)
     return {"ms_median": ms[k // 2], "ms_min": ms[0], "vertices": mg.n, "units": gr.n_units if gr else mg.n,
             "issue_ms": sum(int((r.issue_ns - r.host_start_ns).sum()) for r in res) / k / 1e6,
             "handle_ms": sum(int(r.handle_ns.sum()) for r in res) / k / 1e6,
             "poll_ms": sum(r.poll_ns for r in res) / k / 1e6, "host_us_p50": float(np.median(hc)) / 1e3,
+            "group_head_us": head_us, "group_member_us": member_us,
             "capture_failures": len(getattr(be, "capture_failures", []))}  # fmt: skip
 
 
@@ -188,7 +207,8 @@ def _fmt(r: dict, rows: list[dict]) -> str:
     return (f"{r['seq']:6d} {r['budget']:>6s} {r['gpus']} GPU t={r['t']!s:5s} {r['variant']:7s} {r['policy']:7s} "
             f"{r['ms_median']:8.1f} ms ({r['ms_median'] / base['ms_median']:.3f}x)  bound {r['bound_ms']:6.1f}  "
             f"host/run issue {r['issue_ms']:5.1f} handle {r['handle_ms']:5.1f} poll {r['poll_ms']:6.1f} ms  "
-            f"p50 {r['host_us_p50']:5.1f} us x {r['vertices']}  equal {r['equal_to_first']} (rel {r['rel_diff']:.1e})  "
+            f"p50 {r['host_us_p50']:5.1f} us x {r['vertices']}  group {r['group_head_us']:.1f} + "
+            f"{r['group_member_us']:.1f} us/member  equal {r['equal_to_first']} (rel {r['rel_diff']:.1e})  "
             f"capture failures {r['capture_failures']}")  # fmt: skip
 
 
