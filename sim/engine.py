@@ -47,7 +47,7 @@ from turnip.machine.costs import ENG_H2D, ENG_KERNEL, ENG_P2P, host_costs, link_
 from turnip.machine.profile import MachineProfile, host_total_bytes_per_s
 from turnip.memgraph.plan import MemGraph
 from turnip.sched import Scheduler
-from turnip.sched.groups import launch_groups, launch_groups_on
+from turnip.sched.groups import group_events_on, launch_groups, launch_groups_on, training_step
 from turnip.sched.replay import issue_order
 
 
@@ -160,10 +160,8 @@ class Simulation:
         self.launch_ns = pd.launch_ns if launch is tm.launch_ns else launch.tolist()
         if self.members:  # a group's graph: its head's launch and a node's cost per other member
             self.launch_ns = list(self.launch_ns)
-            from turnip.sched.groups import group_events_on
-
             member = prof.group_member_launch_ns  # as the runtime captures the plan's groups: member events or not
-            if not group_events_on(mg) and prof.group_member_noevent_launch_ns:
+            if not group_events_on(mg, pd.training) and prof.group_member_noevent_launch_ns:
                 member = prof.group_member_noevent_launch_ns
             per = int(member * self.host_factor)
             for h, m in self.members.items():
@@ -515,6 +513,7 @@ class PlanData:
         self.eng, self.gpu, self.src = tm.eng.tolist(), mg.gpu.tolist(), mg.src_gpu.tolist()
         self.kernel_ns, self.overlap, self.nbytes = tm.kernel_ns.tolist(), tm.overlap.tolist(), tm.nbytes.tolist()
         self.launch_ns = tm.launch_ns.tolist()
+        self.training = training_step(mg)  # by default its launch groups record their last member's end event only
         self._sched: dict[tuple, Scheduler] = {}
         self._groups = None
         self._shares: dict[float, dict] = {}

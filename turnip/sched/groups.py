@@ -93,25 +93,32 @@ class LaunchGroups:
         return out
 
 
+def training_step(mg: MemGraph) -> bool:
+    """Whether ``mg`` updates parameters (has Adam kernels): a memgraph carries no training flag of its own."""
+    return any(op.startswith("adam") for op in mg.op)
+
+
 def wide_groups_on(mg: MemGraph) -> bool:
     """Whether ``launch_groups`` builds wide groups for ``mg`` by default: ``TURNIP_WIDE_GROUPS=1`` always, ``0``
     never, unset for a training step (a plan that updates parameters: its gradients' transfers are off the
     step's critical path, where a prompt's keys and values are on it)."""
     v = os.environ.get(WIDE_SWITCH)
-    return v == "1" if v in ("0", "1") else any(op.startswith("adam") for op in mg.op)
+    return v == "1" if v in ("0", "1") else training_step(mg)
 
 
 EVENTS_SWITCH = "TURNIP_GROUP_EVENTS"  # "1": every member of a captured group records its end event; "0": the last
 
 
-def group_events_on(mg: MemGraph) -> bool:
+def group_events_on(mg: MemGraph, training: bool | None = None) -> bool:
     """Whether a GPU backend's captured launch group records every member's end event (device times per
     member, for traces) or only its last member's (one event node per graph: less host time per launch):
     ``TURNIP_GROUP_EVENTS=1`` / ``0``; unset: every member's, except in a training step, whose runs read no
     device times by default (on four H200s a 7B LoRA step took 265.2 ms with the last event only, 290.7 with
     every member's: ``benchmarks/results/multi_gpu/README.md``)."""
-    v = os.environ.get(EVENTS_SWITCH)
-    return v == "1" if v in ("0", "1") else not any(op.startswith("adam") for op in mg.op)
+    v = os.environ.get(EVENTS_SWITCH)  # ``training``: ``training_step(mg)`` where the caller keeps it
+    if v in ("0", "1"):
+        return v == "1"
+    return not (training_step(mg) if training is None else training)
 
 
 def launch_groups(
