@@ -82,13 +82,13 @@ def weight_prefix(tg, names) -> tuple[list[int], tuple]:
 def shared_weights(m: Model, a, b) -> float:
     """The fraction of plan ``b``'s weight bytes that lead its host prefix laid out as in plan ``a`` (the bytes
     ``b`` finds in place when it takes over ``a``'s host region): 0 when their weights are tiled apart."""
-    from turnip.runtime.layout import HostInputs
+    from turnip.runtime.layout import common_prefix
     from turnip.runtime.weights import logical_inputs
 
     la, lb = logical_inputs(a), logical_inputs(b)
     _, ka = weight_prefix(a, [k for k in m.weights if k in la])
     vb, kb = weight_prefix(b, [k for k in m.weights if k in lb])
-    k = HostInputs(None, ka, 0).common(kb)
+    k = common_prefix(ka, kb)
     total = sum(int(b.nbytes[v]) for v in vb)
     return sum(int(b.nbytes[v]) for v in vb[:k]) / total if total else 0.0
 
@@ -264,7 +264,7 @@ class _Runner:
             host.free()
         self.be = open_backend(backend, mg, streams, **options)
         try:
-            kept = set(getattr(self.be, "adopted", None) or ())  # weights in place: only resident ones to the GPUs
+            kept = set(self.be.adopted)  # weights in place: only resident ones to the GPUs
             self.kept_nbytes = sum(int(tg.nbytes[v]) for v in kept)
             self.be.load_resident(kept)
             blocks = tg.meta["input_blocks"]
@@ -356,9 +356,9 @@ def generate(
                     runner = None
                 runner, host = _Runner(*plans.get("decode", B, nb), m, cache, backend, streams, opts, host,
                                        spare(nb)), None  # fmt: skip
-                kept += bool(getattr(runner.be, "adopted", None))
+                kept += bool(runner.be.adopted)
                 kept_nbytes += runner.kept_nbytes
-                if (P + max_new_tokens - 2) // block + 1 > nb:  # the generation reaches the next bucket
+                if last_nb > nb:  # the generation reaches the next bucket
                     plans.prefetch("decode", B, nb + 1)
                 if ttft is not None:  # a bucket's plan loaded while decoding
                     switch_s += time.perf_counter() - t_switch

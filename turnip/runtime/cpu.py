@@ -66,15 +66,10 @@ class CpuBackend:
         self.lay = lay = plan_layout(mg, host_first, host_reserve)
         self._whole: list[np.ndarray] = []  # each allocation with its guard regions
         self.arenas = [self._alloc(int(b)) for b in mg.budget_nbytes]
-        self.host_key, self.adopted = tuple(host_key), []  # adopted: tensors whose host copies came with it
-        k = host_inputs.adoptable(self.host_key, lay) if host_inputs is not None else 0
-        if k:
-            self.host = [host_inputs.array, self._alloc(lay.host_offload_nbytes)]
-            self.adopted = list(host_first or ())[:k]
-        else:
-            if host_inputs is not None:
-                host_inputs.free()
-            self.host = [self._alloc(lay.host_input_nbytes), self._alloc(lay.host_offload_nbytes)]
+        self.host_key = tuple(host_key)  # adopted: tensors whose host copies came with a handed-over region
+        self.adopted = host_inputs.adopt(self.host_key, lay, host_first or ()) if host_inputs is not None else []
+        host_in = host_inputs.array if self.adopted else self._alloc(lay.host_input_nbytes)
+        self.host = [host_in, self._alloc(lay.host_offload_nbytes)]
         self._buf = {}
         self._fn = [self._closure(v) for v in range(mg.n)]
         n = mg.n
@@ -291,7 +286,7 @@ class CpuBackend:
         (``host_first``) keeps its values; this backend runs no more (close it)."""
         from turnip.runtime.layout import HostInputs
 
-        h = HostInputs(self.host[HOST_INPUT], self.host_key, self.lay.host_prefix_nbytes)
+        h = HostInputs(self.host[HOST_INPUT], self.host_key)
         self.host[HOST_INPUT] = None
         return h
 

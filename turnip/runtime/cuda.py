@@ -128,16 +128,12 @@ class CudaBackend:
         ]  # fmt: skip
         self.cur = -1
         self._set_ctx(0)
-        self.host_key, self.adopted = tuple(host_key), []  # adopted: tensors whose host copies came with it
-        k = host_inputs.adoptable(self.host_key, lay) if host_inputs is not None and host_inputs.ptr else 0
-        if k:
-            self.host_in = host_inputs.array  # a filled region of an earlier plan: its prefix kept, freed by us
+        self.host_key = tuple(host_key)  # adopted: tensors whose host copies came with a handed-over region
+        self.adopted = [] if host_inputs is None else host_inputs.adopt(self.host_key, lay, host_first or (), True)
+        if self.adopted:  # a filled region of an earlier plan: its prefix kept, freed by us
+            self.host_in = host_inputs.array
             self._host_ptrs.append(host_inputs.ptr)
-            host_inputs.release = None
-            self.adopted = list(host_first or ())[:k]
         else:
-            if host_inputs is not None:
-                host_inputs.free()
             self.host_in = self._host_alloc(lay.host_input_nbytes, write_combined=True)
         self.host_off = self._host_alloc(lay.host_offload_nbytes, write_combined=False)
         self._host_base = [self._host_ptrs[0], self._host_ptrs[1]]
@@ -674,7 +670,7 @@ class CudaBackend:
 
         self.abort()
         p, drv = self._host_ptrs[0], self.drv
-        h = HostInputs(self.host_in, self.host_key, self.lay.host_prefix_nbytes, p, lambda: drv.cuMemFreeHost(p))
+        h = HostInputs(self.host_in, self.host_key, p, lambda: drv.cuMemFreeHost(p))
         self._host_ptrs[0] = 0
         self.host_in = None
         return h

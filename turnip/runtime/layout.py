@@ -37,7 +37,6 @@ class Layout:
     reads: list[list[int]]
     host_input_nbytes: int
     host_offload_nbytes: int
-    host_prefix_nbytes: int = 0  # bytes of the ``first`` tensors at the input region's start
     host_reserve_nbytes: int = 0  # spare bytes at the input region's end, for a later plan (in host_input_nbytes)
 
     @property
@@ -55,9 +54,9 @@ def plan_layout(mg: MemGraph, first: list[int] | None = None, reserve: int = 0) 
     tensor = mg.tensor.tolist()
     host_off = mg.host_offset.tolist()
     region = [-1 if host_off[v] < 0 else (HOST_INPUT if tensor[v] in input_tensors else HOST_OFFLOAD) for v in range(n)]
-    prefix, in_nbytes = 0, int(mg.stats.get("host_input_nbytes", 0))
+    in_nbytes = int(mg.stats.get("host_input_nbytes", 0))
     if first is not None or reserve:
-        host_off, prefix, in_nbytes = _inputs_first(mg, tensor, host_off, region, first or [])
+        host_off, in_nbytes = _inputs_first(mg, tensor, host_off, region, first or [])
         in_nbytes += reserve
     kind = mg.kind.tolist()
     resident = mg.preloaded().tolist()
@@ -74,14 +73,13 @@ def plan_layout(mg: MemGraph, first: list[int] | None = None, reserve: int = 0) 
         reads=[ii[ip[v] : ip[v + 1]] for v in range(n)],
         host_input_nbytes=_round_up(in_nbytes + ALIGN),
         host_offload_nbytes=_round_up(int(mg.host_nbytes) + ALIGN),
-        host_prefix_nbytes=prefix,
         host_reserve_nbytes=reserve,
     )
 
 
 def _inputs_first(mg: MemGraph, tensor: list, host_off: list, region: list, first: list[int]) -> tuple:
     """Host offsets with the input tensors ``first`` at the region's start (each ALIGN-ed, in that order), the
-    other input tensors after them in plan order; (offsets, the prefix's bytes, the region's bytes)."""
+    other input tensors after them in plan order; (offsets, the region's bytes)."""
     size: dict[int, int] = {}
     old: dict[int, int] = {}
     nb = mg.out_nbytes.tolist()
@@ -95,27 +93,32 @@ def _inputs_first(mg: MemGraph, tensor: list, host_off: list, region: list, firs
     if len(set(first)) != len(first):
         raise ValueError("the host prefix names a tensor twice")
     new: dict[int, int] = {}
-    end = prefix = 0
-    for i, t in enumerate(first + sorted(set(size) - set(first), key=old.__getitem__)):
-        if i == len(first):
-            prefix = end
+    end = 0
+    for t in first + sorted(set(size) - set(first), key=old.__getitem__):
         new[t] = end
         end = _round_up(end + size[t])
-    if len(first) == len(size):
-        prefix = end
     out = [new[tensor[v]] if region[v] == HOST_INPUT else host_off[v] for v in range(len(host_off))]
-    return out, prefix, end
+    return out, end
+
+
+def common_prefix(a: tuple, b: tuple) -> int:
+    """How many leading entries two host-prefix keys share: the tensors two plans lay out alike from offset 0."""
+    k = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        k += 1
+    return k
 
 
 @dataclass
 class HostInputs:
     """A filled host input region handed from a closed backend to the next (``detach_host_inputs``): its bytes
-    (``array``, at ``ptr`` where pinned), the ``key`` of its prefix tensors (one entry per tensor, in layout
-    order) and the prefix's size. Whoever holds it frees it (``free``) unless a backend adopts it."""
+    (``array``, at ``ptr`` where pinned) and the ``key`` of its prefix tensors (one entry per tensor, in layout
+    order). Whoever holds it frees it (``free``) unless a backend adopts it (``adopt``)."""
 
     array: np.ndarray
     key: tuple
-    prefix_nbytes: int
     ptr: int = 0
     release: object = None  # callable freeing the memory (pinned host memory), or None
 
@@ -125,22 +128,23 @@ class HostInputs:
             self.release = None
         self.array = None
 
-    def common(self, key: tuple) -> int:
-        """How many leading tensors of a prefix with ``key`` this region holds laid out alike (their keys equal:
-        the same tensors of the same sizes in the same order from offset 0)."""
-        k = 0
-        for a, b in zip(self.key, key, strict=False):
-            if a != b:
-                break
-            k += 1
-        return k
-
     def adoptable(self, key: tuple, lay: Layout) -> int:
         """The leading prefix tensors a backend of layout ``lay`` (prefix ``key``) finds filled in this region
         if it takes the region as its own; 0: it cannot (nothing in common, or the region is too small)."""
         if self.array is None or len(self.array) < lay.host_input_nbytes - lay.host_reserve_nbytes:
             return 0  # (an adopted region is as large as it is: its own reserve is what the next plans share)
-        return self.common(key)
+        return common_prefix(self.key, key)
+
+    def adopt(self, key: tuple, lay: Layout, first, pinned: bool = False) -> list[int]:
+        """A backend of layout ``lay`` (prefix tensors ``first``, their ``key``) takes this region as its own:
+        the tensors it finds filled (its ``array`` is then the backend's; for a ``pinned`` backend only a
+        pinned region serves); [] when it cannot, the region freed."""
+        k = 0 if pinned and not self.ptr else self.adoptable(key, lay)
+        if not k:
+            self.free()
+            return []
+        self.release = None  # the backend frees it now
+        return list(first)[:k]
 
 
 def _round_up(n: int) -> int:
@@ -178,5 +182,5 @@ def row_range(shape, nbytes: int, rows: tuple[int, int] | None) -> tuple[int, in
     return first * row, count * row
 
 
-__all__ = ["HOST_INPUT", "HOST_OFFLOAD", "NP_DTYPE", "HostInputs", "Layout", "buffer_view", "input_vertices",
-           "output_sources", "plan_layout", "row_range"]  # fmt: skip
+__all__ = ["HOST_INPUT", "HOST_OFFLOAD", "NP_DTYPE", "HostInputs", "Layout", "buffer_view", "common_prefix",
+           "input_vertices", "output_sources", "plan_layout", "row_range"]  # fmt: skip
