@@ -75,14 +75,6 @@ def hf_generate(model, prompts: list, new: int, device: str):
     return time.perf_counter() - t, [r[P:].tolist() for r in out]
 
 
-def agree(a: list, b: list) -> int:
-    """Leading tokens two sequences share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def main(argv=None) -> int:
@@ -113,6 +105,7 @@ def main(argv=None) -> int:
     from turnip.generation import generate
     from turnip.models import LLAMA
     from turnip.plancache import PlanCache
+    from turnip.runtime.layout import common_prefix
 
     t_start = time.perf_counter()
 
@@ -178,7 +171,7 @@ def main(argv=None) -> int:
             remove_hook_from_submodules(model)
             model = model.to(a.device)
         for name, secs, ids in hf:
-            agreed = [agree(x, y) for x, y in zip(r.ids, ids, strict=True)]
+            agreed = [common_prefix(x, y) for x, y in zip(r.ids, ids, strict=True)]  # leading tokens shared
             hrow = {"system": name, "batch": B, "prompt": P, "new": N, "budget": budget,
                     "tokens_per_s": B * N / secs, "ms_per_step": secs / N * 1e3,
                     "turnip_speedup": row["tokens_per_s"] / (B * (N - 1) / secs) if row["tokens_per_s"] else None,

@@ -101,8 +101,9 @@ def _inputs_first(mg: MemGraph, tensor: list, host_off: list, region: list, firs
     return out, end
 
 
-def common_prefix(a: tuple, b: tuple) -> int:
-    """How many leading entries two host-prefix keys share: the tensors two plans lay out alike from offset 0."""
+def common_prefix(a, b) -> int:
+    """How many leading entries two sequences share (two host-prefix keys: the tensors two plans lay out alike
+    from offset 0)."""
     k = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
