@@ -195,10 +195,13 @@ def test_batched_prefill_is_each_prompt_prefilled_alone(model, tiles):
         np.testing.assert_allclose(got[b * S : (b + 1) * S], ref, rtol=1e-5, atol=1e-6)
 
 
-def test_batched_prefill_refuses_last_logits_and_picks_a_dividing_tile():
+def test_batched_prefill_refuses_last_logits_and_picks_a_dividing_tile(monkeypatch):
     with pytest.raises(ValueError, match="use --logits all"):
         llama_prefill("tiny", seq=16, head="last", batch=2)
     with pytest.raises(ValueError, match="must divide the prompt length"):
         llama_prefill("tiny", seq=16, tiles={"t": 6}, batch=2)
+    tg = llama_prefill("7b", seq=3000, batch=2, n_layers=1, budget_nbytes=6 << 30)  # the prompts packed
+    assert tg.meta["tiles"]["t"] == 6000 and tg.meta["batch"] == 2
+    monkeypatch.setenv("TURNIP_PACK_PROMPTS", "0")
     tg = llama_prefill("7b", seq=3000, batch=2, n_layers=1, budget_nbytes=6 << 30)
-    assert 3000 % tg.meta["tiles"]["t"] == 0 and tg.meta["batch"] == 2
+    assert 3000 % tg.meta["tiles"]["t"] == 0

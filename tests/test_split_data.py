@@ -177,16 +177,17 @@ def test_packing_rule(monkeypatch):
 
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_packed_prompts_prefill_matches_one_prompt_per_tile(gpus, monkeypatch):
-    """A batch of short prompts packed several to a token tile (``TURNIP_PACK_PROMPTS=1``): every position's
-    logits, and the KV-cache prefill's keys and values, equal those of one prompt per tile."""
+    """A batch of short prompts packed several to a token tile (the default; ``TURNIP_PACK_PROMPTS=0``: one
+    a tile): every position's logits, and the KV-cache prefill's keys and values, equal those of one prompt
+    per tile."""
     from turnip.decode import prefill_kv
     from turnip.memgraph.interp import evaluate_taskgraph
 
     cfg = LLAMA["tiny"]
-    monkeypatch.delenv("TURNIP_PACK_PROMPTS", raising=False)
+    monkeypatch.setenv("TURNIP_PACK_PROMPTS", "0")
     plain = [llama_prefill(cfg, seq=8, n_gpus=gpus, dtype="fp32", head="all", batch=16, budget_nbytes=1 << 20),
              prefill_kv(cfg, 8, 16, gpus, "fp32", 1 << 20)]  # fmt: skip
-    monkeypatch.setenv("TURNIP_PACK_PROMPTS", "1")
+    monkeypatch.delenv("TURNIP_PACK_PROMPTS", raising=False)
     packed = [llama_prefill(cfg, seq=8, n_gpus=gpus, dtype="fp32", head="all", batch=16, budget_nbytes=1 << 20),
               prefill_kv(cfg, 8, 16, gpus, "fp32", 1 << 20)]  # fmt: skip
     for a, b in zip(plain, packed, strict=True):
@@ -229,3 +230,26 @@ def test_prompt_split_by_tokens_matches_one_gpu(gpus, seq, head, window):
     for name in one.meta["output_blocks"]:
         np.testing.assert_allclose(assemble(many, got, name), assemble(one, want, name), rtol=1e-4, atol=1e-5,
                                    err_msg=name)  # fmt: skip
+
+
+def test_a_layers_split_whose_stages_stream_their_weights_takes_two_token_tiles():
+    """Where a stage's frozen weights pass three quarters of the budget, each token tile loads them again: the
+    layers split packs the batch into two tiles (LLaMA-65B 8 x 1K at 24 GiB on 4 GPUs: four sequences a tile);
+    tiles given stay as given; the plan verifies."""
+    from turnip.train import stage_streams, train_tiles, two_tiles
+
+    big, seven = LLAMA["65b"], LLAMA["7b"]
+    assert stage_streams(big, 4, "fp16", 24 << 30) and not stage_streams(seven, 4, "fp16", 16 << 30)
+    assert not stage_streams(big, 1, "fp16", 24 << 30) and not stage_streams(big, 4, "fp16", None)
+    assert train_tiles(big, 1024, 8, 4, "fp16", None, 24 << 30, "layers")["t"] == 4096
+    assert train_tiles(seven, 1024, 8, 4, "fp16", None, 16 << 30, "layers")["t"] == 1024
+    assert train_tiles(big, 1024, 8, 4, "fp16", {"t": 1024}, 24 << 30, "layers")["t"] == 1024
+    assert [two_tiles(b) for b in (8, 6, 7, 1)] == [4, 3, 1, 1]
+    cfg = LLAMA["tiny"]
+    budget = cfg.layer_nbytes(4) * cfg.n_layers // 2  # a stage's weights fill the whole budget
+    assert stage_streams(cfg, 2, "fp32", budget)
+    tg = lora_step(cfg, seq=16, batch=4, n_gpus=2, dtype="fp32", checkpoint="on", split="layers",
+                   budget_nbytes=budget)  # fmt: skip
+    assert tg.meta["tiles"]["t"] == 32
+    mg = build_with_resident(tg, max(budget, 512 << 10), None, "0")
+    assert verify(mg, tg) == []

@@ -260,14 +260,17 @@ def hoist_sends(tg: TaskGraph) -> TaskGraph:
 
 
 def train_tiles(cfg: LlamaConfig, seq: int, batch: int, n_gpus: int, dtype: str, tiles: dict | None,
-                budget_nbytes: int | None, split: str = "tensor") -> dict:  # fmt: skip
-    """Tiles of a training step: whole sequences per token tile (``pack_sequences``), the vocabulary whole (the
+                budget_nbytes: int | None, split: str = "tensor", n_layers: int | None = None) -> dict:  # fmt: skip
+    """Tiles of a training step: whole sequences per token tile (``pack_sequences``; two tiles where a layers
+    split's stages stream their weights: ``stage_streams``), the vocabulary whole (the
     loss reads whole rows of logits), key-value heads and FFN columns in one block per GPU (a step has many
     token tiles to overlap; fewer, larger blocks keep the plan small: 7B at 8 x 1K is 35K vertices), split further only
     where a block of FFN weights would pass an eighth of the budget (tiny models: two blocks, as their
     prefill). The layers and data splits tile as one GPU does. Given tiles override; ``t`` must be a multiple
     of ``seq``."""
     per_tile = pack_sequences(seq, batch, n_gpus, split)
+    if split == "layers" and stage_streams(cfg, n_gpus, dtype, budget_nbytes, n_layers):
+        per_tile = two_tiles(batch)
     if split in ("layers", "data"):
         n_gpus = 1
     if cfg.d_model <= 256:
@@ -309,6 +312,31 @@ def pack_on() -> bool:
     (measured on H100s, 7B LoRA 8 x 1K under 16 GiB: one GPU 775 -> 722 ms, two GPUs with the data split
     587 -> 384 ms)."""
     return os.environ.get("TURNIP_PACK_SEQS", "1") != "0"
+
+
+STREAM_SHARE = 0.75  # a layers split stage streams its weights when they pass this share of the budget
+
+
+def stage_streams(cfg: LlamaConfig, n_gpus: int, dtype: str, budget_nbytes: int | None,
+                  n_layers: int | None = None) -> bool:  # fmt: skip
+    """Whether a stage of the layers split over ``n_gpus`` GPUs holds more frozen weights than
+    ``STREAM_SHARE`` of the budget: they cannot stay on the GPU, and every token tile loads them again."""
+    if n_gpus < 2 or budget_nbytes is None:
+        return False
+    L = cfg.n_layers if n_layers is None else n_layers
+    stage = -(-L // n_gpus) * cfg.layer_nbytes(DTYPE_NBYTES[dtype])
+    return stage > STREAM_SHARE * budget_nbytes
+
+
+def two_tiles(batch: int) -> int:
+    """Sequences per token tile for two tiles (the most that divides ``batch`` into at least two): a layers
+    split whose stages stream their weights loads each weight once per tile and pass, so it trades the
+    pipeline's fill for fewer loads (LLaMA-65B, 8 x 1K at 24 GiB per GPU on four H100s: 9,054 ms a step with a
+    sequence per tile, 6,118 with four; ``benchmarks/results/multi_gpu/README.md``)."""
+    k = max(1, batch // 2)
+    while batch % k:
+        k -= 1
+    return k
 
 
 def pack_sequences(seq: int, batch: int, n_gpus: int, split: str = "tensor") -> int:
@@ -354,7 +382,7 @@ def lora_step(
     check_llama_args(cfg, seq, n_gpus, dtype, None, n_layers, split=split)
     L = cfg.n_layers if n_layers is None else n_layers
     ck = pick_checkpoint(checkpoint, cfg, batch * seq, L, dtype, budget_nbytes)
-    t = train_tiles(cfg, seq, batch, n_gpus, dtype, tiles, budget_nbytes, split)
+    t = train_tiles(cfg, seq, batch, n_gpus, dtype, tiles, budget_nbytes, split, n_layers)
     lean = split == "data" and lean_step_on()
     g, adapters = lora_graph(cfg, seq, batch, dtype, n_layers, lora, ck, keep_casts=lean)
     state = {i for _, i in _state_pairs(adapters)}

@@ -323,3 +323,21 @@ def test_the_host_probe_runs_while_other_plans_come_and_go():
     assert (timed.start_ns[sent] > timed.issue_ns[sent]).any()  # device starts
     assert all(np.array_equal(r.start_ns[sent], r.issue_ns[sent]) for r in plain)  # none: the issue times
     assert all(s["issue_ns"] > 0 and s["link_gbps"] > 0 for s in probe.samples), probe.samples
+
+
+@pytest.mark.parametrize("n_gpus", [1, 2])
+def test_packed_prompts_match_numpy(n_gpus, monkeypatch):
+    """A batch of short prompts packed several to a token tile (the default): each prompt's attention and rotary
+    stay its own on the GPU (the numpy evaluation of the packed taskgraph, which the CPU tests hold equal to one
+    prompt per tile)."""
+    from turnip.compile import compile_model
+
+    if gpus() < n_gpus:
+        pytest.skip(f"needs {n_gpus} CUDA device(s)")
+    monkeypatch.delenv("TURNIP_PACK_PROMPTS", raising=False)
+    tg, mg = compile_model("llama-tiny", 8, n_gpus, 1 << 20, dtype="fp16", batch=16, split="tensor", resident="auto")
+    assert tg.meta["tiles"]["t"] > 8
+    inputs, ref = reference(tg)
+    with open_backend("cuda", mg) as be:
+        be.write_inputs(inputs)
+        _assert_runs_correct(mg, be, ref, range(2))
