@@ -8,7 +8,9 @@ the measured median, and the simulated nondet/det ratio against the measured one
 
 ``--links FILE.json``: host link totals (``turnip.linkprobe`` output, the profile's three
 ``host_*_total_bytes_per_s`` fields) in place of the profile's; ``--independent-links``: none (every GPU its
-own link, as before the host was modelled). Writes ``--out`` (CSV) when given.
+own link, as before the host was modelled); ``--p2p serial|pairs``: each GPU's NVLink ports as one queue, or
+every pair of GPUs independent, whatever the profile says; ``--p2p-slowdown F``: its
+``kernel_slowdown_with_p2p``. Writes ``--out`` (CSV) when given.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default="h100-calibrated")
     ap.add_argument("--links", help="host link totals JSON (turnip.linkprobe --json) in place of the profile's")
     ap.add_argument("--independent-links", action="store_true", help="no host caps: every GPU its own link")
+    ap.add_argument("--p2p", choices=("profile", "serial", "pairs"), default="profile",
+                    help="GPU<->GPU copies: as the profile says, each GPU's ports as one queue out and one in "
+                         "(p2p_ports_serial), or every pair independent")  # fmt: skip
+    ap.add_argument("--p2p-slowdown", type=float, default=None, metavar="F",
+                    help="kernel_slowdown_with_p2p in place of the profile's (0: as with a host copy)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--out", help="write the rows with their simulated times here (CSV)")
     a = ap.parse_args(argv)
@@ -56,6 +63,10 @@ def main(argv=None) -> int:
         prof = prof.replace(**{k: tuple(v) for k, v in json.loads(Path(a.links).read_text()).items()})
     if a.independent_links:
         prof = prof.replace(**{f"host_{k}_total_bytes_per_s": () for k in ("h2d", "d2h", "both")})
+    if a.p2p != "profile":
+        prof = prof.replace(p2p_ports_serial=a.p2p == "serial")
+    if a.p2p_slowdown is not None:
+        prof = prof.replace(kernel_slowdown_with_p2p=a.p2p_slowdown)
     rows = [r for r in csv.DictReader(open(a.csv)) if r["workload"] == "prefill" and r.get("ms_median")]
     cache: dict = {}
     for r in rows:
@@ -78,7 +89,9 @@ def main(argv=None) -> int:
     within = sum(abs(r["error"]) <= 0.05 for r in rows)
     print(f"\n{within} of {len(rows)} cells within +-5%; mean |error| "
           f"{statistics.fmean(abs(r['error']) for r in rows):.1%} ({a.profile}"
-          f"{', links ' + a.links if a.links else ''}{', independent links' if a.independent_links else ''})")
+          f"{', links ' + a.links if a.links else ''}{', independent links' if a.independent_links else ''}"
+          f"{', p2p ' + a.p2p if a.p2p != 'profile' else ''}"
+          f"{f', p2p slowdown {a.p2p_slowdown}' if a.p2p_slowdown is not None else ''})")
     if a.out:
         from multi_gpu import write_csv  # a sibling script
 

@@ -15,6 +15,7 @@ State it owns (virtual time in integer ns):
                       host's rate for that many GPUs (the rates of each set of copies in flight are worked
                       out once per plan and link factor: ``_share_rates``)
   copies_active[g]    copies touching GPU g now (kernels issued meanwhile are slowed and noisier)
+  p2p_active[g]       of which GPU<->GPU copies (``kernel_slowdown_with_p2p``)
   bucket[g]           GPU g's power bucket (ns at the power limit, as of bucket_t[g]): a kernel at full
                       clock spends its power over the limit's per ns, the bucket refills one per ns (less
                       what an idle GPU draws), and an empty one slows kernels that draw more than the limit;
@@ -168,6 +169,8 @@ class Simulation:
                 self.launch_ns[h] += per * (len(m) - 1)
                 for u in m[1:]:  # issued by the head's command: no issue of their own
                     self.launch_ns[u] = 0
+        self.switch_ns = int(prof.gpu_switch_launch_ns * self.host_factor) if mg.n_gpus > 1 else 0
+        self.last_gpu = 0  # the GPU of the command issued last (a kernel for another one pays switch_ns)
         n, g = mg.n, mg.n_gpus
         self.issue, self.start, self.end, self.done = [0] * n, [0] * n, [0] * n, [0] * n
         self.handle = [0] * n  # host time spent handling each vertex's completion
@@ -176,6 +179,9 @@ class Simulation:
         self.host_free = 0
         self.compute_free = [0] * g
         self.copies_active = [0] * g
+        self.p2p_active = [0] * g  # of which GPU<->GPU copies
+        self.slow_p2p = prof.kernel_slowdown_with_p2p or prof.kernel_slowdown_with_copies
+        self.ports = ([0] * g, [0] * g) if prof.p2p_ports_serial else None  # each GPU's NVLink out, in: free at
         self.pcie: list[list | None] = [None] * (2 * g)
         self.link_factor = link = tm.link_factor(self.host_factor, d.link_z) if link is None else float(link)
         solo, shared = link_rates(prof)  # bytes per ns, this run's link ``link`` times slower
@@ -194,7 +200,7 @@ class Simulation:
         t0 = time.perf_counter()
         t = 0
         for i, v in enumerate(self.core.start_ids(0)):  # issued one after another from 0
-            t += self.launch_ns[v]
+            t += self.launch_ns[v] + self._switch(v)
             self.issue[v] = t
             self.order.append(v)
             heapq.heappush(self._q, (t, i, v << 1))
@@ -244,7 +250,9 @@ class Simulation:
         kernel_ns, f, fc, overlap = self.kernel_ns, self.f, self.fc, self.overlap
         issue, start, end, done, handle = self.issue, self.start, self.end, self.done, self.handle
         launch, order, complete, members = self.launch_ns, self.order, self.core.complete_ids, self.members
-        compute_free, copies_active = self.compute_free, self.copies_active
+        compute_free, copies_active, ports = self.compute_free, self.copies_active, self.ports
+        p2p_active, slow_p2p = self.p2p_active, self.slow_p2p
+        switch, switch_ns = self._switch, self.switch_ns
         start_latency, slowdown = prof.kernel_start_latency_ns, prof.kernel_slowdown_with_copies
         p2p_latency, p2p_rate, copy_latency = prof.p2p_latency_ns, prof.p2p_bytes_per_s, prof.copy_latency_ns
         completion, poll, handle_ns, handle_cmd = self.completion_ns, self.poll_ns, self.handle_ns, self.handle_cmd_ns
@@ -282,6 +290,8 @@ class Simulation:
                 if eng[v] == p2p:
                     copies_active[src[v]] -= 1
                     copies_active[gpu[v]] -= 1
+                    p2p_active[src[v]] -= 1
+                    p2p_active[gpu[v]] -= 1
                 batch = complete(v, seen)
                 if members and v in members:  # a launch group: every member done with its head
                     for m in members[v]:
@@ -302,12 +312,12 @@ class Simulation:
                 if popped:
                     t = now
                 else:
-                    t += launch[v]
+                    t += launch[v] + (switch(v) if switch_ns else 0)
                     issue[v] = t
                     if not eager or (q and q[0][0] <= t):  # a pending event comes first: this and the rest wait
                         push(q, (t, k, v << 1))
                         for u in batch[k - k0 + 1 :]:
-                            t += launch[u]
+                            t += launch[u] + (switch(u) if switch_ns else 0)
                             issue[u] = t
                             k += 1
                             push(q, (t, k, u << 1))
@@ -323,8 +333,8 @@ class Simulation:
                     else:
                         busy = compute_free[g] > ready
                         s = compute_free[g] if busy else ready
-                        if copies_active[g]:
-                            dur = kernel_ns[v] * fc[v] * slowdown  # slowed and noisier while copies run
+                        if copies_active[g]:  # slowed and noisier while copies run
+                            dur = kernel_ns[v] * fc[v] * (slow_p2p if p2p_active[g] else slowdown)
                         else:
                             dur = kernel_ns[v] * f[v]
                         dur = int(dur * overlap[v]) if busy else int(dur)  # it shares the GPU with the one before
@@ -336,10 +346,16 @@ class Simulation:
                     seq += 1
                 elif e == p2p:
                     dur = int((p2p_latency + nbytes[v] * 1e9 / p2p_rate) * f[v]) + stall[v]
-                    start[v], end[v] = t, t + dur
+                    s = t
+                    if ports is not None:  # after the copies out of its source and into its GPU issued before
+                        s = max(t, ports[0][src[v]], ports[1][gpu[v]])
+                        ports[0][src[v]] = ports[1][gpu[v]] = s + dur
+                    start[v], end[v] = s, s + dur
                     copies_active[src[v]] += 1
                     copies_active[gpu[v]] += 1
-                    push(q, (t + dur + completion, seq, (v << 1) | 1))
+                    p2p_active[src[v]] += 1
+                    p2p_active[gpu[v]] += 1
+                    push(q, (s + dur + completion, seq, (v << 1) | 1))
                     seq += 1
                 else:  # a host link copy: its bytes at its link's rate (shared, when both directions run)
                     d = 0 if e == h2d else 1
@@ -368,6 +384,15 @@ class Simulation:
                 host_free = t
         self.host_free, self.inflight, self._seq = host_free, inflight, seq
 
+    def _switch(self, v: int) -> int:
+        """The extra issue time of command ``v`` for its GPU after one for another (``gpu_switch_launch_ns``,
+        kernels and launch groups; a copy costs none but moves the host to its GPU too)."""
+        g = self.gpu[v]
+        if g == self.last_gpu:
+            return 0
+        self.last_gpu = g
+        return self.switch_ns if self.eng[v] == ENG_KERNEL else 0
+
     def _run_group(self, members: list[int], g: int, t: int, ready: int, power) -> int:
         """A launch group issued at ``t`` on GPU ``g``: its kernels one after another (each as a kernel issued at
         ``t`` would run); the last one's end."""
@@ -376,7 +401,10 @@ class Simulation:
         for u in members:
             busy = compute_free[g] > ready
             s = compute_free[g] if busy else ready
-            dur = kernel_ns[u] * fc[u] * slowdown if self.copies_active[g] else kernel_ns[u] * f[u]
+            if self.copies_active[g]:
+                dur = kernel_ns[u] * fc[u] * (self.slow_p2p if self.p2p_active[g] else slowdown)
+            else:
+                dur = kernel_ns[u] * f[u]
             dur = int(dur * overlap[u]) if busy else int(dur)  # it shares the GPU with the one before
             if power is not None:
                 dur = power(g, s, dur, u)

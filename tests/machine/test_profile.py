@@ -54,7 +54,8 @@ def test_host_totals_and_peaks_round_trip(tmp_path):
     from turnip.machine.profile import dump_json
 
     p = h100().replace(host_h2d_total_bytes_per_s=(50e9, 90e9), host_d2h_total_bytes_per_s=(),
-                       host_both_total_bytes_per_s=(60e9,), peak_hbm_bytes_per_s=4.8e12)  # fmt: skip
+                       host_both_total_bytes_per_s=(60e9,), peak_hbm_bytes_per_s=4.8e12,
+                       p2p_ports_serial=True)  # fmt: skip
     for name, text in (("r.toml", dump_toml(p)), ("r.json", dump_json(p))):
         f = tmp_path / name
         f.write_text(text)
@@ -66,6 +67,7 @@ def test_host_totals_and_peaks_round_trip(tmp_path):
     assert load_profile("h200-calibrated").host_h2d_total_bytes_per_s == ()  # unmeasured: every link on its own
     assert load_profile("h200-calibrated").peak_hbm_bytes_per_s == 4.8e12
     assert load_profile("h100-calibrated").host_both_total_bytes_per_s == (96.9e9, 145.9e9, 167.3e9, 170.7e9)
+    assert load_profile("h100-calibrated").p2p_ports_serial and not h100().p2p_ports_serial
 
 
 @pytest.mark.parametrize(
@@ -79,6 +81,9 @@ def test_bad_host_totals_are_refused_in_one_line(tmp_path, value):
     assert str(f) in str(e.value) and "\n" not in str(e.value)
     f.write_text("[machine]\npeak_fp16_flops_per_s = 0.0\n")
     with pytest.raises(ValueError, match="peak_fp16_flops_per_s"):
+        load_profile(f)
+    f.write_text("[machine]\np2p_ports_serial = 1\n")
+    with pytest.raises(ValueError, match="p2p_ports_serial must be true or false"):
         load_profile(f)
 
 

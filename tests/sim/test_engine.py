@@ -171,6 +171,46 @@ def test_transfer_uses_p2p_link():
     assert r.end_ns[1] - r.start_ns[1] == 500 and r.makespan_ns == 2500 + 1000 + 500 + 500
 
 
+def test_copies_out_of_a_gpu_queue_when_its_ports_are_serial():
+    """k0 on GPU 0, then its result to GPUs 1 and 2 (issued 1000 ns apart): independent pairs overlap; with
+    ``p2p_ports_serial`` the second copy out of GPU 0 waits for the first, and the bound adds them up."""
+    mg = make_memgraph(["kernel", "transfer", "transfer"], [[], [0], [0]], n_gpus=3, gpus=[0, 1, 2],
+                       src_gpus=[0, 0, 0], flops=[1000, 0, 0], nbytes=[500, 1500, 1500])  # fmt: skip
+    free = simulate(mg, EXACT, mean_only=True)
+    assert free.start_ns.tolist() == [1000, 3500, 4500] and free.end_ns.tolist()[1:] == [5000, 6000]
+    serial = simulate(mg, EXACT.replace(p2p_ports_serial=True), mean_only=True)
+    assert serial.start_ns.tolist() == [1000, 3500, 5000] and serial.end_ns.tolist()[1:] == [5000, 6500]
+    assert lower_bound(TimingModel(mg, EXACT))["link_ns"] == 1500
+    assert lower_bound(TimingModel(mg, EXACT.replace(p2p_ports_serial=True)))["link_ns"] == 3000
+    into = make_memgraph(["kernel", "kernel", "transfer", "transfer"], [[], [], [0], [1]], n_gpus=3,
+                         gpus=[1, 2, 0, 0], src_gpus=[1, 2, 1, 2], flops=[1000, 1000, 0, 0],
+                         nbytes=[500, 500, 1500, 1500])  # fmt: skip
+    r = simulate(into, EXACT.replace(p2p_ports_serial=True), mean_only=True)
+    assert r.start_ns[3] == r.end_ns[2] or r.start_ns[2] == r.end_ns[3]  # one copy into GPU 0 at a time
+
+
+def test_a_gpu_to_gpu_copy_slows_its_gpus_kernels_by_its_own_factor():
+    """k0 on GPU 0 hands back a copy to GPU 1 and k1 on GPU 1, which runs while the copy does: slowed by
+    ``kernel_slowdown_with_p2p`` (0: by ``kernel_slowdown_with_copies``, as any copy)."""
+    mg = make_memgraph(["kernel", "transfer", "kernel"], [[], [0], [0]], n_gpus=2, gpus=[0, 1, 1],
+                       src_gpus=[0, 0, 1], flops=[1000, 0, 1000], nbytes=[500, 5000, 500])  # fmt: skip
+    durations = {}
+    for p2p in (0.0, 2.0):
+        r = simulate(mg, EXACT.replace(kernel_slowdown_with_copies=1.5, kernel_slowdown_with_p2p=p2p), mean_only=True)
+        assert r.start_ns[2] < r.end_ns[1]  # k1 runs during the copy
+        durations[p2p] = int(r.end_ns[2] - r.start_ns[2])
+    assert durations == {0.0: 1500, 2.0: 2000}
+
+
+def test_a_kernel_issued_for_another_gpu_than_the_last_command_pays_the_switch():
+    """Three kernels ready at the start on GPUs 0, 1, 1 (the host starts on GPU 0): the second pays
+    ``gpu_switch_launch_ns``, the first and third do not; on one GPU nothing does."""
+    mg = make_memgraph(["kernel"] * 3, [[], [], []], n_gpus=2, gpus=[0, 1, 1], flops=[1000] * 3)
+    r = simulate(mg, EXACT.replace(gpu_switch_launch_ns=500), mean_only=True)
+    assert r.issue_ns.tolist() == [1000, 2500, 3500]
+    assert simulate(mg, EXACT, mean_only=True).issue_ns.tolist() == [1000, 2000, 3000]
+
+
 def test_same_seed_same_result_and_seeds_differ():
     mg = random_memgraph(np.random.default_rng(3), 200, 2, p_edge=0.02)
     a, b, c = (simulate(mg, h100(), "nondet", seed=s) for s in (7, 7, 8))

@@ -133,8 +133,9 @@ def slow_link(p):
     slow=st.booleans(),
     policy=st.sampled_from(["nondet", "det"]),
     link=st.sampled_from([None, 0.5, 2.0]),
+    ports=st.booleans(),
 )
-def test_no_simulated_run_beats_the_bound(seed, n_gpus, kib, caps, slow, policy, link):
+def test_no_simulated_run_beats_the_bound(seed, n_gpus, kib, caps, slow, policy, link, ports):
     tg = random_dag(np.random.default_rng(seed), n_kernels=40, n_gpus=n_gpus)
     try:
         mg = build_memgraph(tg, kib * 1024)
@@ -142,7 +143,7 @@ def test_no_simulated_run_beats_the_bound(seed, n_gpus, kib, caps, slow, policy,
         return
     assert verify(mg, tg) == []
     prof = h100() if caps else h100().replace(**NO_CAPS)
-    prof = (slow_link(prof) if slow else prof).replace(link_excess_sd=0.1, host_excess_sd=0.2)
+    prof = (slow_link(prof) if slow else prof).replace(link_excess_sd=0.1, host_excess_sd=0.2, p2p_ports_serial=ports)
     for mean_only in (True, False):
         r = simulate(mg, prof, policy, seed, mean_only, link=link)
         assert 0 < r.lower_bound_ns <= r.makespan_ns, r.bound

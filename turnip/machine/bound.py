@@ -6,7 +6,8 @@ efficiency, as the simulator draws it) and the datasheet roofline (flops at the 
 peak HBM rate: ``MachineProfile.peak_*``), so neither a kernel faster than its table nor one above the assumed
 efficiency breaks it. Copies count their bytes at the links' peak rates (a host copy the fewer of its bytes and
 ``link_nbytes``, the bytes its measured floor moves at the link's rate), and the host behind the links
-(``MachineProfile.host_*_total_bytes_per_s``) bounds the plan's host copies as a whole. The critical path is of
+(``MachineProfile.host_*_total_bytes_per_s``) bounds the plan's host copies as a whole; with
+``p2p_ports_serial`` each GPU's GPU<->GPU copies out, and in, add up. The critical path is of
 those floors alone: no latencies, no host costs. ``host_ns`` (issuing and handling every command at the
 profile's median costs) is reported beside it and not in the max: a faster host beats the medians.
 
@@ -47,6 +48,10 @@ def lower_bound(costs: VertexCosts, host: float = 1.0, link: float = 1.0) -> dic
     sel = e == ENG_P2P
     pair = mg.src_gpu.astype(np.int64) * gpus + g
     p2p = np.bincount(pair[sel], alone[sel].astype(np.float64), minlength=gpus * gpus)
+    if p.p2p_ports_serial:  # a GPU sends one copy at a time and takes one at a time
+        ports = (np.bincount(mg.src_gpu[sel].astype(np.int64), alone[sel], minlength=gpus),
+                 np.bincount(g[sel], alone[sel], minlength=gpus))  # fmt: skip
+        p2p = np.concatenate([p2p, *ports])
     parts = {
         "critical_path_ns": int(critical_path_ns(mg, floor).max(initial=0)),
         "kernel_ns": int(kern.max(initial=0)),

@@ -58,6 +58,10 @@ class MachineProfile:
     # GPU<->GPU (NVLink; measured on the H200 pair)
     p2p_bytes_per_s: float = 390e9
     p2p_latency_ns: int = 10_000  # assumed
+    # True: a GPU sends one GPU<->GPU copy at a time and takes one at a time (its NVLink ports as one queue out
+    # and one in, in issue order; on four H100s three 32 MiB copies issued together out of one GPU ended 92 us
+    # apart, each at the one-copy rate). False: every pair's copies independent of the others
+    p2p_ports_serial: bool = False
     # host driver: one thread issues every command, serially (measured on the H100 runtime with bound
     # launches replayed as CUDA graphs: benchmarks/results/prefill_h100_a.md, issue time per vertex)
     kernel_launch_ns: int = 11_000  # graph launch of a kernel + its end event, from Python
@@ -68,6 +72,10 @@ class MachineProfile:
     # kernel node and end-event node; measured on an H200 quad: 7B 4K, 3.5 ms of issue per run for 81 launches of
     # 9.5 kernels each on one GPU, 12.0 ms for about 900 launches of 2,500 vertices on four)
     group_member_launch_ns: int = 3_000
+    # a kernel's launch (or a launch group's) issued right after a command for another GPU costs this much more
+    # (the driver switches context; measured on four H100s: 11.4 us a kernel after a switch, 8.4 us after one
+    # for the same GPU, median over a 7B 4K prompt's 1,729 kernel commands)
+    gpu_switch_launch_ns: int = 0
     # the same where a group records only its last member's end event (``turnip.sched.groups.group_events_on``:
     # training steps); 0: group_member_launch_ns
     group_member_noevent_launch_ns: int = 0
@@ -125,6 +133,8 @@ class MachineProfile:
     run_gap_ns: int = 0  # the host's idle time between two runs back to back (calibrate measures it)
     # contention (FACTS: copies slow concurrent GEMMs by ~11%)
     kernel_slowdown_with_copies: float = 1.11
+    # while a GPU<->GPU copy in or out of its GPU runs (0: as with any copy, the field above)
+    kernel_slowdown_with_p2p: float = 0.0
     # jitter: duration = floor * (1 + e), e ~ lognormal with the given mean and standard deviation (the sd of
     # a vertex a measured table covers comes from the table instead)
     kernel_excess_mean: float = 0.02  # GEMM alone: p50 0.184 ms, mean 0.188 ms
@@ -223,6 +233,10 @@ def _check_values(p: Path, data: dict) -> None:
             if not ok or not all(math.isfinite(x) and x > 0 for x in v):
                 raise ValueError(f"{p}: field {f.name} = {v!r} must be a list of finite numbers > 0 (total bytes "
                                  "per second with 1, 2, ... GPUs copying at once)")  # fmt: skip
+            continue
+        if isinstance(default, bool):
+            if not isinstance(v, bool):
+                raise ValueError(f"{p}: field {f.name} must be true or false, got {v!r}")
             continue
         if isinstance(default, str) or default is None:
             ok = isinstance(v, str) or (default is None and v is None)
@@ -338,7 +352,7 @@ def dump_toml(profile: MachineProfile) -> str:
         if isinstance(v, tuple):
             lines.append(f"{k} = [{', '.join(repr(x) for x in v)}]")
         else:
-            lines.append(f"{k} = {json.dumps(v)}" if isinstance(v, str) else f"{k} = {v!r}")
+            lines.append(f"{k} = {json.dumps(v)}" if isinstance(v, str | bool) else f"{k} = {v!r}")
     return "\n".join(lines) + "\n"
 
 
