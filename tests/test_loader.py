@@ -81,6 +81,26 @@ def test_one_thread_default_pieces_and_random_ids(tmp_path):
     assert np.array_equal(old, new)
 
 
+def test_opening_a_bf16_checkpoint_readies_the_conversion_in_the_background(tmp_path, monkeypatch):
+    """A checkpoint with bf16 tensors starts ``warm_conversion`` (once per process: a second one does not start
+    another thread); an fp16 one does not; the load then gives the same bytes."""
+    started = []
+    monkeypatch.setattr(ld, "_WARMING", [])
+    real = ld.warm_conversion
+    monkeypatch.setattr(ld, "warm_conversion", lambda: started.append(real()) or started[-1])
+    tg, cfg = taskgraph(tmp_path)
+    hf_checkpoint(tmp_path / "h", tg, cfg, "fp16")
+    assert started == []
+    ck = hf_checkpoint(tmp_path / "m", tg, cfg, "bf16")
+    Checkpoint(ck.path)
+    assert len(started) == 2 and started[0] is started[1]
+    if started[0] is not None:  # numba present: the thread compiles or loads the kernel, then ends
+        started[0].join(60)
+        assert not started[0].is_alive() and started[0].name == "turnip-warm-bf16"
+    old, new = both_ways(tg, ck, threads=2)
+    assert np.array_equal(old, new)
+
+
 def test_a_compiled_plan_on_the_cpu_backend_resident_inputs_too(tmp_path):
     from turnip.compile import build_with_resident
     from turnip.runtime import open_backend

@@ -98,6 +98,10 @@ class Checkpoint:
         if missing:
             raise CheckpointError(f"{self.index}: maps {missing[0]!r} to {wm[missing[0]]}, whose header has no such "
                                   "tensor")  # fmt: skip
+        if any(h.dtype == "BF16" for h in self._headers.values()):  # likely converted to fp16 when read:
+            from turnip.runtime.loader import warm_conversion  # ready the compiled conversion meanwhile
+
+            warm_conversion()
 
     def _find_files(self, d: Path) -> list[Path]:
         if (d / SINGLE).is_file():  # preferred over an index, as transformers does

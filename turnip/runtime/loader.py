@@ -317,6 +317,31 @@ def _bf16_kernel():
     return convert
 
 
+_WARMING: list[threading.Thread] = []
+
+
+def warm_conversion() -> threading.Thread | None:
+    """Get the compiled bf16 -> fp16 conversion ready on a background thread (once per process): a process's
+    first compiled call costs about a second (numba starting and loading it from its cache, or compiling it),
+    which the load's first conversions would otherwise wait for; started when a checkpoint with bf16 tensors is
+    opened, it runs while the plan is built. None where the conversion is not compiled (``_bf16_kernel``)."""
+    if _WARMING:
+        return _WARMING[0]
+    k = _bf16_kernel()
+    if k is None:
+        return None
+
+    def run() -> None:
+        u = np.zeros(1, dtype=np.uint16)
+        k(u, np.empty_like(u), _SMALL_BF16_FP16, _FP16_OK_BITS[_BF16])
+
+    # not a daemon: an exit waits for it (about a second at most) instead of tearing numba down under it
+    t = threading.Thread(target=run, name="turnip-warm-bf16")
+    _WARMING.append(t)
+    t.start()
+    return t
+
+
 def _bf16_fp16(dst: np.ndarray, x: np.ndarray, local: _Worker, src: Source, error) -> None:
     """bf16 -> fp16 in integer steps: a magnitude that is a normal fp16 keeps its 7 mantissa bits (exact:
     rebias the exponent), the few below fp16's normal range come from a table of ml_dtypes' casts; the same
