@@ -816,13 +816,30 @@ def host_link_totals(log=print) -> dict:
         return {}
 
 
+def host_p2p_ports(log=print) -> dict:
+    """With three or more GPUs, whether a GPU's NVLink ports are one queue each way (``turnip.linkprobe``:
+    ``p2p_ports_serial``); {} with fewer or if it fails."""
+    from turnip.linkprobe import measure_p2p_ports, ports_fields
+
+    try:
+        rates = measure_p2p_ports()
+    except Exception as e:  # noqa: BLE001 - the rest of the profile stands without it
+        log(f"GPU<->GPU ports: the measurement failed ({type(e).__name__}: {e}); left as the profile had them")
+        return {}
+    if rates:
+        log(f"GPU<->GPU ports: one copy {rates['one'] / 1e9:.1f} GB/s, out of GPU 0 at once {rates['out'] / 1e9:.1f}, "
+            f"into it {rates['into'] / 1e9:.1f}: {ports_fields(rates)}")  # fmt: skip
+    return ports_fields(rates)
+
+
 def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=print,
               power_loops: bool = True, p2p: bool = False, *, fit) -> dict:  # fmt: skip
     """Run every measurement; returns the profile document. ``power_loops``: measure the shared clock
     (``measure_power``) and use that model; without, the power bucket's rates are fitted alone. ``p2p``: time
-    peer copies too (``measure_p2p``, two GPUs). ``fit(doc, log=log)``: the machine fields of the GPU-wide
-    effects fitted to the document's recorded plans (``sim.fit.fit_gpu_effects``, which simulates them: the
-    caller passes it in, measuring does not import the simulator)."""
+    peer copies too (``measure_p2p``, two GPUs; with three or more, ``host_p2p_ports`` too). ``fit(doc,
+    log=log)``: the machine fields of the GPU-wide effects fitted to the document's recorded plans
+    (``sim.fit.fit_gpu_effects``, which simulates them: the caller passes it in, measuring does not import the
+    simulator)."""
     t0 = time.perf_counter()
     plans = kernel_plans(quick)
     kernels: list[dict] = []
@@ -848,6 +865,7 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
         probe.sample()
         log(f"copies: {len(copies)} points, {time.perf_counter() - t0:.0f} s")
         peer: list = []
+        ports: dict = {}
         if p2p:
             try:
                 peer = measure_p2p([1 << k for k in range(12, 30, 1 if not quick else 2)], repeat=5 if quick else 10)
@@ -856,6 +874,7 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
             except Exception as e:  # noqa: BLE001 - the rest of the profile stands without it
                 log(f"peer copies: the measurement failed ({type(e).__name__}: {e}); p2p fields left as they are")
             copies += peer
+            ports = host_p2p_ports(log)
             probe.sample()
         links = host_link_totals(log)
         probe.sample()
@@ -890,7 +909,7 @@ def calibrate(dtypes=("fp16",), quick: bool = False, progress_factory=None, log=
         + ", ".join(f"{k} {v:.3f}" for k, v in wander.items()))  # fmt: skip
     machine = {"name": f"calibrated {name}", "kernel_start_latency_ns": start_latency, "run_excess_mean": cv,
                "run_excess_sd": cv, "run_gap_ns": gap} | wander | host | copy_fields(copies) | \
-        p2p_fields(copies) | links  # fmt: skip
+        p2p_fields(copies) | links | ports  # fmt: skip
     doc = {"format": "turnip-profile", "version": 1, "machine": machine, "kernels": kernels, "copies": copies,
            "launch": launch_rows(resident),
            "calibration": {"device": name, "host": platform.node(), "plans": plan_runs, "dtypes": list(dtypes),

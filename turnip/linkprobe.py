@@ -91,6 +91,77 @@ def measure_host_links(n_gpus: int | None = None, nbytes: int = 256 * MiB, reps:
             drv.cuCtxSetCurrent(prev)
 
 
+def measure_p2p_ports(n_gpus: int | None = None, nbytes: int = 64 * MiB, passes: int = 3) -> dict[str, float]:
+    """GPU<->GPU copies through GPU 0's ports (``cuMemcpyPeerAsync``, each on a stream of its source GPU, peer
+    access enabled where the GPUs allow it, as the runtime issues them): ``one``: the rate of one copy GPU 0 ->
+    GPU 1 alone; ``out``: the total rate of GPU 0 copying to GPUs 1..N-1 at once; ``into``: GPUs 1..N-1
+    copying to GPU 0 at once (bytes per second, the best of ``passes``). {} with fewer than three GPUs."""
+    from cuda_kernels._numba import cuda
+    from cuda_kernels.launch import capture_stream, driver
+    from turnip.runtime._cudadrv import PEER_ACCESS_ALREADY_ENABLED, SUCCESS, Driver
+
+    c = cuda()
+    n = len(c.gpus) if n_gpus is None else min(int(n_gpus), len(c.gpus))
+    if n < 3:
+        return {}
+    drv = Driver()
+    prev = drv.current_context()
+    ctx, buf, streams = [], [], []
+    try:
+        for d in range(n):
+            with c.gpus[d]:
+                ctx.append(drv.current_context())
+                buf.append([drv.device_alloc(nbytes) for _ in range(n)])  # buf[d][s]: d's copy from or to s
+                streams.append([capture_stream() for _ in range(n)])
+        for a in range(n):
+            for b in range(n):
+                if a != b and (a == 0 or b == 0) and drv.can_access_peer(a, b):
+                    drv.check(drv.cuCtxSetCurrent(ctx[a]), "cuCtxSetCurrent")
+                    r = drv.cuCtxEnablePeerAccess(ctx[b], 0)
+                    if r not in (SUCCESS, PEER_ACCESS_ALREADY_ENABLED):
+                        drv.check(r, f"cuCtxEnablePeerAccess(gpu {a} -> gpu {b})")
+
+        def rate(pairs: list[tuple[int, int]]) -> float:
+            best = 0.0
+            for _ in range(max(1, passes) + 1):  # the first: warm-up
+                t0 = time.perf_counter()
+                for src, dst in pairs:
+                    drv.check(drv.cuCtxSetCurrent(ctx[src]), "cuCtxSetCurrent")
+                    drv.check(drv.cuMemcpyPeerAsync(buf[dst][src], ctx[dst], buf[src][dst], ctx[src], nbytes,
+                                                    streams[src][dst]), "cuMemcpyPeerAsync")  # fmt: skip
+                for src, dst in pairs:
+                    drv.check(drv.cuCtxSetCurrent(ctx[src]), "cuCtxSetCurrent")
+                    drv.check(drv.cuStreamSynchronize(streams[src][dst]), "cuStreamSynchronize")
+                best = max(best, len(pairs) * nbytes / (time.perf_counter() - t0))
+            return best
+
+        return {"one": rate([(0, 1)]), "out": rate([(0, d) for d in range(1, n)]),
+                "into": rate([(d, 0) for d in range(1, n)])}  # fmt: skip
+    finally:
+        for d in range(len(ctx)):
+            drv.cuCtxSetCurrent(ctx[d])
+            drv.cuCtxSynchronize()
+            for st in streams[d] if d < len(streams) else []:
+                driver().cuStreamDestroy_v2(st)
+            for p in buf[d] if d < len(buf) else []:
+                drv.cuMemFree_v2(p)
+        if prev:
+            drv.cuCtxSetCurrent(prev)
+
+
+PORTS_SERIAL_BELOW = 1.5  # copies out of (into) one GPU at once moving under this many times one copy's rate
+
+
+def ports_fields(rates: dict[str, float]) -> dict[str, bool]:
+    """``p2p_ports_serial`` from ``measure_p2p_ports``: true when several copies out of GPU 0 at once, and
+    several into it, move less than ``PORTS_SERIAL_BELOW`` times one copy's bytes per second in total (one
+    queue each way); {} without a measurement."""
+    if not rates:
+        return {}
+    serial = max(rates["out"], rates["into"]) < PORTS_SERIAL_BELOW * rates["one"]
+    return {"p2p_ports_serial": bool(serial)}
+
+
 def link_fields(rates: dict[str, list[float]]) -> dict[str, list[float]]:
     """The profile fields of ``measure_host_links``'s totals (bytes per second, entry i: i + 1 GPUs)."""
     return {f"host_{k}_total_bytes_per_s": [float(x) for x in rates[k]] for k in ("h2d", "d2h", "both")}
@@ -106,14 +177,26 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=4, help="copies per GPU and direction in one measurement")
     ap.add_argument("--passes", type=int, default=3, help="measurements per point (the best is kept)")
     ap.add_argument("--json", metavar="OUT.json", help="also write the profile fields as JSON")
+    ap.add_argument("--p2p", action="store_true", help="also GPU 0's NVLink ports: copies out of it and into it "
+                    "at once against one alone (three or more GPUs; p2p_ports_serial)")  # fmt: skip
     a = ap.parse_args(argv)
     rates = measure_host_links(a.gpus, a.mib * MiB, a.reps, a.passes, log=print)
     print("| GPUs at once | host->GPU GB/s | GPU->host | both directions |\n|---|---|---|---|")
     for i in range(len(rates["h2d"])):
         print(f"| {i + 1} | " + " | ".join(f"{rates[k][i] / 1e9:.1f}" for k in ("h2d", "d2h", "both")) + " |")
+    fields: dict = link_fields(rates)
+    if a.p2p:
+        ports = measure_p2p_ports(a.gpus, passes=a.passes)
+        if ports:
+            print(f"GPU<->GPU through GPU 0: one copy {ports['one'] / 1e9:.1f} GB/s; out to {len(rates['h2d']) - 1} "
+                  f"GPUs at once {ports['out'] / 1e9:.1f}; into it from them {ports['into'] / 1e9:.1f}")  # fmt: skip
+            fields |= ports_fields(ports)
+            print(f"p2p_ports_serial = {str(fields['p2p_ports_serial']).lower()}")
+        else:
+            print("GPU<->GPU ports: fewer than three GPUs, not measured")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(link_fields(rates), f, indent=1)
+            json.dump(fields, f, indent=1)
     return 0
 
 

@@ -36,7 +36,8 @@ def register(sub) -> None:
     p.add_argument("--quick", action="store_true", help="half the plans, fewer repeats and copy sizes")
     p.add_argument("--p2p", action="store_true",
                    help="also time peer copies GPU 0 -> GPU 1 by size (two GPUs needed): the profile's p2p rate, "
-                        "latency and table; opt-in until measured on a GPU pair")
+                        "latency and table; with three or more GPUs, whether a GPU's NVLink ports take one copy at "
+                        "a time each way (p2p_ports_serial); opt-in until measured on a GPU pair")
     p.add_argument("--refit", metavar="PROFILE.json", help="no GPU: refit the concurrency factor and power-limit rates "
                    "of a profile `turnip calibrate` wrote (to its recorded plan makespans), write it to --output")
     p.set_defaults(func=cmd_calibrate)
