@@ -10,13 +10,14 @@
 #   bash benchmarks/multi_gpu_checks.sh OUT dispatch # host dispatch variants on 1, 2, 4 GPUs (benchmarks/dispatch.py)
 #   bash benchmarks/multi_gpu_checks.sh OUT families # the Hugging Face families on two physical GPUs
 #   bash benchmarks/multi_gpu_checks.sh OUT prompts  # batch-64 generation, prompts packed (TURNIP_PACK_PROMPTS) or not
+#   bash benchmarks/multi_gpu_checks.sh OUT ports    # NVLink ports (linkprobe --p2p), two traced 4-GPU tensor-split cells
 #   bash benchmarks/multi_gpu_checks.sh OUT carry    # batch-64 generation, the cache carried by written rows or whole
 #                                                    # blocks (TURNIP_CARRY_ROWS); a 7B row of batch 64 takes ~4.5 min
 #                                                    # on an H100 (weights 55 s, a 2-token warm-up 125 s, the row)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
-what=${2:?diag, tests, prefill, lora, paper, dispatch, tampered, families, prompts or carry}
+what=${2:?diag, tests, prefill, lora, paper, dispatch, tampered, families, prompts, ports or carry}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import cudnn" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -78,6 +79,20 @@ dispatch)
 tampered)
     python3 benchmarks/tampered_plans.py make "$out/plans" && timeout 400 python3 benchmarks/tampered_plans.py check \
         "$out/plans" 2>&1 | tee "$out/tampered.log"
+    ;;
+ports)
+    timeout 120 python3 -m turnip.linkprobe --gpus "$ngpu" --p2p --json "$out/links_ports.json" > "$out/ports.log" 2>&1
+    echo "rc $?"; tail -10 "$out/ports.log"
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/machine/test_linkprobe.py 2>&1 | tail -2
+    for c in 4096:6GiB 16384:1GiB; do
+        n="p${c/:/_}_4"
+        timeout 120 python3 -c "import sys; from turnip.cli import main; sys.exit(main(sys.argv[1:]))" compile \
+            --model llama-7b --seq "${c%%:*}" --gpus 4 --budget "${c##*:}" --split tensor --resident auto -o "/tmp/$n.plan" \
+            > /dev/null && timeout 150 python3 -c "import sys; from turnip.cli import main; sys.exit(main(sys.argv[1:]))" \
+            run "/tmp/$n.plan" --backend cuda --repeat 3 --warmup 1 --trace "/tmp/$n.real.json" > "$out/$n.log" 2>&1
+        echo "$n rc $?"; grep -E "time to first|host cost" "$out/$n.log"
+    done
+    tar -czf "$out/traces.tgz" -C /tmp $(cd /tmp && ls p*_4.plan p*_4.real.json 2>/dev/null)
     ;;
 *)
     echo "unknown step $what" >&2
