@@ -203,3 +203,21 @@ def test_det_replay_replays_the_fastest_nondet_order(n_gpus, resident):
                 np.testing.assert_allclose(x, ref[t], rtol=1e-4, atol=1e-4)
         with pytest.raises(ValueError, match="order="):
             execute(mg, be, "det-replay", 3)
+
+
+def test_host_cost_per_command_leaves_out_resident_inputs_and_group_members(monkeypatch):
+    """``command_host_cost_ns``: the vertices a run issued as commands of their own, every one with a cost;
+    resident inputs (loaded with the plan, never issued) and a launch group's other members are not among them."""
+    from turnip.compile import compile_model
+
+    monkeypatch.setenv("TURNIP_LAUNCH_GROUPS", "1")
+    tg, mg = compile_model("llama-tiny", 64, 2, 1 << 20, dtype="fp32", split="data", resident="auto")
+    assert mg.preloaded().any()
+    inputs, _ = reference(tg)
+    with open_backend("cpu", mg, groups=True) as be:
+        be.write_inputs(inputs)
+        r = execute(mg, be, "nondet", seed=0)
+    hc = r.command_host_cost_ns()
+    members = sum(len(m) - 1 for m in be.groups.members.values())
+    assert members > 0 and len(hc) == mg.n - int(mg.preloaded().sum()) - members
+    assert (hc > 0).all()

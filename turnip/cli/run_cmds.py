@@ -503,8 +503,7 @@ def _report(rows: list[dict], bound: dict, res, resident_nbytes: int = 0, traini
           f"{_sz(r['reload_nbytes'])}, offloads {_sz(r['offload_nbytes'])}, GPU->GPU "
           f"{_sz(r['transfer_nbytes'])})")  # fmt: skip
     print(f"GPU busy fraction    {np.median([x['gpu_busy_frac'] for x in rows]):.3f}")
-    own = res.issue_ns > 0  # issued (not resident inputs), as commands of their own (not a group's members)
-    hc = res.host_cost_ns()[own if res.command is None else own & res.command] / 1e3
+    hc = res.command_host_cost_ns() / 1e3  # issued as commands of their own: no resident input, no group member
     print(f"host cost / command  median {np.median(hc):.1f} us, p90 {np.percentile(hc, 90):.1f} us "
           "(issue + completion handling)")  # fmt: skip
     parts = format_bound(bound)

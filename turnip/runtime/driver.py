@@ -50,9 +50,11 @@ class RunResult:
         return (self.issue_ns - self.host_start_ns) + self.handle_ns
 
     def command_host_cost_ns(self) -> np.ndarray:
-        """``host_cost_ns`` of the vertices issued as commands of their own (resident inputs included: 0)."""
-        hc = self.host_cost_ns()
-        return hc if self.command is None else hc[self.command]
+        """``host_cost_ns`` of the vertices issued as commands of their own: not a launch group's other members,
+        not resident inputs (never issued in a run: counted, they made the median of a plan whose weights all
+        stay on its GPUs 0)."""
+        own = self.issue_ns > 0
+        return self.host_cost_ns()[own if self.command is None else own & self.command]
 
     def trace(self, mg: MemGraph, meta: dict | None = None):
         """This run in the shared trace schema (``turnip.trace.Trace``), memory counter included."""
