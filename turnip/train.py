@@ -331,7 +331,7 @@ def stage_streams(cfg: LlamaConfig, n_gpus: int, dtype: str, budget_nbytes: int 
 def two_tiles(batch: int) -> int:
     """Sequences per token tile for two tiles (the most that divides ``batch`` into at least two): a layers
     split whose stages stream their weights loads each weight once per tile and pass, so it trades the
-    pipeline's fill for fewer loads (LLaMA-65B, 8 x 1K at 24 GiB per GPU on four H100s: 9,054 ms a step with a
+    pipeline's fill for fewer loads (LLaMA-65B, 8 x 1K at 24 GiB per GPU on four H100s: 8,971 ms a step with a
     sequence per tile, 6,118 with four; ``benchmarks/results/multi_gpu/README.md``)."""
     k = max(1, batch // 2)
     while batch % k:
