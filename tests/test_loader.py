@@ -230,3 +230,24 @@ def test_write_arrays_fills_the_region_as_tile_by_tile_writes(tmp_path):
             write(be)
             got.append([be.host_in.copy(), *(a.copy() for a in be.arenas)])
     assert all(np.array_equal(a, b) for a, b in zip(*got, strict=True))
+
+
+def test_write_tiles_copies_strided_views_straight_into_the_region(tmp_path):
+    """``write_tiles``: tiles given as strided views of bigger arrays (a KV cache's head slices) land in the
+    host region as ``write_inputs`` of contiguous copies puts them; a value of another dtype is cast on the way."""
+    tg, _ = taskgraph(tmp_path)
+    rng = np.random.default_rng(5)
+    inputs = {int(t): np.asarray(rng.standard_normal(tuple(tg.shape[t])), dtype=np.float16)
+              for t in np.flatnonzero(tg.kind == 0)}  # fmt: skip
+    views = {}
+    for t, x in inputs.items():  # each one a view: every other slice of an array twice as long
+        big = np.empty((2 * x.size,), dtype=x.dtype)
+        big[::2] = x.reshape(-1)
+        views[t] = big[::2]
+    first = next(iter(views))
+    views[first] = inputs[first].astype(np.float32)  # another dtype: write_inputs' cast
+    old, new = HostRegion(tg), HostRegion(tg)
+    old.write_inputs(inputs)
+    n = ld.write_tiles(new, tg, views, threads=3)
+    assert n == sum(int(tg.nbytes[t]) for t in inputs)
+    assert np.array_equal(old.host_in, new.host_in)

@@ -249,7 +249,7 @@ class _Runner:
     def __init__(self, tg, mg, model: Model, cache: HostCache | None, backend: str, streams: int, options: dict,
                  host=None, reserve: int = 0):  # fmt: skip
         from turnip.runtime import open_backend
-        from turnip.runtime.loader import write_arrays
+        from turnip.runtime.loader import write_arrays, write_tiles
         from turnip.runtime.weights import logical_inputs, tile_inputs
 
         self.tg, self.mg = tg, mg
@@ -273,7 +273,8 @@ class _Runner:
             if cache is not None:
                 self.be.write_inputs(tile_inputs(tg, constants(model.cfg, model.dtype)))
                 self.be.write_inputs(merge_inputs(tg))
-                self.be.write_inputs(cache.block_inputs(tg, skip=kept))  # those found in place: loaded above
+                write_tiles(self.be, tg, cache.block_inputs(tg, skip=kept, views=True))  # by threads; those
+                # found in place were loaded above
         except BaseException:
             self.be.close()
             raise

@@ -55,16 +55,17 @@ class HostCache:
                         blk[: e - s, b, :, :dh] = x[b, s:e]
                         blk[: e - s, b, :, dh] = 0
 
-    def block_inputs(self, tg, skip=(), only=None) -> dict[int, np.ndarray]:
+    def block_inputs(self, tg, skip=(), only=None, views: bool = False) -> dict[int, np.ndarray]:
         """The values of a decode plan's block inputs (by taskgraph vertex), but those in ``skip`` (``only``:
-        just these)."""
+        just these): tiles (block, batch x heads, F), or with ``views`` the host blocks' slices themselves
+        (block, batch, heads, F; no copy: ``turnip.runtime.loader.write_tiles`` copies them once)."""
         self.ensure(tg.meta["decode"]["n_blocks"])
         out = {}
         for c in tg.meta["kv"]:
             if int(c["input"]) in skip or only is not None and int(c["input"]) not in only:
                 continue
             x = self.blocks[(c["layer"], c["j"], c["which"])][:, :, c["h0"] : c["h1"]]
-            out[int(c["input"])] = np.ascontiguousarray(x).reshape(self.block, -1, self.F)
+            out[int(c["input"])] = x if views else np.ascontiguousarray(x).reshape(self.block, -1, self.F)
         return out
 
     def take(self, tg, values: dict[int, np.ndarray]) -> None:

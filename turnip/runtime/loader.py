@@ -532,6 +532,34 @@ class HostRegion:
         pass
 
 
+def write_tiles(backend, tg, values: dict, threads: int | None = None) -> int:
+    """``backend.write_inputs(values)`` (taskgraph input tensor -> its value) with each value copied straight
+    into the backend's host input region (``host_in``) by ``threads`` workers (default min(16, cores)), then
+    the resident ones loaded. A value is any array of its tile's size and dtype (a strided view of a bigger
+    array: one copy, no contiguous one first); others, and a backend without ``host_in``, go through
+    ``write_inputs``. Returns bytes written."""
+    from turnip.runtime.weights import NP_OF
+
+    region = getattr(backend, "host_in", None)
+    offs = input_offsets(backend) if region is not None else {}
+    jobs, rest = [], {}
+    for t, x in values.items():
+        x, shape = np.asarray(x), tuple(int(s) for s in tg.shape[t])
+        dt = np.dtype(NP_OF[tg.dtype[t]])
+        if t in offs and x.dtype == dt and x.size == math.prod(shape):
+            jobs.append((_tile(region, offs[t], shape, dt).reshape(x.shape), x))
+        else:
+            rest[t] = np.ascontiguousarray(x).reshape(shape)
+    if rest:
+        backend.write_inputs(rest, load_resident=False)
+    if jobs:
+        with ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1), thread_name_prefix="turnip-write") as ex:
+            for f in [ex.submit(np.copyto, dst, src) for dst, src in jobs]:
+                f.result()
+    backend.load_resident(list(values))
+    return sum(int(tg.nbytes[t]) for t in values)
+
+
 def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
     """``write_streaming(backend, tg, arrays.items())`` with every tile copied straight from its logical array
     into the backend's host input region (``host_in``) by ``threads`` workers (default min(16, cores)), then
