@@ -251,3 +251,13 @@ def test_write_tiles_copies_strided_views_straight_into_the_region(tmp_path):
     n = ld.write_tiles(new, tg, views, threads=3)
     assert n == sum(int(tg.nbytes[t]) for t in inputs)
     assert np.array_equal(old.host_in, new.host_in)
+
+
+def test_the_cache_write_benchmark_on_a_tiny_preset(capsys):
+    """benchmarks/cache_write.py end to end: both ways write the same bytes."""
+    from tests.benchscripts import load_script
+
+    assert load_script("cache_write").main(["--model", "tiny", "--batch", "2", "--blocks", "2", "--block", "8",
+                                            "--pairs", "1"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "the same bytes" in out and "write_tiles" in out, out
