@@ -19,7 +19,6 @@ def main(argv=None) -> int:
     from turnip.kvcache import HostCache
     from turnip.models import LLAMA
     from turnip.runtime.loader import HostRegion, write_tiles
-    from turnip.runtime.weights import NP_OF
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="7b", choices=sorted(LLAMA))
@@ -32,14 +31,7 @@ def main(argv=None) -> int:
     tg = decode_step(cfg, DecodeShape(batch=a.batch, n_blocks=a.blocks, block=a.block), 1, "fp16", 6 << 30)
     cache = HostCache(cfg, a.batch, a.block, "fp16")
     cache.ensure(a.blocks)
-    region = HostRegion(tg, zero=False)  # a region of the cache blocks alone, tile after tile
-    region.input_offsets, n = {}, 0
-    for c in tg.meta["kv"]:
-        t = int(c["input"])
-        region.input_offsets[t] = n
-        n += -int(tg.nbytes[t]) % 256 + int(tg.nbytes[t])
-    region.host_in = np.zeros(n, dtype=np.uint8)
-    region._dt = {t: np.dtype(NP_OF[tg.dtype[t]]) for t in region.input_offsets}
+    region = HostRegion(tg, tensors=[int(c["input"]) for c in tg.meta["kv"]])  # the cache blocks alone
     nbytes = sum(int(tg.nbytes[t]) for t in region.input_offsets)
     rng = np.random.default_rng(0)
     for x in cache.blocks.values():  # values of their own in every block (a sample of rows: quick)

@@ -75,8 +75,6 @@ def hf_generate(model, prompts: list, new: int, device: str):
     return time.perf_counter() - t, [r[P:].tolist() for r in out]
 
 
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="7b", help="a preset of turnip.models.LLAMA")

@@ -28,7 +28,7 @@ def measure_host_links(n_gpus: int | None = None, nbytes: int = 256 * MiB, reps:
     """``{"h2d": [...], "d2h": [...], "both": [...]}``: total bytes per second over all GPUs copying at once,
     entry i with GPUs 0..i copying (``n_gpus``: how many to go up to; default all visible)."""
     from cuda_kernels._numba import cuda
-    from cuda_kernels.launch import capture_stream, driver
+    from cuda_kernels.launch import capture_stream
     from turnip.runtime._cudadrv import Driver
 
     c = cuda()
@@ -75,13 +75,7 @@ def measure_host_links(n_gpus: int | None = None, nbytes: int = 256 * MiB, reps:
                 log(f"host link, {n} GPU(s) at once: {rates}")
         return out
     finally:
-        for d in range(len(ctx)):
-            drv.cuCtxSetCurrent(ctx[d])
-            drv.cuCtxSynchronize()
-            for s in streams[d] if d < len(streams) else []:
-                driver().cuStreamDestroy_v2(s)
-            for p in dev[d] if d < len(dev) else []:
-                drv.cuMemFree_v2(p)
+        _release(drv, ctx, streams, dev)
         if ctx:
             drv.cuCtxSetCurrent(ctx[0])
         for pair in host:
@@ -97,7 +91,7 @@ def measure_p2p_ports(n_gpus: int | None = None, nbytes: int = 64 * MiB, passes:
     GPU 1 alone; ``out``: the total rate of GPU 0 copying to GPUs 1..N-1 at once; ``into``: GPUs 1..N-1
     copying to GPU 0 at once (bytes per second, the best of ``passes``). {} with fewer than three GPUs."""
     from cuda_kernels._numba import cuda
-    from cuda_kernels.launch import capture_stream, driver
+    from cuda_kernels.launch import capture_stream
     from turnip.runtime._cudadrv import PEER_ACCESS_ALREADY_ENABLED, SUCCESS, Driver
 
     c = cuda()
@@ -138,15 +132,23 @@ def measure_p2p_ports(n_gpus: int | None = None, nbytes: int = 64 * MiB, passes:
         return {"one": rate([(0, 1)]), "out": rate([(0, d) for d in range(1, n)]),
                 "into": rate([(d, 0) for d in range(1, n)])}  # fmt: skip
     finally:
-        for d in range(len(ctx)):
-            drv.cuCtxSetCurrent(ctx[d])
-            drv.cuCtxSynchronize()
-            for st in streams[d] if d < len(streams) else []:
-                driver().cuStreamDestroy_v2(st)
-            for p in buf[d] if d < len(buf) else []:
-                drv.cuMemFree_v2(p)
+        _release(drv, ctx, streams, buf)
         if prev:
             drv.cuCtxSetCurrent(prev)
+
+
+def _release(drv, ctx: list, streams: list, dev: list) -> None:
+    """A probe's teardown on each GPU it set up (``ctx[d]``, however far the setup got): wait for it, destroy
+    its streams, free its device buffers."""
+    from cuda_kernels.launch import driver
+
+    for d in range(len(ctx)):
+        drv.cuCtxSetCurrent(ctx[d])
+        drv.cuCtxSynchronize()
+        for s in streams[d] if d < len(streams) else []:
+            driver().cuStreamDestroy_v2(s)
+        for p in dev[d] if d < len(dev) else []:
+            drv.cuMemFree_v2(p)
 
 
 PORTS_SERIAL_BELOW = 1.5  # copies out of (into) one GPU at once moving under this many times one copy's rate

@@ -505,17 +505,19 @@ def _tile(region: np.ndarray, off: int, shape, dtype: np.dtype) -> np.ndarray:
 
 
 class HostRegion:
-    """A host input region for ``tg``'s inputs without a plan (benchmarks, tests): every input tile in turn,
-    256-byte aligned, in one byte array (``host_in``); ``tiles()`` gives them as typed arrays."""
+    """A host input region for ``tg``'s inputs without a plan (benchmarks, tests): every input tile in turn
+    (``tensors``: these input tensors instead), 256-byte aligned, in one byte array (``host_in``); ``tiles()``
+    gives them as typed arrays."""
 
-    def __init__(self, tg, zero: bool = True):
+    def __init__(self, tg, zero: bool = True, tensors=None):
         from turnip.runtime.weights import NP_OF
 
+        if tensors is None:  # every tile of the logical inputs
+            tensors = [t for _, (_, blocks) in tg.meta.get("input_blocks", {}).items() for _, t in blocks]
         self.tg, self.input_offsets, n = tg, {}, 0
-        for _, (_, blocks) in tg.meta.get("input_blocks", {}).items():
-            for _, t in blocks:
-                self.input_offsets[int(t)] = n
-                n += -int(tg.nbytes[t]) % 256 + int(tg.nbytes[t])
+        for t in tensors:
+            self.input_offsets[int(t)] = n
+            n += -int(tg.nbytes[t]) % 256 + int(tg.nbytes[t])
         self.host_in = (np.zeros if zero else np.empty)(n, dtype=np.uint8)
         self._dt = {t: np.dtype(NP_OF[tg.dtype[t]]) for t in self.input_offsets}
 
@@ -552,12 +554,17 @@ def write_tiles(backend, tg, values: dict, threads: int | None = None) -> int:
             rest[t] = np.ascontiguousarray(x).reshape(shape)
     if rest:
         backend.write_inputs(rest, load_resident=False)
+    _copy_all(jobs, threads)
+    backend.load_resident(list(values))
+    return sum(int(tg.nbytes[t]) for t in values)
+
+
+def _copy_all(jobs: list, threads: int | None) -> None:
+    """``np.copyto(dst, src)`` for every (dst, src) of ``jobs`` on ``threads`` workers (default min(16, cores))."""
     if jobs:
         with ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1), thread_name_prefix="turnip-write") as ex:
             for f in [ex.submit(np.copyto, dst, src) for dst, src in jobs]:
                 f.result()
-    backend.load_resident(list(values))
-    return sum(int(tg.nbytes[t]) for t in values)
 
 
 def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
@@ -586,8 +593,6 @@ def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
                 rest[t] = np.ascontiguousarray(src)
     if rest:
         backend.write_inputs(rest, load_resident=False)
-    with ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1), thread_name_prefix="turnip-write") as ex:
-        for f in [ex.submit(np.copyto, dst, src) for dst, src in jobs]:
-            f.result()
+    _copy_all(jobs, threads)
     backend.load_resident(written)
     return sum(int(tg.nbytes[t]) for t in written)
