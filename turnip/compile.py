@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from turnip.memgraph.arena import aligned
+from turnip.memgraph.arena import ALIGN, aligned
 from turnip.memgraph.build import BudgetError, BuildConfig, build_memgraph
 from turnip.memgraph.plan import KIND_INPUT, KIND_OFFLOAD, KIND_RELOAD, MemGraph
 from turnip.models import LLAMA, llama_config, llama_prefill, matmul_example, pack_prompts_on, random_dag
@@ -62,6 +62,47 @@ def fold_adds_on() -> bool:
     """Whether ``make_taskgraph`` folds sums into einsums (``turnip.fuse``): on unless ``TURNIP_FOLD_ADDS=0``
     (measured on an H100: a 7B LoRA step 8-12% faster, a 7B 4K prefill 2%; on two GPUs the same)."""
     return os.environ.get(FOLD_SWITCH, "1") != "0"
+
+
+RELAY_SWITCH = "TURNIP_RELAY_LOADS"  # "0": off; N: N relay slots on any several-GPU plan; unset: auto (1 slot)
+RELAY_STREAMS = 0.75  # auto: a layers split whose inputs on some GPU pass this share of the budget
+RELAY_SLOT_SHARE = 64  # a relay slot holds at most this fraction (1/N) of the budget
+
+
+def relay_slots(tg: TaskGraph, budget: int) -> int:
+    """Relay slots per GPU served by each other GPU (``BuildConfig.relay_slots``; 0: no relays).
+    ``TURNIP_RELAY_LOADS=N`` gives N on any plan of several GPUs, ``0`` none; unset, one where the plan is a
+    training step's layers split whose inputs on some GPU pass ``RELAY_STREAMS`` of the budget: its stages
+    stream their weights one after another, forward and backward, while the other GPUs' host links idle
+    (LLaMA-65B LoRA, 8 x 1K at 24 GiB on four H100s: 6,209 -> 5,004 ms a step;
+    ``benchmarks/results/multi_gpu/README.md``). The tensor and data splits load on every GPU at once, and a
+    prompt's layers split overlaps its stages over token tiles: there relays only add copies (7B, 4K at 2 GiB on
+    4 GPUs, layers split: simulated 322.5 against 310.0 ms)."""
+    v = os.environ.get(RELAY_SWITCH, "")
+    if v and not v.isdigit():
+        raise ValueError(f"{RELAY_SWITCH}={v!r}: expected 0 (off), 1 or a number of slots")
+    if tg.n_gpus < 2:
+        return 0
+    if v:
+        return int(v)
+    if tg.meta.get("split") != "layers" or not tg.meta.get("train"):
+        return 0
+    ins = np.flatnonzero(tg.kind == KIND_INPUT)
+    per_gpu = np.bincount(tg.gpu[ins], weights=tg.nbytes[ins].astype(np.float64), minlength=tg.n_gpus)
+    return int(per_gpu.max() > RELAY_STREAMS * budget)
+
+
+def relay_config(cfg: BuildConfig, tg: TaskGraph, budget: int) -> BuildConfig:
+    """``cfg`` with ``relay_slots(tg, budget)`` relay slots (none where the caller set some), each the size that
+    holds the inputs making up 90% of the input bytes (the largest few, such as a vocabulary table, go direct),
+    up to a ``RELAY_SLOT_SHARE``-th of the budget."""
+    slots = 0 if cfg.relay_slots else relay_slots(tg, budget)
+    sizes = np.sort(tg.nbytes[tg.kind == KIND_INPUT].astype(np.int64))
+    if not slots or not len(sizes):
+        return cfg
+    covered = np.cumsum(sizes) >= 0.9 * sizes.sum()
+    slot = min(aligned(int(sizes[int(np.argmax(covered))])), budget // RELAY_SLOT_SHARE // ALIGN * ALIGN)
+    return dataclasses.replace(cfg, relay_slots=slots, relay_slot_nbytes=slot) if slot else cfg
 
 
 MAX_NBYTES = 1 << 60  # 1 EiB: larger sizes are typos (and overflow the plan's int64 arrays)
@@ -423,13 +464,20 @@ def build_with_resident(
         if int(tg.nbytes[list(keep)].sum()) <= budget // 4:  # else it streams like any input (carried on the host)
             cfg = dataclasses.replace(cfg, keep_inputs=keep)
     ws = auto_workspace(budget, tg) if str(workspace) == "auto" else parse_nbytes(str(workspace))
-    cfg = dataclasses.replace(cfg, workspace_nbytes=ws)
+    cfg = relay_config(dataclasses.replace(cfg, workspace_nbytes=ws), tg, budget)
     pipelined = tg.meta.get("split") == "layers" and tg.n_gpus > 1 and cfg.order is None
     if pipelined:
         cfg = dataclasses.replace(cfg, order=pipeline_order(tg))
 
     def build(nbytes: int) -> MemGraph:
-        mg = build_memgraph(tg, budget, dataclasses.replace(cfg, resident_nbytes=nbytes), progress=progress)
+        try:
+            mg = build_memgraph(tg, budget, dataclasses.replace(cfg, resident_nbytes=nbytes), progress=progress)
+        except BudgetError:
+            if not cfg.relay_slots:
+                raise
+            # the relay slots left some vertex too little room: without them
+            mg = build_memgraph(tg, budget, dataclasses.replace(cfg, resident_nbytes=nbytes, relay_slots=0),
+                                progress=progress)  # fmt: skip
         mg.stats["resident_limit_nbytes"] = nbytes  # per GPU: what rebuilds this plan (``resident=str(...)``)
         if pipelined:
             add_pipeline_edges(mg, tg)

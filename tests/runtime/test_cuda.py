@@ -128,6 +128,27 @@ def test_launch_groups_on_two_gpus(split):
         _assert_runs_correct(mg, be, ref, range(3))
 
 
+@pytest.mark.skipif(gpus() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("split,n_gpus,kib", [("layers", 2, 48), ("tensor", 2, 48), ("tensor", 4, 64)])
+def test_relayed_loads_match_numpy(split, n_gpus, kib):
+    """Loads relayed through the other GPUs' relay slots (``BuildConfig.relay_slots``): the host copy on one GPU,
+    the peer copy to the GPU that reads it; the numpy result, with and without launch groups."""
+    from turnip.compile import build_with_resident
+    from turnip.memgraph.build import BuildConfig
+    from turnip.models import llama_prefill
+
+    if gpus() < n_gpus:
+        pytest.skip(f"needs {n_gpus} CUDA devices")
+    tg = llama_prefill("tiny", seq=64, n_gpus=n_gpus, dtype="fp16", split=split)
+    mg = build_with_resident(tg, kib << 10, BuildConfig(relay_slots=1, relay_slot_nbytes=8192), "0")
+    assert mg.stats["n_relayed"] > 0 and mg.stats["n_reload"] > 0
+    inputs, ref = reference(tg)
+    for groups in (False, True):
+        with open_backend("cuda", mg, groups=groups) as be:
+            be.write_inputs(inputs)
+            _assert_runs_correct(mg, be, ref, range(3))
+
+
 @needs_gpu
 def test_two_gpu_plan_on_one_device():
     """Both plan GPUs mapped onto device 0: separate arenas, transfers as peer copies within one context."""

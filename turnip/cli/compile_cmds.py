@@ -95,6 +95,9 @@ def summary(tg, mg) -> dict:
         "offloads": {"count": s["n_offload"], "nbytes": s["offload_nbytes"]},
         "reloads": {"count": s["n_reload"], "nbytes": s["reload_nbytes"]},
         "clean_evictions": {"count": s.get("n_clean_evict", 0), "nbytes": s.get("clean_evict_nbytes", 0)},
+        "relayed": {"count": s.get("n_relayed", 0), "nbytes": s.get("relayed_nbytes", 0),
+                    "slots_per_gpu": s.get("relay_slots", 0) * max(0, mg.n_gpus - 1),
+                    "slot_nbytes": s.get("relay_slot_nbytes", 0)},  # fmt: skip
         "budget_nbytes_per_gpu": [int(b) for b in mg.budget_nbytes],
         "peak_nbytes_per_gpu": [int(p) for p in s["peak_nbytes_per_gpu"]],
         "host_peak_nbytes": s["host_peak_nbytes"],
@@ -133,6 +136,10 @@ def print_summary(d: dict) -> None:
         f"({_sz(d['reloads']['nbytes'])}), clean evictions {d['clean_evictions']['count']} "
         f"({_sz(d['clean_evictions']['nbytes'])}, no copy)"
     )
+    r = d.get("relayed", {})
+    if r.get("count"):
+        print(f"  relayed   {r['count']} loads ({_sz(r['nbytes'])}) through other GPUs' host links, "
+              f"{r['slots_per_gpu']} slots of {_sz(r['slot_nbytes'])} per GPU (TURNIP_RELAY_LOADS)")  # fmt: skip
     print(
         "  peak/GPU  "
         + ", ".join(

@@ -46,6 +46,8 @@ class BuildConfig:
     reduce_memory_edges: bool = True  # drop memory edges that other paths imply (reachability unchanged)
     workspace_nbytes: int = 0  # per stream slot, kept free at the top of each GPU's arena for kernels' scratch
     workspace_slots: int = 5  # stream slots the workspace is reserved for (the runtime's streams per GPU)
+    relay_slots: int = 0  # per GPU: slots below the workspace through which other GPUs' reloads are relayed
+    relay_slot_nbytes: int = 0  # bytes per relay slot (reloads of larger tensors go direct)
 
 
 def _uses(tg: TaskGraph, order: np.ndarray):
@@ -79,7 +81,24 @@ class _Build:
         if self.ws_nbytes >= min(budget):
             raise BudgetError(f"workspace of {self.ws_nbytes} bytes ({cfg.workspace_slots} slots) leaves nothing of "
                               f"a budget of {min(budget)} bytes")  # fmt: skip
-        self.arenas = [Arena(b - self.ws_nbytes) for b in budget]
+        # relays (``relay_slots``): GPU g's reloads taken in turn by GPU g, g+1, ...: another GPU k copies the
+        # tensor from the host into a slot of k's (over k's host link), then to g (NVLink), so one GPU's loads
+        # use every GPU's link while the others idle (a layers split's stages run one after another). Each
+        # helper keeps ``relay_slots`` slots per GPU it serves: a slot's next load waits for the copy out of it,
+        # and within one destination that is the order the destination runs in
+        n = len(budget)
+        self.relay_nbytes = aligned(cfg.relay_slot_nbytes) if cfg.relay_slots > 0 and n > 1 else 0
+        relay_total = (n - 1) * cfg.relay_slots * self.relay_nbytes
+        if relay_total and self.ws_nbytes + relay_total >= min(budget) // 2:
+            raise BudgetError(f"{(n - 1) * cfg.relay_slots} relay slots of {self.relay_nbytes} bytes take half of a "
+                              f"budget of {min(budget)} bytes")  # fmt: skip
+        self.arenas = [Arena(b - self.ws_nbytes - relay_total) for b in budget]
+        self.relay_base = [b - self.ws_nbytes - relay_total for b in budget]
+        # relay_users[k][g][s]: what the next load into helper k's slot s for GPU g waits for
+        self.relay_users = [[[[] for _ in range(cfg.relay_slots)] for _ in range(n)] for _ in range(n)]
+        self.relay_next = [[0] * n for _ in range(n)]  # [k][g]: helper k's next slot for GPU g
+        self.relay_turn = [0] * n  # per GPU: whose turn it is to load its next reload
+        self.n_relayed = self.relayed_nbytes = 0
         self.ghosts = [Ghosts() for _ in budget]
         self.host = Arena(1 << 62)
         self.em = Emitter(tg, budget, reduce=cfg.reduce_memory_edges)
@@ -228,11 +247,20 @@ class _Build:
         edges = self.reserved_edges.pop(v, [])
         self.reserved_nbytes -= int(tg.nbytes[v]) if self.reserves(v) else 0
         params = {"resident": True} if v in self.resident else None
-        mv = self.em.kernel(v, [int(self.loc[t]) for t in args], int(self.off[v]), edges, params)
+        g = int(tg.gpu[v])
+        k = self.relay_helper(g, int(tg.nbytes[v])) if tg.kind[v] == KIND_INPUT and v not in self.resident else g
+        if k == g:
+            mv = mi = self.em.kernel(v, [int(self.loc[t]) for t in args], int(self.off[v]), edges, params)
+        else:  # the input's first load, relayed
+            slot, users, s = self.relay_slot(k, g)
+            mi = self.em.kernel(v, [], slot, users[s], params, gpu=k)
+            mv = self.em.relay(v, mi, g, int(self.off[v]), edges)
+            users[s] = [mv]
+            self.relayed_nbytes += int(tg.nbytes[v])
         if tg.kind[v] == KIND_INPUT:
             if self.host_off[v] < 0:
                 self.host_off[v] = self.em.input_host(v)
-            self.em.host_offset[mv] = self.host_off[v]
+            self.em.host_offset[mi] = self.host_off[v]
         if tg.op[v] == "sum_into":
             acc = int(tg.acc[v])
             self.host_ok[acc] = False
@@ -278,7 +306,35 @@ class _Build:
                 off = arena.malloc(self.tg.nbytes[t], t)
         self.off[t] = off
         edges = self.ghosts[g].take(off, off + aligned(self.tg.nbytes[t]))
-        self.loc[t] = self.em.reload(t, off, int(self.host_off[t]), int(self.host_src[t]), edges)
+        k = self.relay_helper(g, int(self.tg.nbytes[t]))
+        self.relayed_nbytes += int(self.tg.nbytes[t]) if k != g else 0
+        if k == g:
+            self.loc[t] = self.em.reload(t, off, int(self.host_off[t]), int(self.host_src[t]), edges)
+            return
+        slot, users, s = self.relay_slot(k, g)
+        r = self.em.reload(t, slot, int(self.host_off[t]), int(self.host_src[t]), users[s], gpu=k)
+        self.loc[t] = x = self.em.relay(t, r, g, off, edges)
+        users[s] = [x]  # the slot's next load waits for this copy out of it
+
+    def relay_slot(self, k: int, g: int) -> tuple[int, list[list[int]], int]:
+        """Helper k's next slot for GPU g: its offset, the slots' waits (``[s]``: what a load into slot s
+        waits for; the caller sets it to the copy out) and s. Counts the relay."""
+        S = self.cfg.relay_slots
+        s = self.relay_next[k][g]
+        self.relay_next[k][g] = (s + 1) % S
+        self.n_relayed += 1
+        off = self.relay_base[k] + ((g - k - 1) % len(self.arenas) * S + s) * self.relay_nbytes
+        return off, self.relay_users[k][g], s
+
+    def relay_helper(self, g: int, nbytes: int) -> int:
+        """The GPU whose host link brings GPU g's next reload: g itself, or in turn each other GPU (relays on,
+        the tensor fits a slot)."""
+        if not self.relay_nbytes or nbytes > self.relay_nbytes:
+            return g
+        n = len(self.arenas)
+        turn = self.relay_turn[g]
+        self.relay_turn[g] = (turn + 1) % n
+        return (g + turn) % n
 
     def cancel(self, w: int) -> None:
         """Give back the newest reservation (allocHzn steps back); its range keeps its memory deps."""
@@ -323,6 +379,10 @@ class _Build:
                 "workspace_slot_nbytes": aligned(self.cfg.workspace_nbytes) if self.ws_nbytes else 0,
                 "workspace_slots": self.cfg.workspace_slots if self.ws_nbytes else 0,
                 "clean_evict_nbytes": self.clean_nbytes,
+                "n_relayed": self.n_relayed,
+                "relayed_nbytes": self.relayed_nbytes,
+                "relay_slots": self.cfg.relay_slots if self.relay_nbytes else 0,
+                "relay_slot_nbytes": self.relay_nbytes,
             },
         )
 

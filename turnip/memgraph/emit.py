@@ -16,6 +16,7 @@ from turnip.memgraph.plan import (
     DEP_MEMORY,
     KIND_OFFLOAD,
     KIND_RELOAD,
+    KIND_TRANSFER,
     MemGraph,
     csr,
 )
@@ -72,9 +73,10 @@ class Emitter:
         self.lock.append(lock)
         return v
 
-    def kernel(self, v: int, arg_bufs: list[int], off: int, memory: list[int], params: dict | None = None) -> int:
+    def kernel(self, v: int, arg_bufs: list[int], off: int, memory: list[int], params: dict | None = None,
+               gpu: int | None = None) -> int:  # fmt: skip
         """Emit taskgraph vertex v (input, kernel, transfer or sum_into) reading ``arg_bufs``; ``params``
-        replaces the taskgraph's parameters when given."""
+        replaces the taskgraph's parameters when given; ``gpu``: an input loaded into another GPU's relay slot."""
         tg = self.tg
         into = tg.op[v] == "sum_into"
         data = [self.writers[arg_bufs[0]][0]] if into else []
@@ -85,8 +87,8 @@ class Emitter:
             off = self.out_offset[arg_bufs[0]]
         mv = self._new(
             int(tg.kind[v]),
-            int(tg.gpu[v]),
-            int(tg.src_gpu[v]),
+            int(tg.gpu[v]) if gpu is None else int(gpu),
+            int(tg.src_gpu[v]) if gpu is None else int(gpu),
             tg.op[v],
             tg.params[v] if params is None else params,
             t,
@@ -144,13 +146,15 @@ class Emitter:
         self.offload_nbytes += nb
         return o
 
-    def reload(self, t: int, off: int, host_off: int, host_src: int, memory: list[int]) -> int:
+    def reload(self, t: int, off: int, host_off: int, host_src: int, memory: list[int], gpu: int | None = None) -> int:
+        """Copy t's host bytes to ``off`` on its GPU (``gpu``: another GPU's relay slot, ``relay`` takes it on)."""
         nb = int(self.tg.nbytes[t])
         data = [host_src] if host_src >= 0 else []
+        g = int(self.tg.gpu[t]) if gpu is None else int(gpu)
         r = self._new(
             KIND_RELOAD,
-            int(self.tg.gpu[t]),
-            int(self.tg.gpu[t]),
+            g,
+            g,
             "reload",
             {},
             t,
@@ -168,6 +172,17 @@ class Emitter:
         self.n_reload += 1
         self.reload_nbytes += nb
         return r
+
+    def relay(self, t: int, r: int, gpu: int, off: int, memory: list[int]) -> int:
+        """Copy t from the relay slot reload ``r`` filled on another GPU to ``off`` on ``gpu`` (a GPU<->GPU
+        transfer of no taskgraph vertex)."""
+        nb = int(self.tg.nbytes[t])
+        src = self.rows[r][1]
+        x = self._new(KIND_TRANSFER, int(gpu), src, "transfer", {}, t, -1, 0.0, off, nb, -1, [r], [r], memory)
+        self.users[r].append(x)
+        self.writers[x] = [x]
+        self.users[x] = [x]
+        return x
 
     def build(self, outputs: list[int], host_nbytes: int, stats: dict) -> MemGraph:
         cols = list(zip(*self.rows, strict=True))
