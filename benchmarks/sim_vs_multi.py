@@ -60,7 +60,9 @@ def main(argv=None) -> int:
 
     prof = load_profile(a.profile)
     if a.links:
-        prof = prof.replace(**{k: tuple(v) for k, v in json.loads(Path(a.links).read_text()).items()})
+        # lists of totals; p2p_ports_serial a bool (--p2p); the relay rates (--relay) are no profile fields
+        fields = {k: v for k, v in json.loads(Path(a.links).read_text()).items() if not k.startswith("relay_")}
+        prof = prof.replace(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
     if a.independent_links:
         prof = prof.replace(**{f"host_{k}_total_bytes_per_s": () for k in ("h2d", "d2h", "both")})
     if a.p2p != "profile":

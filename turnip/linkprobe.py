@@ -137,6 +137,72 @@ def measure_p2p_ports(n_gpus: int | None = None, nbytes: int = 64 * MiB, passes:
             drv.cuCtxSetCurrent(prev)
 
 
+def measure_relay(n_gpus: int | None = None, nbytes: int = 64 * MiB, reps: int = 4,
+                  passes: int = 3) -> dict[str, float]:  # fmt: skip
+    """Host->GPU copies into the last GPU through the other GPUs' host links: ``own``: ``n x reps`` copies of
+    ``nbytes`` on the last GPU's stream (its own link); ``relay``: the same copies, GPU d's share issued on a
+    stream of GPU d (``cuMemcpyHtoDAsync`` from portable pinned memory straight to the last GPU's memory, peer
+    access enabled: GPU d's copy engine reads the host over its own link and writes over NVLink);
+    ``staged``: GPU d's share copied into a buffer of its own, then to the last GPU (``cuMemcpyPeerAsync``,
+    two streams a GPU so one chunk's hop overlaps the next one's load). Total bytes per second, the best of
+    ``passes``. {} with one GPU."""
+    from cuda_kernels._numba import cuda
+    from cuda_kernels.launch import capture_stream
+    from turnip.runtime._cudadrv import PEER_ACCESS_ALREADY_ENABLED, SUCCESS, Driver
+
+    c = cuda()
+    n = len(c.gpus) if n_gpus is None else min(int(n_gpus), len(c.gpus))
+    if n < 2:
+        return {}
+    last = n - 1
+    drv = Driver()
+    prev = drv.current_context()
+    ctx, buf, streams, host = [], [], [], []
+    try:
+        for d in range(n):
+            with c.gpus[d]:
+                ctx.append(drv.current_context())
+                buf.append([drv.device_alloc(nbytes) for _ in range(2 * reps if d == last else 2)])
+                streams.append([capture_stream(), capture_stream()])
+                host.append(drv.host_alloc(nbytes, False))  # portable
+        for d in range(last):
+            if drv.can_access_peer(d, last):
+                drv.check(drv.cuCtxSetCurrent(ctx[d]), "cuCtxSetCurrent")
+                r = drv.cuCtxEnablePeerAccess(ctx[last], 0)
+                if r not in (SUCCESS, PEER_ACCESS_ALREADY_ENABLED):
+                    drv.check(r, f"cuCtxEnablePeerAccess(gpu {d} -> gpu {last})")
+
+        def rate(how: str) -> float:
+            best = 0.0
+            for _ in range(max(1, passes) + 1):  # the first: warm-up
+                t0 = time.perf_counter()
+                for d in range(n):
+                    src = last if how == "own" else d
+                    drv.check(drv.cuCtxSetCurrent(ctx[src]), "cuCtxSetCurrent")
+                    for i in range(reps):
+                        dst = buf[last][i % len(buf[last])]
+                        s = streams[src][i % 2]
+                        if how == "staged" and d != last:
+                            drv.check(drv.cuMemcpyHtoDAsync_v2(buf[d][i % 2], host[d], nbytes, s), "h2d")
+                            drv.check(drv.cuMemcpyPeerAsync(dst, ctx[last], buf[d][i % 2], ctx[d], nbytes, s), "peer")
+                        else:
+                            drv.check(drv.cuMemcpyHtoDAsync_v2(dst, host[src], nbytes, s), "h2d")
+                for d in range(n):
+                    drv.check(drv.cuCtxSetCurrent(ctx[d]), "cuCtxSetCurrent")
+                    for s in streams[d]:
+                        drv.check(drv.cuStreamSynchronize(s), "cuStreamSynchronize")
+                best = max(best, n * reps * nbytes / (time.perf_counter() - t0))
+            return best
+
+        return {how: rate(how) for how in ("own", "relay", "staged")}
+    finally:
+        _release(drv, ctx, streams, buf)
+        for h in host:
+            drv.cuMemFreeHost(h)
+        if prev:
+            drv.cuCtxSetCurrent(prev)
+
+
 def _release(drv, ctx: list, streams: list, dev: list) -> None:
     """A probe's teardown on each GPU it set up (``ctx[d]``, however far the setup got): wait for it, destroy
     its streams, free its device buffers."""
@@ -181,6 +247,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="OUT.json", help="also write the profile fields as JSON")
     ap.add_argument("--p2p", action="store_true", help="also GPU 0's NVLink ports: copies out of it and into it "
                     "at once against one alone (three or more GPUs; p2p_ports_serial)")  # fmt: skip
+    ap.add_argument("--relay", action="store_true", help="also host->GPU copies into the last GPU issued by "
+                    "every GPU (through their host links and NVLink) against its own link alone")  # fmt: skip
     a = ap.parse_args(argv)
     rates = measure_host_links(a.gpus, a.mib * MiB, a.reps, a.passes, log=print)
     print("| GPUs at once | host->GPU GB/s | GPU->host | both directions |\n|---|---|---|---|")
@@ -196,6 +264,13 @@ def main(argv=None) -> int:
             print(f"p2p_ports_serial = {str(fields['p2p_ports_serial']).lower()}")
         else:
             print("GPU<->GPU ports: fewer than three GPUs, not measured")
+    if a.relay:
+        relay = measure_relay(a.gpus, passes=a.passes)
+        if relay:
+            own, via, staged = (relay[k] / 1e9 for k in ("own", "relay", "staged"))
+            print(f"host->GPU {len(rates['h2d']) - 1}: its own link {own:.1f} GB/s; relayed by every GPU {via:.1f}; "
+                  f"staged through their memory {staged:.1f}")  # fmt: skip
+            fields |= {f"relay_{k}_bytes_per_s": float(v) for k, v in relay.items()}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(fields, f, indent=1)

@@ -1,0 +1,35 @@
+"""``benchmarks/sim_vs_multi.py`` on a tiny measured row: a ``turnip.linkprobe --json`` file with its port flag and
+relay rates is read (the profile's fields taken, the relay rates left out), the error and the CSV written."""
+
+import csv
+import json
+
+import pytest
+
+from tests.benchscripts import load_script
+
+pytestmark = pytest.mark.unit
+
+
+def test_links_file_with_ports_and_relay_rates(tmp_path, capsys):
+    rows = tmp_path / "rows.csv"
+    with open(rows, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["workload", "model", "seq", "batch", "budget", "gpus", "split", "policy",
+                                          "ms_median", "vertices"])  # fmt: skip
+        w.writeheader()
+        for policy, ms in (("nondet", 1.0), ("det", 1.2)):
+            w.writerow({"workload": "prefill", "model": "llama-tiny", "seq": 64, "batch": 1, "budget": "1MiB",
+                        "gpus": 2, "split": "tensor", "policy": policy, "ms_median": ms, "vertices": ""})  # fmt: skip
+    links = tmp_path / "links.json"
+    links.write_text(json.dumps({"host_h2d_total_bytes_per_s": [50e9, 90e9], "host_d2h_total_bytes_per_s": [50e9, 90e9],
+                                 "host_both_total_bytes_per_s": [80e9, 120e9], "p2p_ports_serial": True,
+                                 "relay_own_bytes_per_s": 50e9, "relay_relay_bytes_per_s": 50e9,
+                                 "relay_staged_bytes_per_s": 90e9}))  # fmt: skip
+    out = tmp_path / "sim.csv"
+    mod = load_script("sim_vs_multi")
+    assert mod.main([str(rows), "--profile", "h100-calibrated", "--links", str(links), "--runs", "1",
+                     "--out", str(out)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "| 0K | 1MiB | 2 | tensor |" in text and "links " + str(links) in text
+    got = list(csv.DictReader(open(out)))
+    assert len(got) == 2 and all(float(r["sim_ms"]) > 0 for r in got)
