@@ -32,3 +32,17 @@ def test_the_ports_probe_on_three_or_more_gpus():
     rates = measure_p2p_ports(3, nbytes=16 << 20, passes=1)
     assert set(rates) == {"one", "out", "into"} and all(r > 1e9 for r in rates.values())
     assert isinstance(ports_fields(rates)["p2p_ports_serial"], bool)
+
+
+@pytest.mark.gpu
+def test_the_relay_probe_on_two_or_more_gpus():
+    """Host->GPU copies into the last GPU: by its own link, issued by every GPU straight into it, staged through
+    the others' memory; one GPU alone: nothing to measure."""
+    from tests.runtime.helpers import gpus
+    from turnip.linkprobe import measure_relay
+
+    if gpus() < 2:
+        pytest.skip("needs two CUDA devices")
+    rates = measure_relay(2, nbytes=16 << 20, reps=2, passes=1)
+    assert set(rates) == {"own", "relay", "staged"} and all(r > 1e9 for r in rates.values())
+    assert measure_relay(1) == {}
