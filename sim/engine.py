@@ -2,8 +2,9 @@
 
 State it owns (virtual time in integer ns):
   host_free_ns        when the single host thread is free to issue the next command
-  compute_free_ns[g]  when GPU g's kernel engine is free (kernels run one at a time, in issue order; one
-                      that starts behind another takes the profile's concurrency factor, ``overlap_factor``)
+  compute_free_ns[g]  when GPU g's kernel engine is free (kernels run one at a time, in issue order but for
+                      launch groups under way, which take turns: ``kq``, ``_interleave``; one that starts
+                      behind another takes the profile's concurrency factor, ``overlap_factor``)
   pcie[2g + d]        the copy in flight on GPU g's host link in direction d (0: h2d, 1: d2h) as
                       [v, bytes left, rate, last update ns, token, end ns, 2g + d]; both directions share the
                       link: when both run each gets its share of ``pcie_both_bytes_per_s``, and the survivor
@@ -24,7 +25,11 @@ State it owns (virtual time in integer ns):
 Launch groups (``turnip.sched.groups``; on for plans of several GPUs unless ``TURNIP_LAUNCH_GROUPS`` says
 otherwise): the core launches a group's head alone; here its members run back to back on its GPU behind that
 one issue (costing the head's launch plus ``group_member_launch_ns`` per other member), and one completion
-event, the last member's, reaches the host loop for all of them.
+event, the last member's, reaches the host loop for all of them. A group's members become ready one after
+another, as a captured graph's nodes do, so a kernel issued on the GPU while a group is under way runs at the
+next kernel boundary, not behind the whole group, and two groups under way take turns (``INTERLEAVE``; each
+kernel next to start is the one ready longest, ``_interleave``): traced on four H100s, a rotary issued behind a
+13-kernel group started within 12 µs, and two groups' kernels alternated.
 Events are handled in time order, ties in the order they were scheduled: the order of a SimPy
 ``Environment``'s timeouts, kept in a heap of plain tuples (``Simulation._loop``). Each launched vertex is an
 event when the host has issued it (handled at once when nothing pending comes first) and one when its
@@ -97,6 +102,7 @@ class Simulation:
     """One run of one memgraph under one policy and seed."""
 
     EAGER = True  # a command whose issue comes before every pending event is issued at once, not through the heap
+    INTERLEAVE = True  # kernels of launch groups under way and those issued meanwhile take turns (``_interleave``)
 
     def __init__(
         self,
@@ -178,6 +184,14 @@ class Simulation:
         self.inflight = 0  # vertices issued and not yet seen done (the host loop polls each one's end event)
         self.host_free = 0
         self.compute_free = [0] * g
+        # with launch groups: each GPU's kernels not yet ended, [start, end, v, unit (its group's head), dur,
+        # ready], in start order; when the last group member due to start on it does; each unit's expected
+        # completion event (a later reschedule makes an earlier event stale) and issue number
+        self.interleave = bool(self.members) and self.INTERLEAVE
+        self.kq: list[list[list[int]]] = [[] for _ in range(g)]
+        self.grp_until = [0] * g
+        self.kdone: dict[int, int] = {}
+        self.useq: dict[int, int] = {}
         self.copies_active = [0] * g
         self.p2p_active = [0] * g  # of which GPU<->GPU copies
         self.slow_p2p = prof.kernel_slowdown_with_p2p or prof.kernel_slowdown_with_copies
@@ -260,6 +274,7 @@ class Simulation:
         power = self._power_clock if self.clock else self._power_limited if self.limited else None
         kernel, p2p, h2d = ENG_KERNEL, ENG_P2P, ENG_H2D
         host_free, inflight, seq = self.host_free, self.inflight, self._seq
+        interleave, kdone, grp_until = self.interleave, self.kdone, self.grp_until
         while q:
             now, _, code = pop(q)
             if code < 0:  # a host link copy's bytes through, if its record still carries this event's token
@@ -283,6 +298,8 @@ class Simulation:
                 continue
             if code & 1:  # v's completion reaches the host loop
                 v = code >> 1
+                if interleave and eng[v] == kernel and kdone.get(v) != now:
+                    continue  # rescheduled since (``_interleave``): its later event stands
                 polled = now + poll * inflight  # the loop queries every in-flight vertex's end event in turn
                 seen = host_free if host_free > polled else polled  # and sees it once it is free
                 done[v] = seen
@@ -328,6 +345,9 @@ class Simulation:
                 if e == kernel:
                     g = gpu[v]
                     ready = t + start_latency
+                    if interleave and ready < grp_until[g]:  # a group's members still to start: take turns
+                        seq = self._interleave(v, g, t, ready, power, seq)
+                        continue
                     if members and v in members:  # a launch group: its members one after another
                         done_at = self._run_group(members[v], g, t, ready, power)
                     else:
@@ -342,6 +362,10 @@ class Simulation:
                             dur = power(g, s, dur, v)
                         start[v] = s
                         end[v] = compute_free[g] = done_at = s + dur
+                        if interleave:
+                            self._queued(g, ready, [[s, done_at, v, v, dur, ready]])
+                    if interleave:
+                        kdone[v] = done_at + completion
                     push(q, (done_at + completion, seq, (v << 1) | 1))
                     seq += 1
                 elif e == p2p:
@@ -410,7 +434,100 @@ class Simulation:
                 dur = power(g, s, dur, u)
             self.issue[u], self.start[u] = t, s
             self.end[u] = compute_free[g] = s + dur
+        if self.interleave:
+            head, prev, ents = members[0], ready, []
+            for u in members:
+                ents.append([self.start[u], self.end[u], u, head, self.end[u] - self.start[u], prev])
+                prev = self.end[u]
+            self._queued(g, ready, ents)
+            if len(members) > 1:
+                self.grp_until[g] = self.start[members[-1]]
         return compute_free[g]
+
+    def _queued(self, g: int, now: int, ents: list) -> None:
+        """Add kernel entries to GPU ``g``'s queue, dropping those ended by ``now``."""
+        kq = self.kq[g]
+        i = 0
+        while i < len(kq) and kq[i][1] <= now:
+            i += 1
+        if i:
+            del kq[:i]
+        kq.extend(ents)
+        for e in ents:
+            self.useq.setdefault(e[3], len(self.useq))
+
+    def _interleave(self, v: int, g: int, t: int, ready: int, power, seq: int) -> int:
+        """Issue kernel or group ``v`` on GPU ``g`` while a launch group has members still to start: from the
+        next kernel boundary, every unit (a group, or a kernel alone) runs its kernels in order, and the kernel
+        to start next is the one ready longest (a group member is ready when the one before it ends; ties: the
+        unit issued first), as a GPU's streams share it. Units whose end moves get a new completion event (the
+        old one goes stale: ``kdone``). Returns the next event number."""
+        kq, members = self.kq[g], self.members
+        i = 0
+        while i < len(kq) and kq[i][1] <= ready:
+            i += 1
+        if i:
+            del kq[:i]
+        running = kq[0] if kq and kq[0][0] <= ready else None
+        b = running[1] if running is not None else ready
+        pending: dict[int, list] = {}
+        for e in kq[1:] if running is not None else kq:
+            pending.setdefault(e[3], []).append(e)
+        old_end = {u: es[-1][1] for u, es in pending.items()}
+        # the new unit's kernels: durations as they would take queued behind everything issued before (the power
+        # model sees them in that order), then placed by turns
+        mem = members[v] if v in members else [v]
+        slowdown, kernel_ns, f, fc = self.prof.kernel_slowdown_with_copies, self.kernel_ns, self.f, self.fc
+        overlap, cf = self.overlap, self.compute_free[g]
+        new, prev = [], ready
+        for u in mem:
+            busy = cf > ready
+            s = cf if busy else ready
+            if self.copies_active[g]:
+                dur = kernel_ns[u] * fc[u] * (self.slow_p2p if self.p2p_active[g] else slowdown)
+            else:
+                dur = kernel_ns[u] * f[u]
+            dur = int(dur * overlap[u]) if busy else int(dur)
+            if power is not None:
+                dur = power(g, s, dur, u)
+            cf = s + dur
+            self.issue[u] = t
+            new.append([0, 0, u, v, dur, prev])
+            prev = -1  # ready when the one before it ends
+        pending[v] = new
+        self.useq.setdefault(v, len(self.useq))
+        useq, push, pop = self.useq, heapq.heappush, heapq.heappop
+        hq = [(es[0][5], useq[u], u, 0) for u, es in pending.items()]  # each unit's next kernel: ready, unit
+        heapq.heapify(hq)
+        cur, out = b, []
+        while hq:
+            rdy, n, u, k = pop(hq)
+            es = pending[u]
+            e = es[k]
+            s = cur if cur > rdy else rdy
+            e[0] = s
+            e[1] = cur = s + e[4]
+            out.append(e)
+            if k + 1 < len(es):
+                es[k + 1][5] = cur
+                push(hq, (cur, n, u, k + 1))
+        start, end = self.start, self.end
+        last_grp = 0  # the start of the last group member due: a kernel issued before it takes turns
+        for e in out:
+            start[e[2]], end[e[2]] = e[0], e[1]
+            if e[3] in members and len(members[e[3]]) > 1:
+                last_grp = e[0]
+        self.grp_until[g] = last_grp
+        kq[:] = ([running] if running is not None else []) + out
+        self.compute_free[g] = cur
+        completion, kdone = self.completion_ns, self.kdone
+        for u, es in pending.items():
+            fin = es[-1][1]
+            if u == v or fin != old_end.get(u):
+                kdone[u] = fin + completion
+                heapq.heappush(self._q, (fin + completion, seq, (u << 1) | 1))
+                seq += 1
+        return seq
 
     def _power_limited(self, g: int, start: int, dur: int, v: int) -> int:
         """Duration of kernel v, ``dur`` ns at full clock, starting at ``start`` on GPU g under the power limit:
