@@ -186,7 +186,7 @@ class Simulation:
         self.compute_free = [0] * g
         # with launch groups: each GPU's kernels not yet ended, [start, end, v, unit (its group's head), dur,
         # ready], in start order; when the last group member due to start on it does; each unit's expected
-        # completion event (a later reschedule makes an earlier event stale) and issue number
+        # completion (-1 once seen: its other events are stale) and issue number
         self.interleave = bool(self.members) and self.INTERLEAVE
         self.kq: list[list[list[int]]] = [[] for _ in range(g)]
         self.grp_until = [0] * g
@@ -298,8 +298,14 @@ class Simulation:
                 continue
             if code & 1:  # v's completion reaches the host loop
                 v = code >> 1
-                if interleave and eng[v] == kernel and kdone.get(v) != now:
-                    continue  # rescheduled since (``_interleave``): its later event stands
+                if interleave and eng[v] == kernel:
+                    k = kdone.get(v, now)
+                    if k != now:  # rescheduled since (``_interleave``): moved later, it waits again; moved
+                        if k > now:  # earlier, its own event came (or comes) first
+                            push(q, (k, seq, code))
+                            seq += 1
+                        continue
+                    kdone[v] = -1  # seen: any other event of it is stale
                 polled = now + poll * inflight  # the loop queries every in-flight vertex's end event in turn
                 seen = host_free if host_free > polled else polled  # and sees it once it is free
                 done[v] = seen
@@ -495,6 +501,7 @@ class Simulation:
             new.append([0, 0, u, v, dur, prev])
             prev = -1  # ready when the one before it ends
         pending[v] = new
+        old_end[v] = 0
         self.useq.setdefault(v, len(self.useq))
         useq, push, pop = self.useq, heapq.heappush, heapq.heappop
         hq = [(es[0][5], useq[u], u, 0) for u, es in pending.items()]  # each unit's next kernel: ready, unit
@@ -523,10 +530,12 @@ class Simulation:
         completion, kdone = self.completion_ns, self.kdone
         for u, es in pending.items():
             fin = es[-1][1]
-            if u == v or fin != old_end.get(u):
+            if u == v or fin < old_end[u]:  # new, or earlier than its pending event: an event of its own
                 kdone[u] = fin + completion
                 heapq.heappush(self._q, (fin + completion, seq, (u << 1) | 1))
                 seq += 1
+            elif fin > old_end[u]:  # later: its pending event, when it comes, waits again (``_loop``)
+                kdone[u] = fin + completion
         return seq
 
     def _power_limited(self, g: int, start: int, dur: int, v: int) -> int:
