@@ -85,8 +85,11 @@ def test_a_slot_is_refilled_only_after_its_copy_out(rng):
 def test_relays_by_default_where_a_layers_split_streams_and_the_switch_overrides(monkeypatch):
     """Unset, ``TURNIP_RELAY_LOADS`` gives one slot where a training step's layers split has inputs on a GPU
     passing three quarters of the budget (its stages stream, one after another) and none elsewhere (a prompt, the
-    tensor split, roomy budgets, one GPU); N forces N on any several-GPU plan, 0 none; the slot holds all but
+    tensor split, roomy budgets, one GPU) or where the slots would cost too much (capped below the weights' size,
+    or together past a share of the budget); N forces N on any several-GPU plan, 0 none; the slot holds all but
     the largest inputs."""
+    from turnip import compile as comp
+
     layers = lora_step(LLAMA["tiny"], seq=16, batch=2, n_gpus=2, dtype="fp32", checkpoint="on", split="layers")
     prompt = llama_prefill("tiny", seq=32, n_gpus=2, dtype="fp32", head="last", split="layers")
     tensor = llama_prefill("tiny", seq=32, n_gpus=2, dtype="fp32", head="last", split="tensor")
@@ -95,11 +98,17 @@ def test_relays_by_default_where_a_layers_split_streams_and_the_switch_overrides
     per_gpu = int(np.bincount(layers.gpu[ins], weights=layers.nbytes[ins]).max())
     tight, roomy = per_gpu, 2 * per_gpu  # inputs of a GPU: all of the budget, half of it
     monkeypatch.delenv(RELAY_SWITCH, raising=False)
+    assert relay_config(BuildConfig(), layers, tight).relay_slots == 0  # a 64th of these budgets holds no weight
+    monkeypatch.setattr(comp, "RELAY_SLOT_SHARE", 4)
+    monkeypatch.setattr(comp, "RELAY_SLOTS_SHARE", 0.01)
+    assert relay_config(BuildConfig(), layers, tight).relay_slots == 0  # the slot takes 5% of the budget
+    monkeypatch.setattr(comp, "RELAY_SLOTS_SHARE", 0.25)
     assert relay_config(BuildConfig(), layers, tight).relay_slots == 1
     assert relay_config(BuildConfig(), layers, roomy).relay_slots == 0
     assert relay_config(BuildConfig(), prompt, tight).relay_slots == 0
     assert relay_config(BuildConfig(), tensor, tight).relay_slots == 0
     assert relay_config(BuildConfig(), one, tight).relay_slots == 0
+    monkeypatch.setattr(comp, "RELAY_SLOT_SHARE", 64)
     monkeypatch.setenv(RELAY_SWITCH, "2")
     cfg = relay_config(BuildConfig(), tensor, 1 << 20)
     sizes = np.sort(tensor.nbytes[tensor.kind == KIND_INPUT])
