@@ -426,54 +426,62 @@ class Simulation:
     def _run_group(self, members: list[int], g: int, t: int, ready: int, power) -> int:
         """A launch group issued at ``t`` on GPU ``g``: its kernels one after another (each as a kernel issued at
         ``t`` would run); the last one's end."""
-        compute_free, kernel_ns, f, fc, overlap = self.compute_free, self.kernel_ns, self.f, self.fc, self.overlap
-        slowdown = self.prof.kernel_slowdown_with_copies
-        for u in members:
-            busy = compute_free[g] > ready
-            s = compute_free[g] if busy else ready
-            if self.copies_active[g]:
-                dur = kernel_ns[u] * fc[u] * (self.slow_p2p if self.p2p_active[g] else slowdown)
-            else:
-                dur = kernel_ns[u] * f[u]
-            dur = int(dur * overlap[u]) if busy else int(dur)  # it shares the GPU with the one before
-            if power is not None:
-                dur = power(g, s, dur, u)
-            self.issue[u], self.start[u] = t, s
-            self.end[u] = compute_free[g] = s + dur
+        issue, start, end = self.issue, self.start, self.end
+        prev, ents = ready, []
+        for u, (s, dur) in zip(members, self._in_turn(members, g, ready, power), strict=True):
+            issue[u], start[u] = t, s
+            end[u] = s + dur
+            if self.interleave:
+                ents.append([s, s + dur, u, members[0], dur, prev])
+                prev = s + dur
+        self.compute_free[g] = end[members[-1]]
         if self.interleave:
-            head, prev, ents = members[0], ready, []
-            for u in members:
-                ents.append([self.start[u], self.end[u], u, head, self.end[u] - self.start[u], prev])
-                prev = self.end[u]
             self._queued(g, ready, ents)
             if len(members) > 1:
                 self.grp_until[g] = self.start[members[-1]]
-        return compute_free[g]
+        return self.compute_free[g]
+
+    def _in_turn(self, members: list[int], g: int, ready: int, power) -> list[tuple[int, int]]:
+        """(start, duration) of ``members`` run one after another on GPU ``g`` behind its queue, ready at
+        ``ready``: slowed while copies run, shared with the kernel before (``overlap``), under the power model."""
+        compute_free, kernel_ns, f, fc, overlap = self.compute_free[g], self.kernel_ns, self.f, self.fc, self.overlap
+        slowdown = self.slow_p2p if self.p2p_active[g] else self.prof.kernel_slowdown_with_copies
+        copies, out = self.copies_active[g], []
+        for u in members:
+            busy = compute_free > ready
+            s = compute_free if busy else ready
+            dur = kernel_ns[u] * fc[u] * slowdown if copies else kernel_ns[u] * f[u]
+            dur = int(dur * overlap[u]) if busy else int(dur)  # it shares the GPU with the one before
+            if power is not None:
+                dur = power(g, s, dur, u)
+            out.append((s, dur))
+            compute_free = s + dur
+        return out
 
     def _queued(self, g: int, now: int, ents: list) -> None:
         """Add kernel entries to GPU ``g``'s queue, dropping those ended by ``now``."""
+        self._ended(g, now).extend(ents)
+        for e in ents:
+            self.useq.setdefault(e[3], len(self.useq))
+
+    def _ended(self, g: int, now: int) -> list:
+        """GPU ``g``'s queue without the kernels ended by ``now``."""
         kq = self.kq[g]
         i = 0
         while i < len(kq) and kq[i][1] <= now:
             i += 1
         if i:
             del kq[:i]
-        kq.extend(ents)
-        for e in ents:
-            self.useq.setdefault(e[3], len(self.useq))
+        return kq
 
     def _interleave(self, v: int, g: int, t: int, ready: int, power, seq: int) -> int:
         """Issue kernel or group ``v`` on GPU ``g`` while a launch group has members still to start: from the
         next kernel boundary, every unit (a group, or a kernel alone) runs its kernels in order, and the kernel
         to start next is the one ready longest (a group member is ready when the one before it ends; ties: the
-        unit issued first), as a GPU's streams share it. Units whose end moves get a new completion event (the
-        old one goes stale: ``kdone``). Returns the next event number."""
-        kq, members = self.kq[g], self.members
-        i = 0
-        while i < len(kq) and kq[i][1] <= ready:
-            i += 1
-        if i:
-            del kq[:i]
+        unit issued first), as a GPU's streams share it. A unit whose end moves earlier gets a new completion
+        event; one whose end moves later keeps its event, which waits again when it comes (``kdone``, ``_loop``).
+        Returns the next event number."""
+        kq, members = self._ended(g, ready), self.members
         running = kq[0] if kq and kq[0][0] <= ready else None
         b = running[1] if running is not None else ready
         pending: dict[int, list] = {}
@@ -481,27 +489,14 @@ class Simulation:
             pending.setdefault(e[3], []).append(e)
         old_end = {u: es[-1][1] for u, es in pending.items()}
         # the new unit's kernels: durations as they would take queued behind everything issued before (the power
-        # model sees them in that order), then placed by turns
+        # model sees them in that order), then placed by turns (a member after the first: ready when the one
+        # before it ends)
         mem = members[v] if v in members else [v]
-        slowdown, kernel_ns, f, fc = self.prof.kernel_slowdown_with_copies, self.kernel_ns, self.f, self.fc
-        overlap, cf = self.overlap, self.compute_free[g]
-        new, prev = [], ready
-        for u in mem:
-            busy = cf > ready
-            s = cf if busy else ready
-            if self.copies_active[g]:
-                dur = kernel_ns[u] * fc[u] * (self.slow_p2p if self.p2p_active[g] else slowdown)
-            else:
-                dur = kernel_ns[u] * f[u]
-            dur = int(dur * overlap[u]) if busy else int(dur)
-            if power is not None:
-                dur = power(g, s, dur, u)
-            cf = s + dur
+        new = []
+        for i, (u, (_, dur)) in enumerate(zip(mem, self._in_turn(mem, g, ready, power), strict=True)):
             self.issue[u] = t
-            new.append([0, 0, u, v, dur, prev])
-            prev = -1  # ready when the one before it ends
+            new.append([0, 0, u, v, dur, ready if i == 0 else -1])
         pending[v] = new
-        old_end[v] = 0
         self.useq.setdefault(v, len(self.useq))
         useq, push, pop = self.useq, heapq.heappush, heapq.heappop
         hq = [(es[0][5], useq[u], u, 0) for u, es in pending.items()]  # each unit's next kernel: ready, unit
