@@ -65,7 +65,6 @@ def fold_adds_on() -> bool:
 
 
 RELAY_SWITCH = "TURNIP_RELAY_LOADS"  # "0": off; N: N relay slots on any several-GPU plan; unset: auto (1 slot)
-RELAY_STREAMS = 0.75  # auto: a layers split whose inputs on some GPU pass this share of the budget
 RELAY_SLOT_SHARE = 64  # a relay slot holds at most this fraction (1/N) of the budget
 RELAY_SLOTS_SHARE = 1 / 16  # by default, all of a GPU's relay slots take at most this share of the budget
 
@@ -73,7 +72,8 @@ RELAY_SLOTS_SHARE = 1 / 16  # by default, all of a GPU's relay slots take at mos
 def relay_slots(tg: TaskGraph, budget: int) -> int:
     """Relay slots per GPU served by each other GPU (``BuildConfig.relay_slots``; 0: no relays).
     ``TURNIP_RELAY_LOADS=N`` gives N on any plan of several GPUs, ``0`` none; unset, one where the plan is a
-    training step's layers split whose inputs on some GPU pass ``RELAY_STREAMS`` of the budget: its stages
+    training step's layers split whose inputs on some GPU pass ``turnip.train.STREAM_SHARE`` of the budget
+    (the share past which a stage's weights stream, as ``stage_streams`` decides from the model): its stages
     stream their weights one after another, forward and backward, while the other GPUs' host links idle
     (LLaMA-65B LoRA, 8 x 1K at 24 GiB on four H100s: 6,209 -> 5,004 ms a step;
     ``benchmarks/results/multi_gpu/README.md``). The tensor and data splits load on every GPU at once, and a
@@ -88,9 +88,11 @@ def relay_slots(tg: TaskGraph, budget: int) -> int:
         return int(v)
     if tg.meta.get("split") != "layers" or not tg.meta.get("train"):
         return 0
+    from turnip.train import STREAM_SHARE
+
     ins = np.flatnonzero(tg.kind == KIND_INPUT)
     per_gpu = np.bincount(tg.gpu[ins], weights=tg.nbytes[ins].astype(np.float64), minlength=tg.n_gpus)
-    return int(per_gpu.max() > RELAY_STREAMS * budget)
+    return int(per_gpu.max() > STREAM_SHARE * budget)
 
 
 def relay_config(cfg: BuildConfig, tg: TaskGraph, budget: int) -> BuildConfig:

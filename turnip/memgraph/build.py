@@ -252,11 +252,8 @@ class _Build:
         if k == g:
             mv = mi = self.em.kernel(v, [int(self.loc[t]) for t in args], int(self.off[v]), edges, params)
         else:  # the input's first load, relayed
-            slot, users, s = self.relay_slot(k, g)
-            mi = self.em.kernel(v, [], slot, users[s], params, gpu=k)
-            mv = self.em.relay(v, mi, g, int(self.off[v]), edges)
-            users[s] = [mv]
-            self.relayed_nbytes += int(tg.nbytes[v])
+            mi, mv = self.relayed(v, k, g, int(self.off[v]), edges,
+                                  lambda slot, waits: self.em.kernel(v, [], slot, waits, params, gpu=k))  # fmt: skip
         if tg.kind[v] == KIND_INPUT:
             if self.host_off[v] < 0:
                 self.host_off[v] = self.em.input_host(v)
@@ -307,24 +304,27 @@ class _Build:
         self.off[t] = off
         edges = self.ghosts[g].take(off, off + aligned(self.tg.nbytes[t]))
         k = self.relay_helper(g, int(self.tg.nbytes[t]))
-        self.relayed_nbytes += int(self.tg.nbytes[t]) if k != g else 0
+        host_off, host_src = int(self.host_off[t]), int(self.host_src[t])
         if k == g:
-            self.loc[t] = self.em.reload(t, off, int(self.host_off[t]), int(self.host_src[t]), edges)
-            return
-        slot, users, s = self.relay_slot(k, g)
-        r = self.em.reload(t, slot, int(self.host_off[t]), int(self.host_src[t]), users[s], gpu=k)
-        self.loc[t] = x = self.em.relay(t, r, g, off, edges)
-        users[s] = [x]  # the slot's next load waits for this copy out of it
+            self.loc[t] = self.em.reload(t, off, host_off, host_src, edges)
+        else:
+            _, self.loc[t] = self.relayed(t, k, g, off, edges,
+                                          lambda slot, waits: self.em.reload(t, slot, host_off, host_src, waits, gpu=k))
 
-    def relay_slot(self, k: int, g: int) -> tuple[int, list[list[int]], int]:
-        """Helper k's next slot for GPU g: its offset, the slots' waits (``[s]``: what a load into slot s
-        waits for; the caller sets it to the copy out) and s. Counts the relay."""
+    def relayed(self, t: int, k: int, g: int, off: int, edges: list[int], load) -> tuple[int, int]:
+        """Bring tensor t to ``off`` on GPU g through helper k: ``load(slot, waits)`` emits its load into k's next
+        slot for g (after ``waits``, the copy out of that slot before), then a copy to g after ``edges``.
+        Returns (the load, the copy); counts the relay."""
         S = self.cfg.relay_slots
         s = self.relay_next[k][g]
         self.relay_next[k][g] = (s + 1) % S
+        waits = self.relay_users[k][g]
+        r = load(self.relay_base[k] + ((g - k - 1) % len(self.arenas) * S + s) * self.relay_nbytes, waits[s])
+        x = self.em.relay(t, r, g, off, edges)
+        waits[s] = [x]  # the slot's next load waits for this copy out of it
         self.n_relayed += 1
-        off = self.relay_base[k] + ((g - k - 1) % len(self.arenas) * S + s) * self.relay_nbytes
-        return off, self.relay_users[k][g], s
+        self.relayed_nbytes += int(self.tg.nbytes[t])
+        return r, x
 
     def relay_helper(self, g: int, nbytes: int) -> int:
         """The GPU whose host link brings GPU g's next reload: g itself, or in turn each other GPU (relays on,
