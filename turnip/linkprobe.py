@@ -92,7 +92,7 @@ def measure_p2p_ports(n_gpus: int | None = None, nbytes: int = 64 * MiB, passes:
     copying to GPU 0 at once (bytes per second, the best of ``passes``). {} with fewer than three GPUs."""
     from cuda_kernels._numba import cuda
     from cuda_kernels.launch import capture_stream
-    from turnip.runtime._cudadrv import PEER_ACCESS_ALREADY_ENABLED, SUCCESS, Driver
+    from turnip.runtime._cudadrv import Driver
 
     c = cuda()
     n = len(c.gpus) if n_gpus is None else min(int(n_gpus), len(c.gpus))
@@ -109,11 +109,8 @@ def measure_p2p_ports(n_gpus: int | None = None, nbytes: int = 64 * MiB, passes:
                 streams.append([capture_stream() for _ in range(n)])
         for a in range(n):
             for b in range(n):
-                if a != b and (a == 0 or b == 0) and drv.can_access_peer(a, b):
-                    drv.check(drv.cuCtxSetCurrent(ctx[a]), "cuCtxSetCurrent")
-                    r = drv.cuCtxEnablePeerAccess(ctx[b], 0)
-                    if r not in (SUCCESS, PEER_ACCESS_ALREADY_ENABLED):
-                        drv.check(r, f"cuCtxEnablePeerAccess(gpu {a} -> gpu {b})")
+                if a != b and (a == 0 or b == 0):
+                    drv.enable_peer(ctx, range(n), a, b)
 
         def rate(pairs: list[tuple[int, int]]) -> float:
             best = 0.0
@@ -148,7 +145,7 @@ def measure_relay(n_gpus: int | None = None, nbytes: int = 64 * MiB, reps: int =
     ``passes``. {} with one GPU."""
     from cuda_kernels._numba import cuda
     from cuda_kernels.launch import capture_stream
-    from turnip.runtime._cudadrv import PEER_ACCESS_ALREADY_ENABLED, SUCCESS, Driver
+    from turnip.runtime._cudadrv import Driver
 
     c = cuda()
     n = len(c.gpus) if n_gpus is None else min(int(n_gpus), len(c.gpus))
@@ -166,11 +163,7 @@ def measure_relay(n_gpus: int | None = None, nbytes: int = 64 * MiB, reps: int =
                 streams.append([capture_stream(), capture_stream()])
                 host.append(drv.host_alloc(nbytes, False))  # portable
         for d in range(last):
-            if drv.can_access_peer(d, last):
-                drv.check(drv.cuCtxSetCurrent(ctx[d]), "cuCtxSetCurrent")
-                r = drv.cuCtxEnablePeerAccess(ctx[last], 0)
-                if r not in (SUCCESS, PEER_ACCESS_ALREADY_ENABLED):
-                    drv.check(r, f"cuCtxEnablePeerAccess(gpu {d} -> gpu {last})")
+            drv.enable_peer(ctx, range(n), d, last)
 
         def rate(how: str) -> float:
             best = 0.0

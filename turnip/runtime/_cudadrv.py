@@ -92,6 +92,15 @@ class Driver:
         self.check(self.cuDeviceCanAccessPeer(ctypes.byref(ok), dev, peer), "cuDeviceCanAccessPeer")
         return bool(ok.value)
 
+    def enable_peer(self, ctx: list, devices, a: int, b: int) -> None:
+        """Let GPU ``a``'s context (``ctx[a]``, device ``devices[a]``) reach GPU ``b``'s memory where the devices
+        allow it; already enabled is fine. Leaves ``ctx[a]`` current when it calls."""
+        if self.can_access_peer(devices[a], devices[b]):
+            self.check(self.cuCtxSetCurrent(ctx[a]), "cuCtxSetCurrent")
+            r = self.cuCtxEnablePeerAccess(ctx[b], 0)
+            if r not in (SUCCESS, PEER_ACCESS_ALREADY_ENABLED):
+                self.check(r, f"cuCtxEnablePeerAccess(gpu {a} -> gpu {b})")
+
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed."""

@@ -51,7 +51,7 @@ import time
 import numpy as np
 
 from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL, KIND_OFFLOAD, KIND_RELOAD, KIND_TRANSFER, MemGraph
-from turnip.runtime._cudadrv import NOT_READY, PEER_ACCESS_ALREADY_ENABLED, SUCCESS, CudaError, Driver
+from turnip.runtime._cudadrv import NOT_READY, SUCCESS, CudaError, Driver
 from turnip.runtime.backend import check_ready
 from turnip.runtime.errors import BackendError, VertexFailed
 from turnip.runtime.layout import HOST_INPUT, NP_DTYPE, input_vertices, output_sources, plan_layout, row_range
@@ -217,11 +217,7 @@ class CudaBackend:
             if s == d or G < 2:
                 continue
             for a, b in ((s, d), (d, s)):
-                if self.drv.can_access_peer(self.devices[a], self.devices[b]):
-                    self.drv.cuCtxSetCurrent(self.ctx[a])
-                    r = self.drv.cuCtxEnablePeerAccess(self.ctx[b], 0)
-                    if r not in (SUCCESS, PEER_ACCESS_ALREADY_ENABLED):
-                        self.drv.check(r, f"cuCtxEnablePeerAccess(gpu {a} -> gpu {b})")
+                self.drv.enable_peer(self.ctx, self.devices, a, b)
         self.cur = -1
 
     def _host_alloc(self, nbytes: int, write_combined: bool) -> np.ndarray:
