@@ -452,3 +452,19 @@ def test_cuda_backend_with_kept_weights_gives_the_cpu_backends_tokens(monkeypatc
     monkeypatch.setenv("TURNIP_KEEP_CACHE", cache)
     r = generate(m, prompts, max_new_tokens=11, budget="64KiB", block=4, backend="cuda", seed=1)
     assert r.ids == want and r.stats["weights_kept"] >= sum(1 for p in r.stats["plans_built"] if p[0] == "decode") - 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", ["64KiB", "16MiB"])
+def test_cuda_backend_on_two_gpus_gives_the_cpu_backends_tokens(budget):
+    """On two GPUs: prefill and decode plans split over both (the cache spilling to the host at 64 KiB per GPU,
+    resident at 16 MiB) give the CPU backend's greedy tokens for the same two GPUs."""
+    from tests.runtime.helpers import gpus
+
+    if gpus() < 2:
+        pytest.skip("needs two CUDA devices")
+    m = load_model("llama-tiny", "fp32", seed=3)
+    prompts = [[5, 7, 9, 11, 2, 8, 1, 6, 4], [3, 1, 4]]
+    want = generate(m, prompts, max_new_tokens=11, budget=budget, gpus=2, block=4, seed=1).ids
+    got = generate(m, prompts, max_new_tokens=11, budget=budget, gpus=2, block=4, backend="cuda", seed=1).ids
+    assert got == want and all(len(x) == 11 for x in got)
