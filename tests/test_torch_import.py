@@ -162,3 +162,56 @@ def test_imported_llama_matches_the_builder_path_and_uses_its_fused_ops(tmp_path
         want = assemble(tg, be.read_outputs(), "logits")
     assert rel(got, want) < 1e-2
     assert (got.argmax(-1) == want.argmax(-1)).mean() > 0.9
+
+
+@pytest.mark.parametrize("resident", ["0", "auto"])
+def test_a_session_runs_new_inputs_with_the_constants_written_once(resident):
+    """``Imported.session``: the plan loaded and its constants written once; each call writes only its inputs
+    (also where the plan keeps the input itself resident on the GPU) and gives torch's outputs for them."""
+    from turnip.torchimport.api import from_torch
+
+    torch.manual_seed(1)
+    m = torch.nn.Sequential(torch.nn.Linear(24, 64), Block(64, 160), torch.nn.Linear(64, 10)).eval()
+    xs = [torch.randn(40, 24) for _ in range(3)]
+    imp = from_torch(m, (xs[0],), budget=1 << 20, resident=resident)
+    assert imp.verify() == []
+    call = set(imp.call_blocks(xs[0]))
+    on_gpu = imp.mg.preloaded() & np.isin(imp.mg.tensor, list(call))
+    assert on_gpu.any() == (resident == "auto")  # auto: the input itself stays on the GPU between runs
+    with imp.session("cpu") as s:
+        wrote = []
+        real = s.be.write_inputs
+        s.be.write_inputs = lambda values, **kw: (wrote.append(set(values)), real(values, **kw))[1]
+        for i, x in enumerate(xs):
+            got = s(x, seed=i)[0]
+            with torch.no_grad():
+                want = m(x).numpy()
+            assert rel(got, want) < 2e-5
+        assert s.stats["calls"] == 3 and s.stats["last_makespan_ns"] > 0
+        assert wrote == [call] * 3 and not call & set(imp.constant_blocks())
+    with pytest.raises(RuntimeError, match="closed"):
+        s(xs[0])
+    with pytest.raises(TypeError, match="takes 1 input"), imp.session("cpu") as s2:
+        s2(xs[0], xs[1])
+    with pytest.raises(ValueError, match="elements"):
+        imp.call_blocks(torch.randn(41, 24))
+
+
+@pytest.mark.gpu
+def test_a_session_on_the_gpu_gives_torchs_outputs_call_after_call():
+    """On a GPU: an imported MLP stack in a CUDA session (weights and the input resident) gives torch's
+    outputs for each of three inputs."""
+    from tests.runtime.helpers import gpus
+    from turnip.torchimport.api import from_torch
+
+    if gpus() < 1:
+        pytest.skip("needs a CUDA device")
+    torch.manual_seed(2)
+    m = torch.nn.Sequential(torch.nn.Linear(24, 64), Block(64, 160), torch.nn.Linear(64, 10)).eval()
+    xs = [torch.randn(40, 24) for _ in range(3)]
+    imp = from_torch(m, (xs[0],), budget=1 << 20)
+    assert imp.verify() == [] and imp.mg.preloaded().any()
+    with imp.session("cuda") as s:
+        for x in xs:
+            with torch.no_grad():
+                assert rel(s(x)[0], m(x).numpy()) < 2e-5

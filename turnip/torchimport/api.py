@@ -40,39 +40,113 @@ class Imported:
 
     def input_blocks(self, *args) -> dict[int, np.ndarray]:
         """Every taskgraph input's block from the constants and the call's arguments (torch tensors or arrays)."""
-        from turnip.memgraph.interp import NP_DTYPE
+        return self.constant_blocks() | self.call_blocks(*args)
 
-        full = dict(self.values)
-        given = {}
+    def _per_call(self) -> set[str]:
+        """Graph inputs whose values come from a call's arguments (the user inputs and the rows gathered for them)."""
+        return {name for name, shape in self.inputs if shape is not None} | set(self.gathers)
+
+    def constant_blocks(self) -> dict[int, np.ndarray]:
+        """The taskgraph input blocks of the constants (parameters, buffers, folded tensors): the same every call."""
+        return self._blocks(self.values, exclude=self._per_call())
+
+    def call_blocks(self, *args) -> dict[int, np.ndarray]:
+        """The taskgraph input blocks that come from the call's arguments (torch tensors or arrays, as the example
+        inputs)."""
+        if len(args) != len(self.inputs):
+            raise TypeError(f"the program takes {len(self.inputs)} input(s) (as its example inputs), got {len(args)}")
+        full, given = {}, {}
         for (name, shape), a in zip(self.inputs, args, strict=True):
             given[name] = np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a)
             if shape is not None:
+                if given[name].size != int(np.prod(shape)):
+                    raise ValueError(f"input {name!r}: {given[name].shape} has not the example's "
+                                     f"{int(np.prod(shape))} elements (a plan is compiled for one shape)")  # fmt: skip
                 full[name] = given[name].reshape(shape)
         for name, (src, table) in self.gathers.items():
             shape = self.tg.meta["input_blocks"][name][0]
             full[name] = table[given[src].reshape(-1).astype(np.int64)].reshape(shape)
+        return self._blocks(full, only=self._per_call())
+
+    def _blocks(self, full: dict, exclude=(), only=None) -> dict[int, np.ndarray]:
+        from turnip.memgraph.interp import NP_DTYPE
+
         out = {}
         for name, (_shape, blocks) in self.tg.meta["input_blocks"].items():
+            if name in exclude or (only is not None and name not in only):
+                continue
             for starts, v in blocks:
                 sl = tuple(slice(s, s + n) for s, n in zip(starts, self.tg.shape[v], strict=True))
                 out[v] = np.ascontiguousarray(full[name][sl]).astype(NP_DTYPE[self.tg.dtype[v]], copy=False)
         return out
 
-    def run(self, *args, backend: str = "cpu", policy: str = "nondet", streams_per_gpu: int = 3, seed: int = 0,
-            **options) -> list[np.ndarray]:  # fmt: skip
-        """Run the plan on ``args`` (as the example inputs); the outputs as numpy arrays of torch's shapes."""
+    def outputs_of(self, vals: dict) -> list[np.ndarray]:
+        """The outputs in torch's shapes from a backend's output tensors."""
         from turnip.memgraph.interp import assemble
-        from turnip.runtime import execute, open_backend
 
-        t0 = time.perf_counter()
-        with open_backend(backend, self.mg, streams_per_gpu, **options) as be:
-            be.write_inputs(self.input_blocks(*args))
-            res = execute(self.mg, be, policy, streams_per_gpu, seed=seed)
-            vals = be.read_outputs()
-        self.stats["last_run_s"] = time.perf_counter() - t0
-        self.stats["last_makespan_ns"] = res.makespan_ns
         return [o["value"] if "value" in o else to_torch_layout(assemble(self.tg, vals, o["name"]), o)
                 for o in self.outputs]  # fmt: skip
+
+    def run(self, *args, backend: str = "cpu", policy: str = "nondet", streams_per_gpu: int = 3, seed: int = 0,
+            **options) -> list[np.ndarray]:  # fmt: skip
+        """Run the plan once on ``args`` (as the example inputs); the outputs as numpy arrays of torch's shapes.
+        Loads the plan and writes every constant for this one call: for several calls, ``session``."""
+        with self.session(backend, policy, streams_per_gpu, **options) as s:
+            out = s(*args, seed=seed)
+        self.stats["last_run_s"] = s.stats["open_s"] + s.stats["last_call_s"]
+        self.stats["last_makespan_ns"] = s.stats["last_makespan_ns"]
+        return out
+
+    def session(self, backend: str = "cpu", policy: str = "nondet", streams_per_gpu: int = 3,
+                **options) -> Session:  # fmt: skip
+        """The plan loaded on ``backend`` with its constants written (and the resident ones on the GPUs) once;
+        each call of the session writes only the call's inputs, runs and reads the outputs. Close it (or use it
+        as a context manager) to free the GPU and pinned memory."""
+        return Session(self, backend, policy, streams_per_gpu, options)
+
+
+class Session:
+    """An ``Imported`` program loaded on a backend: ``session(*args)`` runs it on new inputs (the constants stay
+    written, resident ones on the GPUs). ``stats``: ``open_s`` (loading the plan and writing the constants),
+    ``last_call_s`` (the last call: inputs written, run, outputs read), ``last_makespan_ns`` (its run)."""
+
+    def __init__(self, imp: Imported, backend: str, policy: str, streams_per_gpu: int, options: dict):
+        from turnip.runtime import open_backend
+
+        t0 = time.perf_counter()
+        self.imp, self.policy, self.streams = imp, policy, streams_per_gpu
+        self.be = open_backend(backend, imp.mg, streams_per_gpu, **options)
+        try:
+            self.be.write_inputs(imp.constant_blocks())
+        except BaseException:
+            self.be.close()
+            raise
+        self.last = None  # the last run's RunResult (``trace``)
+        self.stats = {"open_s": time.perf_counter() - t0, "calls": 0}
+
+    def __call__(self, *args, seed: int = 0) -> list[np.ndarray]:
+        from turnip.runtime import execute
+
+        if self.be is None:
+            raise RuntimeError("the session is closed")
+        t0 = time.perf_counter()
+        self.be.write_inputs(self.imp.call_blocks(*args))
+        self.last = execute(self.imp.mg, self.be, self.policy, self.streams, seed=seed)
+        out = self.imp.outputs_of(self.be.read_outputs())
+        self.stats.update(last_call_s=time.perf_counter() - t0, last_makespan_ns=self.last.makespan_ns,
+                          calls=self.stats["calls"] + 1)  # fmt: skip
+        return out
+
+    def close(self) -> None:
+        if self.be is not None:
+            self.be.close()
+            self.be = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def to_torch_layout(arr: np.ndarray, o: dict) -> np.ndarray:
@@ -103,11 +177,13 @@ def export(module, example_inputs):
 
 
 def from_torch(module, example_inputs, budget: int | str = "6GiB", gpus: int = 1, dtype: str = "fp32",
-               resident="0", config=None, name: str = "", fuse_ops: bool = True, fold: bool | None = None,
+               resident="auto", config=None, name: str = "", fuse_ops: bool = True, fold: bool | None = None,
                ) -> Imported:  # fmt: skip
     """Compile ``module`` (a ``torch.nn.Module``) for ``example_inputs`` under ``budget`` bytes per GPU on
     ``gpus`` GPUs, computing in ``dtype`` (fp32, fp16, bf16). Ops with no lowering are refused in one
     ``UnsupportedOps`` naming each with its count; a budget too small for some vertex raises ``BudgetError``.
+    ``resident``: input bytes per GPU kept on the GPUs across runs (``turnip.compile.build_with_resident``;
+    ``"auto"``: a quarter of the budget where that moves fewer bytes per run; ``"0"``: every input streams).
     ``fuse_ops``: chains that are one of turnip's fused ops become it (``turnip.torchimport.patterns``);
     ``fold``: sums folded into the einsums producing their terms, as the builder's (``turnip.compile.folded``;
     None: ``fold_adds_on()``)."""
