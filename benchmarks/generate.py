@@ -34,7 +34,8 @@ def turnip_row(st: dict, B: int, P: int, N: int, budget: str, keep) -> dict:
     """The CSV row of one timed turnip generation (its ``stats``)."""
     row = {"system": "turnip", "batch": B, "prompt": P, "new": N, "budget": budget, "ttft_ms": st["ttft_s"] * 1e3,
            "tokens_per_s": st["tokens_per_s"], "ms_per_step": st["decode_s"] / max(1, st["steps"] - 1) * 1e3,
-           "switch_s": st["switch_s"],
+           "switch_s": st["switch_s"], "prefill_s": st["prefill_s"],
+           "open_s": " ".join(f"{x:.2f}" for x in st["open_s"]),
            "ms_per_step_in_bucket": (st["decode_s"] - st["switch_s"]) / max(1, st["steps"] - 1) * 1e3,
            "bound_ms": st["bound_ms"], "link_nbytes_per_token": st["link_nbytes_per_token"],
            "plans": len(st["plans_built"]), "keep_weights": keep, "weights_kept": st["weights_kept"]}  # fmt: skip
@@ -91,6 +92,8 @@ def main(argv=None) -> int:
     p.add_argument("--keep", nargs="+", default=[], choices=["0", "1"],
                    help="time each row once per value of TURNIP_KEEP_WEIGHTS (a plan's host weights passed to "
                         "the next plan's backend), in this order")  # fmt: skip
+    p.add_argument("--keep-cache", nargs="+", default=[], choices=["0", "1"],
+                   help="and once per value of TURNIP_KEEP_CACHE (the cache blocks kept in that region too)")
     p.add_argument("--tag", default=platform.node())
     p.add_argument("--out", default="benchmarks/results")
     a = p.parse_args(argv)
@@ -143,12 +146,13 @@ def main(argv=None) -> int:
         kw = {"dtype": a.dtype, "backend": a.backend, "block": a.block, "plans": plans, "eos": ()}
         generate(m, prompts, 2, b, profile=None, **kw)  # warm-up: kernels compiled, the prefill plan built
         progress(f"batch {B}: warm-up done")
-        for keep in a.keep or [None]:
-            if keep is not None:
-                os.environ["TURNIP_KEEP_WEIGHTS"] = keep
+        for keep, cache in [(k, c) for k in a.keep or [None] for c in a.keep_cache or [None]]:
+            for var, val in (("TURNIP_KEEP_WEIGHTS", keep), ("TURNIP_KEEP_CACHE", cache)):
+                if val is not None:
+                    os.environ[var] = val
             r = generate(m, prompts, N, b, profile=a.profile, **kw)
-            row = turnip_row(r.stats, B, P, N, budget, keep)
-            progress(f"batch {B}: timed{'' if keep is None else ' with TURNIP_KEEP_WEIGHTS=' + keep}")
+            row = turnip_row(r.stats, B, P, N, budget, keep) | {"keep_cache": cache}
+            progress(f"batch {B}: timed (TURNIP_KEEP_WEIGHTS={keep}, TURNIP_KEEP_CACHE={cache})")
             print(json.dumps(row), flush=True)
             results.append(row)
         if a.no_hf:

@@ -308,7 +308,9 @@ def generate(
     plan's lower bound on ``profile``), plans built / loaded, steps, decode_s (first new token to the last),
     switch_s (the part of decode_s spent loading the next cache bucket's plan), weights_kept (decode plans
     that took over the host weights of the plan before: ``keep_weights_on``), kept_nbytes (the bytes they
-    found in place, weights and, with ``keep_cache_on``, cache blocks)."""
+    found in place, weights and, with ``keep_cache_on``, cache blocks), prefill_s (the prompts' prefill: its plan
+    loaded, written, run, the cache taken from it), open_s (per decode plan loaded: loading it and writing its
+    weights and cache blocks, in seconds)."""
     from turnip.compile import parse_nbytes
 
     t0 = time.perf_counter()
@@ -336,11 +338,15 @@ def generate(
     host = None  # the host input region handed from one plan to the next (``keep_weights_on``)
     if P > 1:
         nxt = plans.get("decode", B, (P - 1) // block + 1)[0] if keep_weights_on() else None  # the first decode plan
+        t_pre = time.perf_counter()
         host = _prefill(m, ids, plans, cache, (backend, streams, opts, policy, seed), spare(0), nxt)
+        prefill_s = time.perf_counter() - t_pre
+    else:
+        prefill_s = 0.0
     out = _Outputs(m.tokenizer, B, set(m.eos if eos is None else eos), stop, on_token)
     rng = np.random.default_rng(sampling.seed)
     cur = np.array([x[-1] for x in ids], dtype=np.int64)
-    runner, ttft, t_dec, switch_s, kept, kept_nbytes = None, None, None, 0.0, 0, 0
+    runner, ttft, t_dec, switch_s, kept, kept_nbytes, open_s = None, None, None, 0.0, 0, 0, []
     try:
         for k in range(max_new_tokens):
             slot = P - 1 + k
@@ -355,8 +361,10 @@ def generate(
                     host = runner.be.detach_host_inputs() if keep_weights_on() else None
                     runner.be.close()
                     runner = None
+                t_open = time.perf_counter()
                 runner, host = _Runner(*plans.get("decode", B, nb), m, cache, backend, streams, opts, host,
                                        spare(nb)), None  # fmt: skip
+                open_s.append(time.perf_counter() - t_open)
                 kept += bool(runner.be.adopted)
                 kept_nbytes += runner.kept_nbytes
                 if last_nb > nb:  # the generation reaches the next bucket
@@ -385,7 +393,7 @@ def generate(
     dec_s = t_end - t_dec
     stats = {"ttft_s": ttft, "tokens_per_s": (n_new - B) / dec_s if dec_s > 0 and n_new > B else None,
              "decode_s": dec_s, "switch_s": switch_s, "weights_kept": kept, "kept_nbytes": kept_nbytes,
-             "steps": k + 1, "new_tokens": n_new,
+             "steps": k + 1, "new_tokens": n_new, "prefill_s": prefill_s, "open_s": open_s,
              "link_nbytes_per_token": run_link_nbytes(runner.mg) / B,
              "bound_ms": lower_bound(runner.mg, profile)["lower_bound_ns"] / 1e6 if profile else None,
              "profile": profile, "plans_built": list(plans.built), "plans_loaded": list(plans.loaded),
