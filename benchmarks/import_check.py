@@ -69,7 +69,7 @@ HF = {"gpt2": ("GPT2", "GPT2LMHeadModel"), "vit": ("ViT", "ViTForImageClassifica
       "llama": ("Llama", "LlamaForCausalLM")}  # fmt: skip
 COLUMNS = ["model", "size", "dtype", "budget", "vertices", "offloads", "verify_errors", "max_rel_err", "passed",
            "turnip_ms", "turnip_wall_ms", "torch_ms", "turnip_over_torch", "resident_nbytes", "session_open_s",
-           "session_ms", "session_wall_ms", "session_over_torch", "builder_vertices", "builder_ms",
+           "session_ms", "session_wall_ms", "session_phases_ms", "session_over_torch", "builder_vertices", "builder_ms",
            "builder_wall_ms", "imported_over_builder", "builder_rel_err", "reference", "error"]  # fmt: skip
 
 
@@ -159,17 +159,19 @@ def run_imported(row: dict, m, inputs, want, budget: str, a) -> list[np.ndarray]
     row["passed"] = row["max_rel_err"] < TOL[a.dtype]
     row["turnip_over_torch"] = row["turnip_ms"] / row["torch_ms"]
     with imp.session(a.backend, a.policy) as s:  # loaded once: calls write only their inputs
-        ms, wall = [], []
+        ms, wall, phases = [], [], []
         for i in range(1 + a.repeat):
             again = s(*inputs, seed=i)
             ms.append(s.stats["last_makespan_ns"] / 1e6)
             wall.append(s.stats["last_call_s"] * 1e3)
+            phases.append(s.stats["last_phases_s"])
         if a.trace_dir:
             Path(a.trace_dir).mkdir(parents=True, exist_ok=True)
             meta = {"model": row["model"], "budget": budget, "dtype": a.dtype, "start_events": False}
             s.last.trace(imp.mg, meta).write_chrome(Path(a.trace_dir) / f"{row['model']}_{budget}.json")
     row.update(session_open_s=s.stats["open_s"], session_ms=float(np.median(ms[1:])),
                session_wall_ms=float(np.median(wall[1:])))  # fmt: skip
+    row["session_phases_ms"] = " ".join(f"{k}={np.median([p[k] for p in phases[1:]]) * 1e3:.2f}" for k in phases[0])
     row["resident_nbytes"] = int(imp.mg.out_nbytes[imp.mg.preloaded()].sum())
     row["session_over_torch"] = row["session_ms"] / row["torch_ms"]
     err = max(rel(g, w) for g, w in zip(again, want, strict=True))

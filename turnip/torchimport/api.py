@@ -108,7 +108,8 @@ class Imported:
 class Session:
     """An ``Imported`` program loaded on a backend: ``session(*args)`` runs it on new inputs (the constants stay
     written, resident ones on the GPUs). ``stats``: ``open_s`` (loading the plan and writing the constants),
-    ``last_call_s`` (the last call: inputs written, run, outputs read), ``last_makespan_ns`` (its run)."""
+    ``last_call_s`` (the last call: inputs written, run, outputs read), ``last_makespan_ns`` (its run),
+    ``last_phases_s`` (that call's seconds writing the inputs, running, reading and assembling the outputs)."""
 
     def __init__(self, imp: Imported, backend: str, policy: str, streams_per_gpu: int, options: dict):
         from turnip.runtime import open_backend
@@ -129,12 +130,18 @@ class Session:
 
         if self.be is None:
             raise RuntimeError("the session is closed")
-        t0 = time.perf_counter()
+        t = [time.perf_counter()]
         self.be.write_inputs(self.imp.call_blocks(*args))
+        t.append(time.perf_counter())
         self.last = execute(self.imp.mg, self.be, self.policy, self.streams, seed=seed)
-        out = self.imp.outputs_of(self.be.read_outputs())
-        self.stats.update(last_call_s=time.perf_counter() - t0, last_makespan_ns=self.last.makespan_ns,
-                          calls=self.stats["calls"] + 1)  # fmt: skip
+        t.append(time.perf_counter())
+        vals = self.be.read_outputs()
+        t.append(time.perf_counter())
+        out = self.imp.outputs_of(vals)
+        t.append(time.perf_counter())
+        phases = dict(zip(("write", "run", "read", "assemble"), np.diff(t).tolist(), strict=True))
+        self.stats.update(last_call_s=t[-1] - t[0], last_makespan_ns=self.last.makespan_ns,
+                          calls=self.stats["calls"] + 1, last_phases_s=phases)  # fmt: skip
         return out
 
     def close(self) -> None:
