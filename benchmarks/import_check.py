@@ -181,7 +181,7 @@ def run_imported(row: dict, m, inputs, want, budget: str, a) -> list[np.ndarray]
 
 
 def run_builder(row: dict, d: Path, ids, logits: np.ndarray, budget: str, a) -> None:
-    """The LLaMA builder's plan of the saved model ``d`` for the same prompt and budget, run as
+    """The LLaMA builder's plan of the saved model ``d`` for the same prompt, budget and ``--resident``, run as
     ``Imported.run`` runs (load, write the checkpoint's inputs, run, read), timed the same way."""
     from turnip.checkpoint import Checkpoint
     from turnip.compile import build_with_resident, make_taskgraph, parse_nbytes
@@ -192,7 +192,7 @@ def run_builder(row: dict, d: Path, ids, logits: np.ndarray, budget: str, a) -> 
 
     b = parse_nbytes(budget)
     tg = make_taskgraph(str(d), int(ids.shape[1]), a.gpus, a.dtype, budget_nbytes=b, head="all")
-    mg = build_with_resident(tg, b)
+    mg = build_with_resident(tg, b, resident=a.resident)  # the imported plan's resident rule: like for like
     row["builder_vertices"] = mg.n
     if errs := verify(mg, tg):
         raise RuntimeError(f"the builder's plan fails verification: {len(errs)} error(s), first: {errs[0]}")
