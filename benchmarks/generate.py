@@ -20,6 +20,7 @@ Progress (setup, plans built, warm-up done) goes to stderr with the seconds sinc
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -93,7 +94,10 @@ def main(argv=None) -> int:
                    help="time each row once per value of TURNIP_KEEP_WEIGHTS (a plan's host weights passed to "
                         "the next plan's backend), in this order")  # fmt: skip
     p.add_argument("--keep-cache", nargs="+", default=[], choices=["0", "1"],
-                   help="and once per value of TURNIP_KEEP_CACHE (the cache blocks kept in that region too)")
+                   help="and once per value of TURNIP_KEEP_CACHE (cache blocks kept in that region too)")  # fmt: skip
+    p.add_argument("--vary", action="append", default=[], metavar="VAR=V1,V2",
+                   help="and once per value of environment variable VAR (repeatable; a column each), e.g. "
+                        "TURNIP_PREFILL_DECODE_TILES=0,1")  # fmt: skip
     p.add_argument("--tag", default=platform.node())
     p.add_argument("--out", default="benchmarks/results")
     a = p.parse_args(argv)
@@ -146,13 +150,15 @@ def main(argv=None) -> int:
         kw = {"dtype": a.dtype, "backend": a.backend, "block": a.block, "plans": plans, "eos": ()}
         generate(m, prompts, 2, b, profile=None, **kw)  # warm-up: kernels compiled, the prefill plan built
         progress(f"batch {B}: warm-up done")
-        for keep, cache in [(k, c) for k in a.keep or [None] for c in a.keep_cache or [None]]:
-            for var, val in (("TURNIP_KEEP_WEIGHTS", keep), ("TURNIP_KEEP_CACHE", cache)):
-                if val is not None:
-                    os.environ[var] = val
+        axes = [("TURNIP_KEEP_WEIGHTS", a.keep or [None]), ("TURNIP_KEEP_CACHE", a.keep_cache or [None])]
+        axes += [(v.split("=", 1)[0], v.split("=", 1)[1].split(",")) for v in a.vary]
+        for vals in itertools.product(*(vs for _, vs in axes)):
+            env = {var: val for (var, _), val in zip(axes, vals, strict=True) if val is not None}
+            os.environ.update(env)
             r = generate(m, prompts, N, b, profile=a.profile, **kw)
-            row = turnip_row(r.stats, B, P, N, budget, keep) | {"keep_cache": cache}
-            progress(f"batch {B}: timed (TURNIP_KEEP_WEIGHTS={keep}, TURNIP_KEEP_CACHE={cache})")
+            more = {k: v for k, v in env.items() if k not in ("TURNIP_KEEP_WEIGHTS", "TURNIP_KEEP_CACHE")}
+            row = turnip_row(r.stats, B, P, N, budget, vals[0]) | {"keep_cache": vals[1]} | more
+            progress(f"batch {B}: timed ({', '.join(f'{k}={v}' for k, v in env.items()) or 'defaults'})")
             print(json.dumps(row), flush=True)
             results.append(row)
         if a.no_hf:

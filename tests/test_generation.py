@@ -468,3 +468,34 @@ def test_cuda_backend_on_two_gpus_gives_the_cpu_backends_tokens(budget):
     want = generate(m, prompts, max_new_tokens=11, budget=budget, gpus=2, block=4, seed=1).ids
     got = generate(m, prompts, max_new_tokens=11, budget=budget, gpus=2, block=4, backend="cuda", seed=1).ids
     assert got == want and all(len(x) == 11 for x in got)
+
+
+def test_a_prefill_tiled_as_the_decode_steps_hands_its_weights_to_the_first_decode_plan(monkeypatch):
+    """``TURNIP_PREFILL_DECODE_TILES=1``: the prefill tiles the weights as the decode plans do (a model wide enough
+    for their tiles to differ), so the first decode plan takes over the prefill's host weights too; the greedy
+    tokens stay those of a prefill tiled its own way (a cache that spills, chaos)."""
+    from turnip.generation import _reference_tg, shared_weights, weight_names
+    from turnip.models import LlamaConfig
+    from turnip.runtime.weights import iter_random_inputs, random_embedding
+
+    cfg = LlamaConfig(320, 6, 4, 384, vocab=64, name="llama-wide-test")
+    tg = _reference_tg(cfg, "fp32")
+    names = set(weight_names(cfg, "fp32"))
+    m = Model(cfg, {k: x for k, x in iter_random_inputs(tg, 3) if k in names}, random_embedding(tg, 3), None, (),
+              "fp32")  # fmt: skip
+    prompts = [[5, 7, 9, 11, 2, 8, 1, 6, 4], [3, 1, 4]]
+    monkeypatch.setenv("TURNIP_KEEP_WEIGHTS", "1")
+    got, stats = {}, {}
+    for on in ("0", "1"):
+        monkeypatch.setenv("TURNIP_PREFILL_DECODE_TILES", on)
+        plans = PlanCache(cfg, 1 << 20, 1, "fp32", 4, verify=True)
+        r = generate(m, prompts, max_new_tokens=7, budget=1 << 20, dtype="fp32", block=4, plans=plans, chaos=0.2,
+                     seed=1)  # fmt: skip
+        got[on], stats[on] = r.ids, r.stats
+        pre = next(k for k in plans.plans if k[0] == "prefill")
+        first = min(k for k in plans.plans if k[0] == "decode")
+        share = shared_weights(m, plans.plans[pre][0], plans.plans[first][0])
+        assert (share > 0.5) == (on == "1"), share
+    n_decode = sum(1 for p in stats["1"]["plans_built"] if p[0] == "decode")
+    assert got["0"] == got["1"]
+    assert stats["1"]["weights_kept"] == n_decode == stats["0"]["weights_kept"] + 1, stats

@@ -91,6 +91,14 @@ def decode_tiles(cfg: LlamaConfig, n_gpus: int, dtype: str, budget_nbytes: int |
     return out
 
 
+def decode_weight_tiles(cfg: LlamaConfig, n_gpus: int, dtype: str, budget_nbytes: int | None) -> dict:
+    """The head and FFN tiles of the decode steps (``decode_tiles``): a prefill tiled so lays its weights out as
+    the decode plans do, and the first decode plan finds them in the prefill's host region
+    (``turnip.generation.shared_weights``)."""
+    t = decode_tiles(cfg, n_gpus, dtype, budget_nbytes)
+    return {k: t[k] for k in ("h", "f")}
+
+
 def decode_graph(cfg: LlamaConfig, shape: DecodeShape, dtype: str = "fp16") -> Graph:
     """The logical decode step (module doc); weights named as ``turnip.models.llama_graph``'s."""
     check_decodable(cfg)
@@ -296,14 +304,15 @@ def cache_nbytes(tg: TaskGraph) -> int:
 
 def prefill_kv(
     cfg: LlamaConfig, seq: int, batch: int = 1, n_gpus: int = 1, dtype: str = "fp16",
-    budget_nbytes: int | None = None,
+    budget_nbytes: int | None = None, tiles: dict | None = None,
 ) -> TaskGraph:  # fmt: skip
     """A prefill of ``batch`` prompts of ``seq`` tokens (one after another in the token dim) whose outputs
     are every layer's rotated keys ``L{i}.kr`` and values ``L{i}.v`` (tokens, Hk, dh): what the cache holds.
-    Nodes that reach no output (the last layer's FFN, the final norm) are dropped."""
+    Nodes that reach no output (the last layer's FFN, the final norm) are dropped. ``tiles``: given tiles over
+    the prefill's defaults (``decode_weight_tiles``: the weights tiled as the decode steps tile them)."""
     check_decodable(cfg)
-    t = llama_tiles(cfg, seq, n_gpus, dtype, None, None, budget_nbytes, "none", "tensor")
-    t = batch_tiles(cfg, seq, batch, n_gpus, dtype, budget_nbytes, t)
+    t = llama_tiles(cfg, seq, n_gpus, dtype, tiles, None, budget_nbytes, "none", "tensor")
+    t = batch_tiles(cfg, seq, batch, n_gpus, dtype, budget_nbytes, t, tiles)
     g = llama_graph(cfg, seq, dtype, None, "none", batch)
     outs = []
     for n in g.nodes:

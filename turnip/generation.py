@@ -69,14 +69,21 @@ def cache_prefix(tg) -> tuple[list[int], tuple]:
 
 
 def weight_prefix(tg, names) -> tuple[list[int], tuple]:
-    """The taskgraph input vertices of the logical weights ``names`` in a canonical order (name, block starts,
-    GPU) and the key of that order (names, starts, shapes, dtypes, GPUs): plans whose weights are tiled and
+    """The taskgraph input vertices of the logical weights ``names`` in a canonical order (layer, name, block
+    starts, GPU) and the key of that order (names, starts, shapes, dtypes, GPUs): plans whose weights are tiled and
     placed alike give the same key."""
     blocks = tg.meta["input_blocks"]
-    items = sorted((name, tuple(int(x) for x in st), int(tg.gpu[v]), int(v)) for name in names if name in blocks
-                   for st, v in blocks[name][1])  # fmt: skip
-    key = tuple((n, st, g, tuple(tg.shape[v]), tg.dtype[v]) for n, st, g, v in items)
+    items = sorted((_layer_of(name), name, tuple(int(x) for x in st), int(tg.gpu[v]), int(v))
+                   for name in names if name in blocks for st, v in blocks[name][1])  # fmt: skip
+    key = tuple((n, st, g, tuple(tg.shape[v]), tg.dtype[v]) for _, n, st, g, v in items)
     return [v for *_, v in items], key
+
+
+def _layer_of(name: str) -> float:
+    """The decoder layer of weight ``name`` (``L{i}.``), layers in order and the rest (head, final norm) last: a
+    prefill, which prunes the last layer's FFN and the head, shares all layers but the last with the decode plans."""
+    head, _, _ = name.partition(".")
+    return int(head[1:]) if head[:1] == "L" and head[1:].isdigit() else float("inf")
 
 
 def shared_weights(m: Model, a, b) -> float:

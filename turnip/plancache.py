@@ -13,11 +13,29 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import threading
 from pathlib import Path
 
-from turnip.decode import DEFAULT_BLOCK, DecodeShape, context_blocks, decode_step, prefill_kv, state_inputs
+from turnip.decode import (
+    DEFAULT_BLOCK,
+    DecodeShape,
+    context_blocks,
+    decode_step,
+    decode_weight_tiles,
+    prefill_kv,
+    state_inputs,
+)
 from turnip.models import LlamaConfig
+
+PREFILL_TILES_SWITCH = "TURNIP_PREFILL_DECODE_TILES"
+
+
+def prefill_decode_tiles_on() -> bool:
+    """Whether a generation's prefill tiles the weights as its decode plans do (``decode_weight_tiles``), so that
+    the first decode plan takes over the prefill's host weights instead of writing them again:
+    ``TURNIP_PREFILL_DECODE_TILES=1`` (off until measured on a GPU)."""
+    return os.environ.get(PREFILL_TILES_SWITCH) == "1"
 
 
 class PlanVerifyError(RuntimeError):
@@ -59,7 +77,8 @@ class PlanCache:
         if self.dir is None:
             return None
         what = {"cfg": dataclasses.asdict(self.cfg), "key": list(key), "budget": self.budget, "gpus": self.n_gpus,
-                "dtype": self.dtype, "block": self.block, "fingerprint": plan_fingerprint()}  # fmt: skip
+                "dtype": self.dtype, "block": self.block, "fingerprint": plan_fingerprint(),
+                "prefill_decode_tiles": key[0] == "prefill" and prefill_decode_tiles_on()}  # fmt: skip
         h = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
         name = "".join(c if c.isalnum() or c in "-_" else "_" for c in (self.cfg.name or "llama"))
         return self.dir / f"{name}-{key[0]}-b{key[1]}-n{key[2]}-{h}.plan"
@@ -145,7 +164,9 @@ class PlanCache:
         from turnip.memgraph.build import BuildConfig
 
         if kind == "prefill":
-            tg = prefill_kv(self.cfg, n, batch, self.n_gpus, self.dtype, self.budget)
+            on = prefill_decode_tiles_on()
+            tiles = decode_weight_tiles(self.cfg, self.n_gpus, self.dtype, self.budget) if on else None
+            tg = prefill_kv(self.cfg, n, batch, self.n_gpus, self.dtype, self.budget, tiles)
             mg = build_with_resident(tg, self.budget, BuildConfig(), resident="auto")
         else:
             tg = decode_step(self.cfg, DecodeShape(batch, n, self.block), self.n_gpus, self.dtype, self.budget)
