@@ -436,11 +436,12 @@ def test_a_host_input_region_passes_to_a_plan_laid_out_alike():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cache", ["0", "1"])
-def test_cuda_backend_with_kept_weights_gives_the_cpu_backends_tokens(monkeypatch, cache):
+@pytest.mark.parametrize("cache,register", [("0", "0"), ("1", "0"), ("0", "1")])
+def test_cuda_backend_with_kept_weights_gives_the_cpu_backends_tokens(monkeypatch, cache, register):
     """On a GPU: decode plans taking over the pinned host weights of the plan before (``TURNIP_KEEP_WEIGHTS=1``;
-    with ``TURNIP_KEEP_CACHE=1`` the unwritten cache blocks too) give the CPU backend's tokens, and every decode
-    plan after the first took them over."""
+    with ``TURNIP_KEEP_CACHE=1`` the unwritten cache blocks too; with ``TURNIP_HOST_REGISTER=1`` regions
+    registered in place, handed over registered) give the CPU backend's tokens, and every decode plan after the
+    first took them over."""
     from tests.runtime.helpers import gpus
 
     if gpus() < 1:
@@ -450,6 +451,7 @@ def test_cuda_backend_with_kept_weights_gives_the_cpu_backends_tokens(monkeypatc
     want = generate(m, prompts, max_new_tokens=11, budget="64KiB", block=4, seed=1).ids
     monkeypatch.setenv("TURNIP_KEEP_WEIGHTS", "1")
     monkeypatch.setenv("TURNIP_KEEP_CACHE", cache)
+    monkeypatch.setenv("TURNIP_HOST_REGISTER", register)
     r = generate(m, prompts, max_new_tokens=11, budget="64KiB", block=4, backend="cuda", seed=1)
     assert r.ids == want and r.stats["weights_kept"] >= sum(1 for p in r.stats["plans_built"] if p[0] == "decode") - 1
 

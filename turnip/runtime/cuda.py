@@ -6,7 +6,9 @@ compiles nothing:
               plan), ``streams_per_gpu`` compute streams (stream slot k of the scheduler = stream k), one
               host→device and one device→host copy stream, one copy stream per peer GPU it sends to
   host        one pinned input region (portable, write-combined: the host only writes it) holding inputs
-              and weights, one pinned offload region (portable) receiving offloads
+              and weights, one pinned offload region (portable) receiving offloads; with ``host_register``
+              (``TURNIP_HOST_REGISTER=1``) plain memory, pinned in place at the first run
+              (``turnip.runtime.hostmem``)
   per slot    a ``StreamContext``: the stream, its workspace (the top of the arena holds one workspace
               per stream slot, ``workspace_slot_nbytes`` each: the plan's builder left it free) and the
               library handles bound to that stream (cuBLASLt, cuDNN), created here when a vertex needs them
@@ -54,6 +56,7 @@ from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL, KIND_OFFLOAD, KIND_REL
 from turnip.runtime._cudadrv import NOT_READY, SUCCESS, CudaError, Driver
 from turnip.runtime.backend import check_ready
 from turnip.runtime.errors import BackendError, VertexFailed
+from turnip.runtime.hostmem import HostRegion, host_register_on
 from turnip.runtime.layout import HOST_INPUT, NP_DTYPE, input_vertices, output_sources, plan_layout, row_range
 from turnip.sched.groups import group_events_on, launch_groups, launch_groups_on
 
@@ -72,7 +75,7 @@ class CudaBackend:
                  graph_events: bool = False, device_start: bool = False, lib_graphs: bool = True,
                  native_poll: bool = False, groups: bool | None = None, group_events: bool | None = None,
                  host_first: list[int] | None = None, host_key: tuple = (), host_reserve: int = 0,
-                 host_inputs=None):  # fmt: skip
+                 host_inputs=None, host_register: bool | None = None):  # fmt: skip
         from cuda_kernels._numba import cuda as numba_cuda
         from cuda_kernels.launch import driver as launch_driver
 
@@ -101,7 +104,8 @@ class CudaBackend:
         self.allocations = 0
         self.views_built = 0
         self._closed = False
-        self._host_ptrs: list[int] = []
+        self.host_register = host_register_on() if host_register is None else bool(host_register)
+        self._regions: list = []  # HostRegion: the input region, then the offload region
         self._events: list[int] = []
         self.ctx, self.arenas, self.base, self.streams, self.hstreams = [], [], [], [], []
         self._device_ptrs: list[tuple[int, int]] = []  # (context, pointer) of the arenas, freed at close
@@ -130,13 +134,13 @@ class CudaBackend:
         self._set_ctx(0)
         self.host_key = tuple(host_key)  # adopted: tensors whose host copies came with a handed-over region
         self.adopted = [] if host_inputs is None else host_inputs.adopt(self.host_key, lay, host_first or (), True)
-        if self.adopted:  # a filled region of an earlier plan: its prefix kept, freed by us
+        if self.adopted:  # a filled region of an earlier plan: its prefix kept, released by us as it was made
+            self._regions.append(HostRegion.adopted(drv, host_inputs.array, host_inputs.ptr, host_inputs.take()))
             self.host_in = host_inputs.array
-            self._host_ptrs.append(host_inputs.ptr)
         else:
             self.host_in = self._host_alloc(lay.host_input_nbytes, write_combined=True)
         self.host_off = self._host_alloc(lay.host_offload_nbytes, write_combined=False)
-        self._host_base = [self._host_ptrs[0], self._host_ptrs[1]]
+        self._host_base = [self._regions[0].ptr, self._regions[1].ptr]
         self._views: dict[int, object] = {}
         self._launchers: dict = {}
         n = mg.n
@@ -221,10 +225,11 @@ class CudaBackend:
         self.cur = -1
 
     def _host_alloc(self, nbytes: int, write_combined: bool) -> np.ndarray:
-        p = self.drv.host_alloc(nbytes, write_combined)
-        self._host_ptrs.append(p)
+        """A host region (``turnip.runtime.hostmem``): pinned now, or plain memory pinned at the first run."""
+        r = HostRegion(self.drv, nbytes, write_combined, self.host_register)
+        self._regions.append(r)
         self.allocations += 1
-        return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(p), dtype=np.uint8)
+        return r.array
 
     def view(self, b: int):
         """Typed device-array view of the buffer created by vertex ``b`` (built once, at load)."""
@@ -429,6 +434,8 @@ class CudaBackend:
     # ------------------------------------------------------------------ runs
     def begin_run(self, seed: int | None = None) -> None:
         check_ready(self)
+        for r in self._regions:  # registered regions are pinned in place once, after their first writes
+            r.pin()
         drv = self.drv
         for g in range(self.mg.n_gpus):
             self._set_ctx(g)
@@ -653,10 +660,9 @@ class CudaBackend:
         self._device_ptrs = []
         self.arenas, self.streams, self.copy_streams = [], [], []
         self.cur = -1
-        for p in self._host_ptrs:
-            if p:  # 0: detached (``detach_host_inputs``)
-                self.drv.cuMemFreeHost(p)
-        self._host_ptrs = []
+        for r in self._regions:  # a detached region has nothing left to release
+            r.release()
+        self._regions = []
 
     def detach_host_inputs(self):
         """The pinned input region, handed over (``HostInputs``) for the next backend to adopt (it then frees
@@ -665,11 +671,9 @@ class CudaBackend:
         from turnip.runtime.layout import HostInputs
 
         self.abort()
-        p, drv = self._host_ptrs[0], self.drv
-        h = HostInputs(self.host_in, self.host_key, p, lambda: drv.cuMemFreeHost(p))
-        self._host_ptrs[0] = 0
+        array, ptr, release = self._regions[0].hand_over()
         self.host_in = None
-        return h
+        return HostInputs(array, self.host_key, ptr, release)
 
     def __enter__(self):
         return self

@@ -138,14 +138,18 @@ class HostInputs:
 
     def adopt(self, key: tuple, lay: Layout, first, pinned: bool = False) -> list[int]:
         """A backend of layout ``lay`` (prefix tensors ``first``, their ``key``) takes this region as its own:
-        the tensors it finds filled (its ``array`` is then the backend's; for a ``pinned`` backend only a
-        pinned region serves); [] when it cannot, the region freed."""
+        the tensors it finds filled (its ``array`` is then the backend's, and its release, ``take``, too; for a
+        ``pinned`` backend only a pinned region serves); [] when it cannot, the region freed."""
         k = 0 if pinned and not self.ptr else self.adoptable(key, lay)
         if not k:
             self.free()
             return []
-        self.release = None  # the backend frees it now
         return list(first)[:k]
+
+    def take(self):
+        """The release of an adopted region, for its new owner (who calls it); this holder releases nothing."""
+        release, self.release = self.release, None
+        return release
 
 
 def _round_up(n: int) -> int:

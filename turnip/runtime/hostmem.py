@@ -1,0 +1,113 @@
+"""The CUDA backend's host regions (its input region: weights, inputs, cache blocks; its offload region).
+
+Copies between host and GPU run asynchronously only from pinned memory. Two ways to get it:
+
+- **allocated pinned** (the default): ``cuMemHostAlloc`` at plan load, before anything is written. On the lent
+  H100 hosts it pins 2.4 GB/s write-combined (1.8 without), whether from one thread or eight: a 7B model's
+  13.5 GB of weights take 5.6 s before the first copy (``benchmarks/pinned_alloc.py``,
+  ``benchmarks/results/generate/generate_prefill_tiles_h100.md``);
+- **registered** (``TURNIP_HOST_REGISTER=1``, off until timed in a run): plain memory at plan load (no page
+  touched), filled by the writing threads (which fault its pages in, in parallel), then pinned in place by
+  ``cuMemHostRegister`` at the first run: 0.29 s for 8 GiB of touched memory on the same hosts. Pages nothing
+  wrote are touched first, by threads. Registered memory is not write-combined (the host reads the offload
+  region anyway; for the input region the difference is the host's writes, cached instead of combined).
+
+A region is released as it was made (``cuMemFreeHost``, or ``cuMemHostUnregister`` and the memory dropped) and
+can be handed to the next plan's backend (``turnip.runtime.layout.HostInputs``) with its release.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+HOST_REGISTER_SWITCH = "TURNIP_HOST_REGISTER"
+PAGE = 4096
+REGISTER_PORTABLE = 1  # CU_MEMHOSTREGISTER_PORTABLE: pinned for every context (several GPUs)
+TOUCH_CHUNK = 1 << 28  # bytes per thread task when touching pages
+
+
+def host_register_on() -> bool:
+    """Whether the CUDA backend registers plain memory instead of allocating pinned memory:
+    ``TURNIP_HOST_REGISTER=1`` (off until timed in a run on a GPU)."""
+    return os.environ.get(HOST_REGISTER_SWITCH) == "1"
+
+
+def _fn(drv, name: str, args: list):
+    f = getattr(drv.lib, name)
+    f.argtypes, f.restype = args, ctypes.c_int
+    return f
+
+
+class HostRegion:
+    """``nbytes`` of host memory for GPU copies: ``array`` (uint8) at ``ptr``. ``register``: plain memory now,
+    pinned by ``pin`` (the first run); else pinned memory now (``write_combined`` as asked)."""
+
+    def __init__(self, drv, nbytes: int, write_combined: bool = False, register: bool = False):
+        self.drv, self.nbytes = drv, int(nbytes)
+        if register:
+            buf = np.empty(self.nbytes + PAGE, dtype=np.uint8)  # no page touched yet
+            off = -buf.ctypes.data % PAGE
+            self.array = buf[off : off + self.nbytes]
+            self.ptr, self.pinned, self._release = int(self.array.ctypes.data), False, None
+        else:
+            self.ptr = drv.host_alloc(self.nbytes, write_combined)
+            self.array = np.frombuffer((ctypes.c_uint8 * self.nbytes).from_address(self.ptr), dtype=np.uint8)
+            self.pinned, self._release = True, _freer(drv, self.ptr)
+
+    @classmethod
+    def adopted(cls, drv, array: np.ndarray, ptr: int, release) -> HostRegion:
+        """A pinned region handed over by another backend (``HostInputs``), released by ``release``."""
+        r = object.__new__(cls)
+        r.drv, r.nbytes, r.array, r.ptr, r.pinned, r._release = drv, len(array), array, int(ptr), True, release
+        return r
+
+    def pin(self, threads: int | None = None) -> None:
+        """Pin a registered region in place (nothing for one already pinned): its untouched pages touched by
+        ``threads`` threads (reading and writing back one byte a page keeps the bytes), then one
+        ``cuMemHostRegister``."""
+        if self.pinned:
+            return
+        if self.nbytes:
+            a = self.array
+            spans = [(i, min(i + TOUCH_CHUNK, self.nbytes)) for i in range(0, self.nbytes, TOUCH_CHUNK)]
+
+            def touch(span):
+                i, j = span
+                a[i:j:PAGE] = a[i:j:PAGE]
+
+            with ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1)) as ex:
+                list(ex.map(touch, spans))
+            reg = _fn(self.drv, "cuMemHostRegister_v2", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint])
+            self.drv.check(reg(self.ptr, self.nbytes, REGISTER_PORTABLE), f"cuMemHostRegister({self.nbytes} bytes)")
+            self._release = _unregisterer(self.drv, self.ptr)
+        self.pinned = True
+
+    def hand_over(self):
+        """(array, ptr, release) for the next backend (``HostInputs``), pinned first; this region forgets them."""
+        self.pin()
+        out = (self.array, self.ptr, self._release)
+        self.array, self.ptr, self._release = None, 0, None
+        return out
+
+    def release(self) -> None:
+        """Free the memory as it was made (idempotent; the caller has no copy in flight)."""
+        if self._release is not None:
+            self._release()
+            self._release = None
+        self.array, self.ptr = None, 0
+
+
+
+def _freer(drv, ptr: int):
+    """The release of pinned memory allocated at ``ptr``."""
+    return lambda: drv.cuMemFreeHost(ptr)
+
+
+def _unregisterer(drv, ptr: int):
+    """The release of memory registered at ``ptr`` (its owner, the numpy buffer, drops it after)."""
+    unreg = _fn(drv, "cuMemHostUnregister", [ctypes.c_void_p])
+    return lambda: drv.check(unreg(ptr), "cuMemHostUnregister")
