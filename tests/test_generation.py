@@ -388,6 +388,9 @@ def test_kept_weights_keep_the_tokens(monkeypatch, budget, dtype):
         # every decode plan after the first (the first too where the prefill tiles its weights alike)
         assert n_decode >= 3 and r.stats["weights_kept"] >= (n_decode - 1 if on == "1" else 0), r.stats
         assert on == "1" or r.stats["weights_kept"] == 0
+        ph = r.stats["prefill_phases_s"]  # the time to first token's parts
+        assert set(ph) == {"open", "run", "read", "assemble", "close", "fill"}, ph
+        assert 0 < sum(ph.values()) <= r.stats["prefill_s"] and len(r.stats["open_s"]) == n_decode
     assert got["0"] == got["1"]
 
 

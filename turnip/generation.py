@@ -291,11 +291,17 @@ class _Runner:
         from turnip.runtime import execute
         from turnip.runtime.weights import tile_inputs
 
+        t = [time.perf_counter()]
         self.be.write_inputs(tile_inputs(self.tg, inputs))
         execute(self.mg, self.be, policy, streams, seed=seed, device_times=False)
+        t.append(time.perf_counter())
         blocks = self.tg.meta["output_blocks"]
         outs = self.be.read_outputs(only={int(v) for k in read for _, v in blocks[k][1]})
-        return {k: assemble(self.tg, outs, k) for k in read}
+        t.append(time.perf_counter())
+        out = {k: assemble(self.tg, outs, k) for k in read}
+        t.append(time.perf_counter())
+        self.phases = dict(zip(("run", "read", "assemble"), np.diff(t).tolist(), strict=True))
+        return out
 
 
 def generate(
@@ -316,7 +322,8 @@ def generate(
     switch_s (the part of decode_s spent loading the next cache bucket's plan), weights_kept (decode plans
     that took over the host weights of the plan before: ``keep_weights_on``), kept_nbytes (the bytes they
     found in place, weights and, with ``keep_cache_on``, cache blocks), prefill_s (the prompts' prefill: its plan
-    loaded, written, run, the cache taken from it), open_s (per decode plan loaded: loading it and writing its
+    loaded, written, run, the cache taken from it) and prefill_phases_s (its parts: open, run, read, assemble,
+    close, fill), open_s (per decode plan loaded: loading it and writing its
     weights and cache blocks, in seconds)."""
     from turnip.compile import parse_nbytes
 
@@ -346,10 +353,10 @@ def generate(
     if P > 1:
         nxt = plans.get("decode", B, (P - 1) // block + 1)[0] if keep_weights_on() else None  # the first decode plan
         t_pre = time.perf_counter()
-        host = _prefill(m, ids, plans, cache, (backend, streams, opts, policy, seed), spare(0), nxt)
+        host, prefill_phases = _prefill(m, ids, plans, cache, (backend, streams, opts, policy, seed), spare(0), nxt)
         prefill_s = time.perf_counter() - t_pre
     else:
-        prefill_s = 0.0
+        prefill_s, prefill_phases = 0.0, {}
     out = _Outputs(m.tokenizer, B, set(m.eos if eos is None else eos), stop, on_token)
     rng = np.random.default_rng(sampling.seed)
     cur = np.array([x[-1] for x in ids], dtype=np.int64)
@@ -400,7 +407,8 @@ def generate(
     dec_s = t_end - t_dec
     stats = {"ttft_s": ttft, "tokens_per_s": (n_new - B) / dec_s if dec_s > 0 and n_new > B else None,
              "decode_s": dec_s, "switch_s": switch_s, "weights_kept": kept, "kept_nbytes": kept_nbytes,
-             "steps": k + 1, "new_tokens": n_new, "prefill_s": prefill_s, "open_s": open_s,
+             "steps": k + 1, "new_tokens": n_new, "prefill_s": prefill_s,
+             "prefill_phases_s": prefill_phases, "open_s": open_s,
              "link_nbytes_per_token": run_link_nbytes(runner.mg) / B,
              "bound_ms": lower_bound(runner.mg, profile)["lower_bound_ns"] / 1e6 if profile else None,
              "profile": profile, "plans_built": list(plans.built), "plans_loaded": list(plans.loaded),
@@ -414,7 +422,9 @@ def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple
     similar lengths share a plan), their keys and values into ``cache``. ``run``: (backend, streams,
     options, policy, seed). ``nxt``: the first decode plan's taskgraph, where the region is to pass on: the
     prefill's host input region (with ``reserve`` spare bytes for that plan's cache) is returned for it when
-    at least half of its weights' bytes would be found in place (``shared_weights``), else None."""
+    at least half of its weights' bytes would be found in place (``shared_weights``), else None; and the seconds
+    of its phases (the plan opened and its weights written, run, outputs read and assembled, closed, the cache
+    filled)."""
     backend, streams, opts, policy, seed = run
     seq = -(-(max(len(x) for x in ids) - 1) // PREFILL_ROUND) * PREFILL_ROUND
     tg, mg = plans.get("prefill", len(ids), seq)
@@ -427,14 +437,21 @@ def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple
     hand = nxt is not None and shared_weights(m, tg, nxt) >= 0.5
     # the decode plans also hold the weights the prefill does not read
     reserve = reserve + sum(int(x.nbytes) for k, x in m.weights.items() if k not in lg) if hand else 0
+    t0 = time.perf_counter()
     r = _Runner(tg, mg, m, None, backend, streams, opts, reserve=reserve)
+    phases = {"open": time.perf_counter() - t0}
     try:
         kv = r.run({"x0": m.embed(padded.reshape(-1))}, policy, streams, seed, list(tg.meta["output_blocks"]))
+        phases |= r.phases
         host = r.be.detach_host_inputs() if hand else None
     finally:
+        t1 = time.perf_counter()
         r.be.close()
+        phases["close"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
     cache.fill(kv, seq, [len(x) - 1 for x in ids])
-    return host
+    phases["fill"] = time.perf_counter() - t1
+    return host, phases
 
 
 class _Outputs:
