@@ -261,3 +261,56 @@ def test_the_cache_write_benchmark_on_a_tiny_preset(capsys):
                                             "--pairs", "1"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "the same bytes" in out and "write_tiles" in out, out
+
+
+def test_lazy_random_weights_are_the_random_inputs_made_one_at_a_time(tmp_path, monkeypatch):
+    """``lazy_random_inputs``: the values ``iter_random_inputs`` gives, each made when asked for and not kept; sizes
+    known without making them; ``write_arrays`` makes one array at a time (each copied before the next is made)
+    and fills the region as the arrays themselves would."""
+    from turnip.compile import build_with_resident
+    from turnip.runtime import open_backend
+    from turnip.runtime.loader import write_arrays
+    from turnip.runtime.weights import (
+        LazyWeights,
+        iter_random_inputs,
+        lazy_random_inputs,
+        select_weights,
+        weight_nbytes,
+    )
+
+    tg, _ = taskgraph(tmp_path)
+    eager = dict(iter_random_inputs(tg, 4))
+    lazy = lazy_random_inputs(tg, 4)
+    assert isinstance(lazy, LazyWeights) and list(lazy) == list(eager)
+    for k, x in eager.items():
+        assert lazy.shape(k) == x.shape and weight_nbytes(lazy, k) == weight_nbytes(eager, k) == x.nbytes
+        np.testing.assert_array_equal(lazy[k], x)
+    w = next(k for k, x in eager.items() if x.dtype != np.int32 and x.ndim == 2 and k != "tok_embed")
+    assert lazy[w] is not lazy[w]  # made again each time, kept by nobody
+    with pytest.raises(KeyError):
+        lazy["nothing"]
+    names = [k for k in eager if k.endswith("norm")]
+    assert list(select_weights(lazy, names)) == list(select_weights(eager, names)) == names
+    mg = build_with_resident(tg, 60_000, resident="20000")
+    made, live, most = [], [0], [0]
+    make = lazy._make
+
+    def counting(name):
+        made.append(name)
+        live[0] += 1
+        most[0] = max(most[0], live[0])
+        return make(name)
+
+    def copy_all(jobs, threads):
+        live[0] = 0  # the arrays of the jobs copied are dropped after
+        return real(jobs, threads)
+
+    real = ld._copy_all
+    monkeypatch.setattr(ld, "_copy_all", copy_all)
+    got = []
+    for arrays in (eager, LazyWeights(lazy._specs, counting)):
+        with open_backend("cpu", mg, 2) as be:
+            write_arrays(be, tg, arrays, 3)
+            got.append([be.host_in.copy(), *(a.copy() for a in be.arenas)])
+    assert all(np.array_equal(a, b) for a, b in zip(*got, strict=True))
+    assert made == list(eager) and most[0] == 1  # one array alive at a time

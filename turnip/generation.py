@@ -109,8 +109,9 @@ class GenerateError(ValueError):
 
 @dataclasses.dataclass
 class Model:
-    """A model's config, its weights (logical name -> array in the compute dtype), the embedding of token
-    ids, its tokenizer (or None) and its end-of-sequence ids."""
+    """A model's config, its weights (logical name -> array in the compute dtype: a dict, or a
+    ``turnip.runtime.weights.LazyWeights`` making each when asked), the embedding of token ids, its tokenizer
+    (or None) and its end-of-sequence ids."""
 
     cfg: LlamaConfig
     weights: dict
@@ -138,7 +139,7 @@ def load_model(model: str, dtype: str = "fp16", seed: int = 0, random_weights: b
     from turnip.checkpoint import Checkpoint, has_weights
     from turnip.decode import check_decodable
     from turnip.models import llama_config
-    from turnip.runtime.weights import NP_OF, iter_random_inputs, random_embedding
+    from turnip.runtime.weights import NP_OF, lazy_random_inputs, random_embedding
 
     try:
         cfg = llama_config(model)
@@ -166,7 +167,7 @@ def load_model(model: str, dtype: str = "fp16", seed: int = 0, random_weights: b
     if d.exists() and not random_weights:
         raise GenerateError(f"--model {model}: no safetensors weights there; pass a model directory with weights "
                             "(or --random-weights for seeded random ones)")  # fmt: skip
-    weights = {k: x for k, x in iter_random_inputs(tg, seed) if k in names}
+    weights = lazy_random_inputs(tg, seed, names)  # made when written: a 65B's 130 GB are never all in memory
     return Model(cfg, weights, random_embedding(tg, seed), None, (), dtype)
 
 
@@ -257,7 +258,7 @@ class _Runner:
                  host=None, reserve: int = 0):  # fmt: skip
         from turnip.runtime import open_backend
         from turnip.runtime.loader import write_arrays, write_tiles
-        from turnip.runtime.weights import logical_inputs, tile_inputs
+        from turnip.runtime.weights import logical_inputs, select_weights, tile_inputs
 
         self.tg, self.mg = tg, mg
         lg = logical_inputs(tg)
@@ -275,8 +276,8 @@ class _Runner:
             self.kept_nbytes = sum(int(tg.nbytes[v]) for v in kept)
             self.be.load_resident(kept)
             blocks = tg.meta["input_blocks"]
-            write_arrays(self.be, tg, {k: x for k, x in model.weights.items()  # the others, by threads
-                                       if k in lg and not all(v in kept for _, v in blocks[k][1])})  # fmt: skip
+            todo = [k for k in model.weights if k in lg and not all(v in kept for _, v in blocks[k][1])]
+            write_arrays(self.be, tg, select_weights(model.weights, todo))  # the others, by threads
             if cache is not None:
                 self.be.write_inputs(tile_inputs(tg, constants(model.cfg, model.dtype)))
                 self.be.write_inputs(merge_inputs(tg))
@@ -431,12 +432,12 @@ def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple
     padded = np.zeros((len(ids), seq), dtype=np.int64)
     for b, x in enumerate(ids):
         padded[b, : len(x) - 1] = x[:-1]
-    from turnip.runtime.weights import logical_inputs
+    from turnip.runtime.weights import logical_inputs, weight_nbytes
 
     lg = logical_inputs(tg)
     hand = nxt is not None and shared_weights(m, tg, nxt) >= 0.5
     # the decode plans also hold the weights the prefill does not read
-    reserve = reserve + sum(int(x.nbytes) for k, x in m.weights.items() if k not in lg) if hand else 0
+    reserve = reserve + sum(weight_nbytes(m.weights, k) for k in m.weights if k not in lg) if hand else 0
     t0 = time.perf_counter()
     r = _Runner(tg, mg, m, None, backend, streams, opts, reserve=reserve)
     phases = {"open": time.perf_counter() - t0}

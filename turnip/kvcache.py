@@ -10,6 +10,9 @@ other columns are 0 (a written row adds into it exactly).
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from turnip.decode import BIG, width
@@ -31,29 +34,36 @@ class HostCache:
         return 2 * c.n_layers * n_blocks * self.block * self.batch * c.kv_heads * self.F * self.np_dtype.itemsize
 
     def ensure(self, n_blocks: int) -> None:
-        """Blocks 0..n_blocks-1 exist (new ones free: zeros, mask column -BIG)."""
-        for layer in range(self.cfg.n_layers):
-            for j in range(n_blocks):
-                for w in "KV":
-                    if (layer, j, w) not in self.blocks:
-                        x = np.zeros((self.block, self.batch, self.cfg.kv_heads, self.F), dtype=self.np_dtype)
-                        x[..., self.cfg.dh] = -BIG
-                        self.blocks[(layer, j, w)] = x
+        """Blocks 0..n_blocks-1 exist (new ones free: zeros, mask column -BIG), made by threads (at batch 64 a 7B's
+        blocks of 256 slots are 570 MB each, their pages first touched here)."""
+        new = [(layer, j, w) for layer in range(self.cfg.n_layers) for j in range(n_blocks) for w in "KV"
+               if (layer, j, w) not in self.blocks]  # fmt: skip
+
+        def make(key):
+            x = np.zeros((self.block, self.batch, self.cfg.kv_heads, self.F), dtype=self.np_dtype)
+            x[..., self.cfg.dh] = -BIG
+            return key, x
+
+        self.blocks.update(_threaded(make, new))
 
     def fill(self, kv: dict[str, np.ndarray], seq: int, lens) -> None:
         """Slots [0, lens[b]) of sequence b from a ``prefill_kv`` run over prompts of ``seq`` tokens each
-        (``kv``: ``L{i}.kcache`` / ``L{i}.vcache``, (batch * seq, Hk, dh))."""
+        (``kv``: ``L{i}.kcache`` / ``L{i}.vcache``, (batch * seq, Hk, dh)); a thread per layer and key or value
+        at a time."""
         dh, T = self.cfg.dh, self.block
         self.ensure(-(-max(max(lens), 1) // T))
-        for layer in range(self.cfg.n_layers):
-            for w in "KV":
-                x = kv[f"L{layer}.{w.lower()}cache"].reshape(self.batch, seq, self.cfg.kv_heads, dh)
-                for b, n in enumerate(lens):
-                    for s in range(0, n, T):
-                        j, e = s // T, min(n, s + T)
-                        blk = self.blocks[(layer, j, w)]
-                        blk[: e - s, b, :, :dh] = x[b, s:e]
-                        blk[: e - s, b, :, dh] = 0
+
+        def copy(item):
+            layer, w = item
+            x = kv[f"L{layer}.{w.lower()}cache"].reshape(self.batch, seq, self.cfg.kv_heads, dh)
+            for b, n in enumerate(lens):
+                for s in range(0, n, T):
+                    j, e = s // T, min(n, s + T)
+                    blk = self.blocks[(layer, j, w)]
+                    blk[: e - s, b, :, :dh] = x[b, s:e]
+                    blk[: e - s, b, :, dh] = 0
+
+        _threaded(copy, [(layer, w) for layer in range(self.cfg.n_layers) for w in "KV"])
 
     def block_inputs(self, tg, skip=(), only=None, views: bool = False) -> dict[int, np.ndarray]:
         """The values of a decode plan's block inputs (by taskgraph vertex), but those in ``skip`` (``only``:
@@ -120,3 +130,11 @@ def merge_inputs(tg) -> dict[int, np.ndarray]:
         s[np.arange(G), np.arange(G)] = 1
         out[int(v)] = s.reshape(1, G, B, hk)
     return out
+
+
+def _threaded(fn, items: list) -> list:
+    """``fn`` over ``items`` by a thread pool (numpy's copies release the GIL), results in order."""
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(min(16, os.cpu_count() or 1, len(items))) as ex:
+        return list(ex.map(fn, items))

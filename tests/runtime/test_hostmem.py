@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from turnip.runtime._cudadrv import SUCCESS, CudaError, Driver
-from turnip.runtime.hostmem import PAGE, REGISTER_PORTABLE, HostRegion, host_register_on
+from turnip.runtime.hostmem import PAGE, REGISTER_PORTABLE, PinnedRegion, host_register_on
 from turnip.runtime.layout import HostInputs
 
 pytestmark = pytest.mark.unit
@@ -55,7 +55,7 @@ class FakeDriver:
 
 def test_a_registered_region_is_plain_memory_until_its_first_run_and_keeps_its_bytes():
     d = FakeDriver()
-    r = HostRegion(d, 3 * PAGE + 100, write_combined=True, register=True)
+    r = PinnedRegion(d, 3 * PAGE + 100, write_combined=True, register=True)
     assert not r.pinned and r.ptr % PAGE == 0 and r.array.size == 3 * PAGE + 100 and d.calls == []
     r.array[:] = np.arange(r.array.size) % 251
     want = r.array.copy()
@@ -71,7 +71,7 @@ def test_a_registered_region_is_plain_memory_until_its_first_run_and_keeps_its_b
 
 def test_an_allocated_region_is_pinned_at_once_and_freed_as_allocated():
     d = FakeDriver()
-    r = HostRegion(d, 4096, write_combined=True)
+    r = PinnedRegion(d, 4096, write_combined=True)
     assert r.pinned and d.calls == [("alloc", 4096, True)]
     r.array[:] = 7
     r.pin()
@@ -81,7 +81,7 @@ def test_an_allocated_region_is_pinned_at_once_and_freed_as_allocated():
 
 
 def test_a_failed_registration_names_its_size():
-    r = HostRegion(FakeDriver(register_answer=999), 2 * PAGE, register=True)
+    r = PinnedRegion(FakeDriver(register_answer=999), 2 * PAGE, register=True)
     with pytest.raises(CudaError, match=rf"cuMemHostRegister\({2 * PAGE} bytes\): error 999"):
         r.pin()
 
@@ -91,14 +91,14 @@ def test_a_handed_over_region_is_released_once_by_the_backend_that_adopts_it(reg
     """``hand_over`` pins first; the old region releases nothing; ``HostInputs.take`` gives the release to the
     adopter, whose region releases it as it was made."""
     d = FakeDriver()
-    r = HostRegion(d, 2 * PAGE, register=register)
+    r = PinnedRegion(d, 2 * PAGE, register=register)
     r.array[:5] = [1, 2, 3, 4, 5]
     array, ptr, release = r.hand_over()
     n = len(d.calls)
     r.release()
     assert len(d.calls) == n and r.array is None  # nothing left to release
     h = HostInputs(array, ("w",), ptr, release)
-    new = HostRegion.adopted(d, h.array, h.ptr, h.take())
+    new = PinnedRegion.adopted(d, h.array, h.ptr, h.take())
     h.free()  # the holder releases nothing once taken
     assert len(d.calls) == n and list(new.array[:5]) == [1, 2, 3, 4, 5] and new.pinned
     new.release()

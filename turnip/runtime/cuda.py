@@ -56,7 +56,7 @@ from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL, KIND_OFFLOAD, KIND_REL
 from turnip.runtime._cudadrv import NOT_READY, SUCCESS, CudaError, Driver
 from turnip.runtime.backend import check_ready
 from turnip.runtime.errors import BackendError, VertexFailed
-from turnip.runtime.hostmem import HostRegion, host_register_on
+from turnip.runtime.hostmem import PinnedRegion, host_register_on
 from turnip.runtime.layout import HOST_INPUT, NP_DTYPE, input_vertices, output_sources, plan_layout, row_range
 from turnip.sched.groups import group_events_on, launch_groups, launch_groups_on
 
@@ -105,7 +105,7 @@ class CudaBackend:
         self.views_built = 0
         self._closed = False
         self.host_register = host_register_on() if host_register is None else bool(host_register)
-        self._regions: list = []  # HostRegion: the input region, then the offload region
+        self._regions: list = []  # PinnedRegion: the input region, then the offload region
         self._events: list[int] = []
         self.ctx, self.arenas, self.base, self.streams, self.hstreams = [], [], [], [], []
         self._device_ptrs: list[tuple[int, int]] = []  # (context, pointer) of the arenas, freed at close
@@ -135,7 +135,7 @@ class CudaBackend:
         self.host_key = tuple(host_key)  # adopted: tensors whose host copies came with a handed-over region
         self.adopted = [] if host_inputs is None else host_inputs.adopt(self.host_key, lay, host_first or (), True)
         if self.adopted:  # a filled region of an earlier plan: its prefix kept, released by us as it was made
-            self._regions.append(HostRegion.adopted(drv, host_inputs.array, host_inputs.ptr, host_inputs.take()))
+            self._regions.append(PinnedRegion.adopted(drv, host_inputs.array, host_inputs.ptr, host_inputs.take()))
             self.host_in = host_inputs.array
         else:
             self.host_in = self._host_alloc(lay.host_input_nbytes, write_combined=True)
@@ -226,7 +226,7 @@ class CudaBackend:
 
     def _host_alloc(self, nbytes: int, write_combined: bool) -> np.ndarray:
         """A host region (``turnip.runtime.hostmem``): pinned now, or plain memory pinned at the first run."""
-        r = HostRegion(self.drv, nbytes, write_combined, self.host_register)
+        r = PinnedRegion(self.drv, nbytes, write_combined, self.host_register)
         self._regions.append(r)
         self.allocations += 1
         return r.array

@@ -42,7 +42,7 @@ def _fn(drv, name: str, args: list):
     return f
 
 
-class HostRegion:
+class PinnedRegion:
     """``nbytes`` of host memory for GPU copies: ``array`` (uint8) at ``ptr``. ``register``: plain memory now,
     pinned by ``pin`` (the first run); else pinned memory now (``write_combined`` as asked)."""
 
@@ -59,7 +59,7 @@ class HostRegion:
             self.pinned, self._release = True, _freer(drv, self.ptr)
 
     @classmethod
-    def adopted(cls, drv, array: np.ndarray, ptr: int, release) -> HostRegion:
+    def adopted(cls, drv, array: np.ndarray, ptr: int, release) -> PinnedRegion:
         """A pinned region handed over by another backend (``HostInputs``), released by ``release``."""
         r = object.__new__(cls)
         r.drv, r.nbytes, r.array, r.ptr, r.pinned, r._release = drv, len(array), array, int(ptr), True, release

@@ -570,17 +570,22 @@ def _copy_all(jobs: list, threads: int | None) -> None:
 def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
     """``write_streaming(backend, tg, arrays.items())`` with every tile copied straight from its logical array
     into the backend's host input region (``host_in``) by ``threads`` workers (default min(16, cores)), then
-    the resident inputs loaded; no tile array in between. Inputs without a host copy, and a backend without
+    the resident inputs loaded; no tile array in between. A ``LazyWeights`` is made one array at a time, each
+    copied before the next is made. Inputs without a host copy, and a backend without
     ``host_in``, go through ``write_inputs``. Returns bytes written."""
-    from turnip.runtime.weights import compute_dtype, logical_inputs, write_streaming
+    from turnip.runtime.weights import LazyWeights, compute_dtype, logical_inputs, write_streaming
 
     region = getattr(backend, "host_in", None)
     if region is None:
         return write_streaming(backend, tg, arrays.items())
     offs, lg = input_offsets(backend), logical_inputs(tg)
     jobs, rest, written = [], {}, []
-    for name, x in arrays.items():
-        x = np.asarray(x)
+    lazy = isinstance(arrays, LazyWeights)  # one array made at a time: its tiles copied before the next is made
+    for name in arrays:
+        if lazy:
+            _copy_all(jobs, threads)
+            jobs = []
+        x = np.asarray(arrays[name])
         direct = x.dtype == compute_dtype(tg, name)
         for starts, t in lg[name][1]:
             t = int(t)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import ml_dtypes
@@ -132,6 +133,76 @@ def iter_random_inputs(tg, seed: int = 0, pool_elems: int = 1 << 22, ids=None):
             x = np.empty(math.prod(shape), dtype=pool.dtype)
             _copy_pieces(x, pool, offs, pool_elems, 0)
         yield name, x.reshape(shape)
+
+
+class LazyWeights(Mapping):
+    """Logical weights made each time one is asked for, never kept: ``weights[name]`` makes the array, ``nbytes``
+    and ``shape`` answer without making it. For models whose arrays and a backend's pinned copy of them would not
+    fit in host memory together (LLaMA-65B: 130 GB each): a writer takes one array, copies its tiles and drops it
+    (``turnip.runtime.loader.write_arrays``). ``only(names)``: the same, restricted to ``names``."""
+
+    def __init__(self, specs: dict, make):
+        self._specs, self._make = specs, make  # name -> (shape, dtype); make(name) -> array
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._specs:
+            raise KeyError(name)
+        return self._make(name)
+
+    def __iter__(self):
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self._specs[name][0])
+
+    def nbytes(self, name: str) -> int:
+        shape, dt = self._specs[name]
+        return math.prod(shape) * np.dtype(dt).itemsize
+
+    def only(self, names) -> LazyWeights:
+        keep = set(names)
+        return LazyWeights({k: v for k, v in self._specs.items() if k in keep}, self._make)
+
+
+def weight_nbytes(weights, name: str) -> int:
+    """Bytes of logical weight ``name`` of a dict of arrays or a ``LazyWeights``, without making it."""
+    return weights.nbytes(name) if isinstance(weights, LazyWeights) else int(np.asarray(weights[name]).nbytes)
+
+
+def select_weights(weights, names):
+    """``weights`` restricted to ``names`` (in the mapping's order), made lazily where they are lazy."""
+    if isinstance(weights, LazyWeights):
+        return weights.only(names)
+    keep = set(names)
+    return {k: x for k, x in weights.items() if k in keep}
+
+
+def lazy_random_inputs(tg, seed: int = 0, names=None, pool_elems: int = 1 << 22) -> LazyWeights:
+    """``iter_random_inputs``' tensors (of ``names``, default all) as a ``LazyWeights``: the same values, each
+    made from the seed's pool when asked for (the pool and every tensor's piece offsets drawn now)."""
+    want = None if names is None else set(names)
+    specs, ready, recipes = {}, {}, {}
+    for name, shape, x, pool, offs in _random_recipes(tg, seed, pool_elems, None):
+        if want is not None and name not in want:
+            continue
+        if x is not None:
+            specs[name], ready[name] = (tuple(shape), x.dtype), x
+        else:
+            specs[name], recipes[name] = (tuple(shape), pool.dtype), (pool, offs)
+
+    def make(name):
+        if name in ready:
+            return ready[name]
+        pool, offs = recipes[name]
+        shape = specs[name][0]
+        x = np.empty(math.prod(shape), dtype=pool.dtype)
+        _copy_pieces(x, pool, offs, pool_elems, 0)
+        return x.reshape(shape)
+
+    return LazyWeights(specs, make)
 
 
 def _random_recipes(tg, seed: int, pool_elems: int, ids):
