@@ -33,3 +33,31 @@ def test_links_file_with_ports_and_relay_rates(tmp_path, capsys):
     assert "| 0K | 1MiB | 2 | tensor |" in text and "links " + str(links) in text
     got = list(csv.DictReader(open(out)))
     assert len(got) == 2 and all(float(r["sim_ms"]) > 0 for r in got)
+
+
+def test_at_its_own_host_time_a_slower_host_is_simulated_slower(tmp_path, capsys):
+    """``--at-host-time``: each row simulated with its host costs scaled to its measured ``host_ms_per_run``: a row
+    whose host took ten times as long is predicted slower, the summary line counts both."""
+    from sim.timing import TimingModel
+    from turnip.compile import compile_model
+    from turnip.machine.costs import host_busy_ns
+    from turnip.machine.profile import load_profile
+
+    mg = compile_model("llama-tiny", seq=64, gpus=2, budget="1MiB", resident="auto", split="tensor")[1]
+    base = host_busy_ns(TimingModel(mg, load_profile("h100-calibrated")), 1.0) / 1e6
+    rows = tmp_path / "rows.csv"
+    with open(rows, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["workload", "model", "seq", "batch", "budget", "gpus", "split", "policy",
+                                          "ms_median", "vertices", "host_ms_per_run"])  # fmt: skip
+        w.writeheader()
+        for policy, host in (("nondet", base), ("det", 10 * base)):
+            w.writerow({"workload": "prefill", "model": "llama-tiny", "seq": 64, "batch": 1, "budget": "1MiB",
+                        "gpus": 2, "split": "tensor", "policy": policy, "ms_median": 1.0, "vertices": mg.n,
+                        "host_ms_per_run": host})  # fmt: skip
+    out = tmp_path / "sim.csv"
+    mod = load_script("sim_vs_multi")
+    args = [str(rows), "--profile", "h100-calibrated", "--runs", "1", "--at-host-time", "--out", str(out)]
+    assert mod.main(args) == 0
+    assert "at each row's own host time:" in capsys.readouterr().out
+    nondet, det = list(csv.DictReader(open(out)))
+    assert float(det["sim_ms_at_host"]) > 2 * float(nondet["sim_ms_at_host"]) > 0
