@@ -37,6 +37,7 @@ def turnip_row(st: dict, B: int, P: int, N: int, budget: str, keep) -> dict:
            "tokens_per_s": st["tokens_per_s"], "ms_per_step": st["decode_s"] / max(1, st["steps"] - 1) * 1e3,
            "switch_s": st["switch_s"], "prefill_s": st["prefill_s"],
            "prefill_phases": " ".join(f"{k}={v:.2f}" for k, v in st["prefill_phases_s"].items()),
+           "switch_phases": " ".join(f"{k}={v:.2f}" for k, v in st["switch_phases_s"].items()),
            "open_s": " ".join(f"{x:.2f}" for x in st["open_s"]),
            "ms_per_step_in_bucket": (st["decode_s"] - st["switch_s"]) / max(1, st["steps"] - 1) * 1e3,
            "bound_ms": st["bound_ms"], "link_nbytes_per_token": st["link_nbytes_per_token"],

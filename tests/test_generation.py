@@ -391,6 +391,9 @@ def test_kept_weights_keep_the_tokens(monkeypatch, budget, dtype):
         ph = r.stats["prefill_phases_s"]  # the time to first token's parts
         assert set(ph) == {"open", "run", "read", "assemble", "close", "fill"}, ph
         assert 0 < sum(ph.values()) <= r.stats["prefill_s"] and len(r.stats["open_s"]) == n_decode
+        sw = r.stats["switch_phases_s"]  # and the bucket switches' parts
+        assert set(sw) == {"read", "take", "close"} and sum(sw.values()) + sum(r.stats["open_s"][1:]) <= r.stats[
+            "switch_s"] + 1e-3, (sw, r.stats)
     assert got["0"] == got["1"]
 
 

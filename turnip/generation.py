@@ -325,7 +325,8 @@ def generate(
     found in place, weights and, with ``keep_cache_on``, cache blocks), prefill_s (the prompts' prefill: its plan
     loaded, written, run, the cache taken from it) and prefill_phases_s (its parts: open, run, read, assemble,
     close, fill), open_s (per decode plan loaded: loading it and writing its
-    weights and cache blocks, in seconds)."""
+    weights and cache blocks, in seconds), switch_phases_s (over the bucket switches: the written blocks read
+    from the plan, taken into the host cache, the plan closed; with open_s after the first, switch_s)."""
     from turnip.compile import parse_nbytes
 
     t0 = time.perf_counter()
@@ -362,6 +363,7 @@ def generate(
     rng = np.random.default_rng(sampling.seed)
     cur = np.array([x[-1] for x in ids], dtype=np.int64)
     runner, ttft, t_dec, switch_s, kept, kept_nbytes, open_s = None, None, None, 0.0, 0, 0, []
+    switch_phases: dict = {}  # seconds over all bucket switches: the written blocks read, taken, the plan closed
     try:
         for k in range(max_new_tokens):
             slot = P - 1 + k
@@ -369,13 +371,19 @@ def generate(
             if runner is None or runner.tg.meta["decode"]["n_blocks"] != nb:
                 t_switch = time.perf_counter()
                 if runner is not None:  # the written block back to the host copy, the next bucket's plan loaded
-                    cache.take(runner.tg, runner.be.read_outputs(only={o for o, _ in carry_pairs(runner.tg)}))
+                    blocks_out = runner.be.read_outputs(only={o for o, _ in carry_pairs(runner.tg)})
+                    t = [time.perf_counter()]
+                    cache.take(runner.tg, blocks_out)
+                    t.append(time.perf_counter())
                     if keep_weights_on() and keep_cache_on():  # the written block's host copy made current
                         written = {i for _, i in carry_pairs(runner.tg)}
                         runner.be.write_inputs(cache.block_inputs(runner.tg, only=written), load_resident=False)
                     host = runner.be.detach_host_inputs() if keep_weights_on() else None
                     runner.be.close()
                     runner = None
+                    t.append(time.perf_counter())
+                    for name, a, b in (("read", t_switch, t[0]), ("take", t[0], t[1]), ("close", t[1], t[2])):
+                        switch_phases[name] = switch_phases.get(name, 0.0) + b - a
                 t_open = time.perf_counter()
                 runner, host = _Runner(*plans.get("decode", B, nb), m, cache, backend, streams, opts, host,
                                        spare(nb)), None  # fmt: skip
@@ -409,7 +417,7 @@ def generate(
     stats = {"ttft_s": ttft, "tokens_per_s": (n_new - B) / dec_s if dec_s > 0 and n_new > B else None,
              "decode_s": dec_s, "switch_s": switch_s, "weights_kept": kept, "kept_nbytes": kept_nbytes,
              "steps": k + 1, "new_tokens": n_new, "prefill_s": prefill_s,
-             "prefill_phases_s": prefill_phases, "open_s": open_s,
+             "prefill_phases_s": prefill_phases, "open_s": open_s, "switch_phases_s": switch_phases,
              "link_nbytes_per_token": run_link_nbytes(runner.mg) / B,
              "bound_ms": lower_bound(runner.mg, profile)["lower_bound_ns"] / 1e6 if profile else None,
              "profile": profile, "plans_built": list(plans.built), "plans_loaded": list(plans.loaded),

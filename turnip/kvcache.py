@@ -79,11 +79,13 @@ class HostCache:
         return out
 
     def take(self, tg, values: dict[int, np.ndarray]) -> None:
-        """The written blocks back from a decode plan's outputs (by vertex; ``read_outputs``)."""
-        for c in tg.meta["kv"]:
-            if c["output"] >= 0:
-                x = values[int(c["output"])].reshape(self.block, self.batch, c["h1"] - c["h0"], self.F)
-                self.blocks[(c["layer"], c["j"], c["which"])][:, :, c["h0"] : c["h1"]] = x
+        """The written blocks back from a decode plan's outputs (by vertex; ``read_outputs``), by threads."""
+
+        def copy(c):
+            x = values[int(c["output"])].reshape(self.block, self.batch, c["h1"] - c["h0"], self.F)
+            self.blocks[(c["layer"], c["j"], c["which"])][:, :, c["h0"] : c["h1"]] = x
+
+        _threaded(copy, [c for c in tg.meta["kv"] if c["output"] >= 0])
 
 
 def rotations(cfg: LlamaConfig, positions, dtype: str) -> np.ndarray:
