@@ -290,6 +290,7 @@ class _Runner:
     def run(self, inputs: dict, policy: str, streams: int, seed: int | None, read: list[str]) -> dict:
         from turnip.memgraph.interp import assemble
         from turnip.runtime import execute
+        from turnip.runtime.loader import thread_map
         from turnip.runtime.weights import tile_inputs
 
         t = [time.perf_counter()]
@@ -297,9 +298,10 @@ class _Runner:
         execute(self.mg, self.be, policy, streams, seed=seed, device_times=False)
         t.append(time.perf_counter())
         blocks = self.tg.meta["output_blocks"]
-        outs = self.be.read_outputs(only={int(v) for k in read for _, v in blocks[k][1]})
+        outs = self.be.read_outputs(only={int(v) for k in read for _, v in blocks[k][1]}, views=True)
         t.append(time.perf_counter())
-        out = {k: assemble(self.tg, outs, k) for k in read}
+        out = dict(zip(read, thread_map(lambda k: assemble(self.tg, outs, k), read), strict=True))  # copies: the
+        # views into the backend's region are gone once it runs again or closes
         t.append(time.perf_counter())
         self.phases = dict(zip(("run", "read", "assemble"), np.diff(t).tolist(), strict=True))
         return out
@@ -371,7 +373,7 @@ def generate(
             if runner is None or runner.tg.meta["decode"]["n_blocks"] != nb:
                 t_switch = time.perf_counter()
                 if runner is not None:  # the written block back to the host copy, the next bucket's plan loaded
-                    blocks_out = runner.be.read_outputs(only={o for o, _ in carry_pairs(runner.tg)})
+                    blocks_out = runner.be.read_outputs(only={o for o, _ in carry_pairs(runner.tg)}, views=True)
                     t = [time.perf_counter()]
                     cache.take(runner.tg, blocks_out)
                     t.append(time.perf_counter())

@@ -10,14 +10,12 @@ other columns are 0 (a written row adds into it exactly).
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from turnip.decode import BIG, width
 from turnip.models import LlamaConfig
 from turnip.reference import rope_inv_freq
+from turnip.runtime.loader import thread_map
 from turnip.runtime.weights import NP_OF
 
 
@@ -44,7 +42,7 @@ class HostCache:
             x[..., self.cfg.dh] = -BIG
             return key, x
 
-        self.blocks.update(_threaded(make, new))
+        self.blocks.update(thread_map(make, new))
 
     def fill(self, kv: dict[str, np.ndarray], seq: int, lens) -> None:
         """Slots [0, lens[b]) of sequence b from a ``prefill_kv`` run over prompts of ``seq`` tokens each
@@ -63,7 +61,7 @@ class HostCache:
                     blk[: e - s, b, :, :dh] = x[b, s:e]
                     blk[: e - s, b, :, dh] = 0
 
-        _threaded(copy, [(layer, w) for layer in range(self.cfg.n_layers) for w in "KV"])
+        thread_map(copy, [(layer, w) for layer in range(self.cfg.n_layers) for w in "KV"])
 
     def block_inputs(self, tg, skip=(), only=None, views: bool = False) -> dict[int, np.ndarray]:
         """The values of a decode plan's block inputs (by taskgraph vertex), but those in ``skip`` (``only``:
@@ -85,7 +83,7 @@ class HostCache:
             x = values[int(c["output"])].reshape(self.block, self.batch, c["h1"] - c["h0"], self.F)
             self.blocks[(c["layer"], c["j"], c["which"])][:, :, c["h0"] : c["h1"]] = x
 
-        _threaded(copy, [c for c in tg.meta["kv"] if c["output"] >= 0])
+        thread_map(copy, [c for c in tg.meta["kv"] if c["output"] >= 0])
 
 
 def rotations(cfg: LlamaConfig, positions, dtype: str) -> np.ndarray:
@@ -132,11 +130,3 @@ def merge_inputs(tg) -> dict[int, np.ndarray]:
         s[np.arange(G), np.arange(G)] = 1
         out[int(v)] = s.reshape(1, G, B, hk)
     return out
-
-
-def _threaded(fn, items: list) -> list:
-    """``fn`` over ``items`` by a thread pool (numpy's copies release the GIL), results in order."""
-    if len(items) <= 1:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(min(16, os.cpu_count() or 1, len(items))) as ex:
-        return list(ex.map(fn, items))

@@ -74,3 +74,24 @@ def test_no_allocation_or_view_during_execution():
         for seed in range(5):
             execute(mg, be, seed=seed)
         assert (be.allocations, be.views_built) == before
+
+
+def test_outputs_read_as_views_of_the_offload_region():
+    """``read_outputs(views=True)``: the values ``read_outputs()`` copies, an offloaded output (a prefill's keys and
+    values under 64 KiB) as a view of the host offload region (no copy), one left on the GPU copied."""
+    from turnip.models import llama_config
+    from turnip.plancache import PlanCache
+    from turnip.runtime.layout import output_sources
+    from turnip.runtime.weights import random_inputs_for, tile_inputs
+
+    tg, mg = PlanCache(llama_config("llama-tiny"), 64 << 10, 1, "fp32", 4).get("prefill", 2, 16)
+    on_host = {t: h for t, _, h in output_sources(mg)}
+    assert any(on_host.values()) and not all(on_host.values())
+    with open_backend("cpu", mg, 2) as be:
+        be.write_inputs(tile_inputs(tg, random_inputs_for(tg, seed=1)))
+        execute(mg, be, "nondet", 2, seed=0)
+        copies, views = be.read_outputs(), be.read_outputs(views=True)
+        assert copies.keys() == views.keys() == on_host.keys()
+        for t, h in on_host.items():
+            np.testing.assert_array_equal(views[t], copies[t])
+            assert np.shares_memory(views[t], be.host[1]) == h and not np.shares_memory(copies[t], be.host[1])

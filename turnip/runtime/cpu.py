@@ -169,11 +169,14 @@ class CpuBackend:
                     if self.lay.resident[v]:
                         _Copy(self.buf(v), self._host_view(v))()
 
-    def read_outputs(self, only=None) -> dict[int, np.ndarray]:
+    def read_outputs(self, only=None, views: bool = False) -> dict[int, np.ndarray]:
+        """Every output tensor's value (``only``: just these tensors); ``views``: an offloaded one as a view of the
+        host region (no copy: valid until the next run or ``close``)."""
         out = {}
         for t, o, on_host in output_sources(self.mg):
             if only is None or t in only:
-                out[t] = (self._host_view(o) if on_host else self.buf(o)).copy()
+                x = self._host_view(o) if on_host else self.buf(o)
+                out[t] = x if views and on_host else x.copy()
         return out
 
     def carry(self, pairs, rows: tuple[int, int] | None = None) -> None:

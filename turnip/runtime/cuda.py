@@ -376,8 +376,9 @@ class CudaBackend:
                     self.drv.check(self.drv.cuMemcpyHtoD_v2(self.base[g] + lay.out_offset[v], host, lay.nbytes[v]),
                                    f"loading resident input {mg.label(v)}")  # fmt: skip
 
-    def read_outputs(self, only=None) -> dict[int, np.ndarray]:
-        """Every output tensor's value (``only``: just these tensors)."""
+    def read_outputs(self, only=None, views: bool = False) -> dict[int, np.ndarray]:
+        """Every output tensor's value (``only``: just these tensors); ``views``: an offloaded one as a view of the
+        pinned offload region (no copy: valid until the next run or ``close``)."""
         from cuda_kernels._numba import to_host
         from turnip.runtime.layout import buffer_view
 
@@ -386,7 +387,8 @@ class CudaBackend:
             if only is not None and t not in only:
                 continue
             if on_host:
-                out[t] = buffer_view(self.host_off, self.lay.host_offset[o], self.mg.shape[o], self.mg.dtype[o]).copy()
+                x = buffer_view(self.host_off, self.lay.host_offset[o], self.mg.shape[o], self.mg.dtype[o])
+                out[t] = x if views else x.copy()
             else:
                 self._set_ctx(self.lay.gpu[o])
                 out[t] = to_host(self.view(o))

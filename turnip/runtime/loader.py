@@ -559,12 +559,18 @@ def write_tiles(backend, tg, values: dict, threads: int | None = None) -> int:
     return sum(int(tg.nbytes[t]) for t in values)
 
 
+def thread_map(fn, items: list, threads: int | None = None) -> list:
+    """``fn`` over ``items`` on ``threads`` workers (default min(16, cores); numpy's copies release the GIL), results
+    in order; one item runs here."""
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(min(threads or 16, os.cpu_count() or 1, len(items)), thread_name_prefix="turnip-map") as ex:
+        return list(ex.map(fn, items))
+
+
 def _copy_all(jobs: list, threads: int | None) -> None:
     """``np.copyto(dst, src)`` for every (dst, src) of ``jobs`` on ``threads`` workers (default min(16, cores))."""
-    if jobs:
-        with ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1), thread_name_prefix="turnip-write") as ex:
-            for f in [ex.submit(np.copyto, dst, src) for dst, src in jobs]:
-                f.result()
+    thread_map(lambda job: np.copyto(*job), jobs, threads)
 
 
 def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
