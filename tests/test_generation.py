@@ -464,13 +464,16 @@ def test_cuda_backend_with_kept_weights_gives_the_cpu_backends_tokens(monkeypatc
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("budget", ["64KiB", "16MiB"])
-def test_cuda_backend_on_two_gpus_gives_the_cpu_backends_tokens(budget):
+@pytest.mark.parametrize("split", ["tensor", "layers"])
+def test_cuda_backend_on_two_gpus_gives_the_cpu_backends_tokens(monkeypatch, budget, split):
     """On two GPUs: prefill and decode plans split over both (the cache spilling to the host at 64 KiB per GPU,
-    resident at 16 MiB) give the CPU backend's greedy tokens for the same two GPUs."""
+    resident at 16 MiB; decode steps by tensor or by layers) give the CPU backend's greedy tokens for the same two
+    GPUs."""
     from tests.runtime.helpers import gpus
 
     if gpus() < 2:
         pytest.skip("needs two CUDA devices")
+    monkeypatch.setenv("TURNIP_DECODE_SPLIT", split)
     m = load_model("llama-tiny", "fp32", seed=3)
     prompts = [[5, 7, 9, 11, 2, 8, 1, 6, 4], [3, 1, 4]]
     want = generate(m, prompts, max_new_tokens=11, budget=budget, gpus=2, block=4, seed=1).ids
@@ -507,3 +510,30 @@ def test_a_prefill_tiled_as_the_decode_steps_hands_its_weights_to_the_first_deco
     n_decode = sum(1 for p in stats["1"]["plans_built"] if p[0] == "decode")
     assert got["0"] == got["1"]
     assert stats["1"]["weights_kept"] == n_decode == stats["0"]["weights_kept"] + 1, stats
+
+
+@pytest.mark.parametrize("budget,auto", [(64 << 10, "tensor"), (16 << 20, "layers")])
+def test_decode_steps_split_by_layers_give_the_same_tokens(monkeypatch, budget, auto):
+    """``TURNIP_DECODE_SPLIT``: decode steps on two GPUs split by layers (a one-GPU step's tiles, each layer and its
+    cache blocks on one GPU) give the tokens of the tensor split; ``auto`` takes layers where nothing then streams
+    (16 MiB) and tensor where weights or cache blocks cross the host links (64 KiB). Every plan verified, chaos."""
+    from turnip.compile import run_link_nbytes
+
+    m = load_model("llama-tiny", "fp32", seed=3)
+    prompts = [[5, 7, 9, 11, 2, 8, 1, 6, 4], [3, 1, 4]]
+    got = {}
+    for how in ("tensor", "layers", "auto"):
+        monkeypatch.setenv("TURNIP_DECODE_SPLIT", how)
+        plans = PlanCache(m.cfg, budget, 2, "fp32", 4, verify=True)
+        got[how] = generate(m, prompts, max_new_tokens=9, budget=budget, gpus=2, block=4, plans=plans, chaos=0.2,
+                            seed=1).ids  # fmt: skip
+        decode = [plans.plans[k] for k in plans.plans if k[0] == "decode"]
+        splits = {tg.meta["split"] for tg, _ in decode}
+        assert splits == {auto if how == "auto" else how}, splits
+        if how == "layers":
+            assert all(set(tg.gpu.tolist()) == {0, 1} for tg, _ in decode)
+            assert (max(run_link_nbytes(mg) for _, mg in decode) == 0) == (auto == "layers")
+    assert got["tensor"] == got["layers"] == got["auto"]
+    monkeypatch.setenv("TURNIP_DECODE_SPLIT", "rows")
+    with pytest.raises(ValueError, match="TURNIP_DECODE_SPLIT='rows'"):
+        PlanCache(m.cfg, budget, 2, "fp32", 4).get("decode", 2, 3)

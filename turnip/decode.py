@@ -161,8 +161,13 @@ class _DecodeLowering(_BaseLowering):
         self.carried: list[int] = []
 
     def run(self) -> TaskGraph:
+        base = self.T
+        pinned = [dataclasses.replace(base, pin=k) for k in range(base.n_gpus)] if base.parallel == "layers" else None
         for node in self.g.nodes:
+            if pinned is not None:  # the layers split: each node on its layer's GPU (constants on the first)
+                self.T = pinned[base.stage(node.layer)]
             getattr(self, "_" + ("map" if node.op in _elementwise() else node.op))(node)
+        self.T = base
         outs = [v for x in self.g.outputs for v in self.blocks[x].values()] + self.carried
         ins = [n.out.id for n in self.g.nodes if n.op == "input"]
         return self.b.build(outputs=outs, meta={"tiles": dict(self.T.tiles), "input_blocks": self.block_map(ins),
@@ -238,22 +243,32 @@ def _elementwise():
 
 def decode_step(
     cfg: LlamaConfig, shape: DecodeShape, n_gpus: int = 1, dtype: str = "fp16", budget_nbytes: int | None = None,
-    tiles: dict | None = None,
+    tiles: dict | None = None, split: str = "tensor",
 ) -> TaskGraph:  # fmt: skip
     """The taskgraph of one decode step (module doc). ``tg.meta["kv"]``: the cache blocks (layer, block j,
-    heads [h0, h1), K or V, input vertex, output vertex or -1); ``tg.meta["merge"]``: the S inputs."""
+    heads [h0, h1), K or V, input vertex, output vertex or -1); ``tg.meta["merge"]``: the S inputs. ``split``:
+    ``tensor`` (head, FFN and vocabulary blocks over every GPU) or ``layers`` (whole decoder layers per GPU, tiled
+    as on one GPU, with their cache blocks: a step passes one row per sequence from GPU to GPU, and has the
+    vertices of a one-GPU step)."""
     if shape.batch < 1 or shape.n_blocks < 1 or shape.block < 1:
         raise ValueError(f"a decode step needs batch, cache blocks and block size >= 1, got {shape}")
     if not 1 <= n_gpus <= 8:
         raise ValueError(f"n_gpus must be in 1..8, got {n_gpus}")
     if dtype not in DTYPE_NBYTES or dtype == "int32":
         raise ValueError(f"dtype must be fp16, bf16 or fp32, got {dtype!r}")
+    if split not in ("tensor", "layers"):
+        raise ValueError(f"a decode step splits by tensor or layers, not {split!r}")
     g = decode_graph(cfg, shape, dtype)
-    t = decode_tiles(cfg, n_gpus, dtype, budget_nbytes) | dict(tiles or {})
-    lw = _DecodeLowering(g, Tiling(t, n_gpus=n_gpus, parallel="hfv"), shape.batch)
+    if split == "layers":
+        t = decode_tiles(cfg, 1, dtype, budget_nbytes) | dict(tiles or {})
+        tiling = Tiling(t, n_gpus=n_gpus, parallel="layers", n_layers=cfg.n_layers)
+    else:
+        t = decode_tiles(cfg, n_gpus, dtype, budget_nbytes) | dict(tiles or {})
+        tiling = Tiling(t, n_gpus=n_gpus, parallel="hfv")
+    lw = _DecodeLowering(g, tiling, shape.batch)
     tg = lw.run()
     tg.validate()
-    tg.meta.update(model=cfg.name or "llama", n_gpus=n_gpus, dtype=dtype, head="decode", split="tensor",
+    tg.meta.update(model=cfg.name or "llama", n_gpus=n_gpus, dtype=dtype, head="decode", split=split,
                    batch=shape.batch, embed={"input": "x0", "table": "model.embed_tokens.weight"}, arch=cfg.arch,
                    decode={"n_blocks": shape.n_blocks, "block": shape.block, "width": width(cfg), "big": BIG},
                    kv=lw.kv, merge=[[int(v), int(k[1])] for k, v in lw.merge.items()])  # fmt: skip
