@@ -35,11 +35,11 @@ DECODE_SPLIT_SWITCH = "TURNIP_DECODE_SPLIT"
 def decode_split() -> str:
     """How decode steps on several GPUs are split: ``TURNIP_DECODE_SPLIT=tensor`` (the default until timed on GPUs:
     head and FFN blocks over every GPU), ``auto`` (whole layers per GPU where the step then moves nothing over the
-    host links, else tensor) or ``layers``. A step's activations are one row per sequence, so once nothing streams the tensor split's vertices
-    (G times a one-GPU step's) set the time: simulated on ``h100-calibrated``, LLaMA-65B at batch 16 on 8 GPUs
-    (30 GiB each, cache of 1024 slots) 56.9 ms a step by layers against 239.8 by tensor, 7B at batch 1 without a
-    budget on 2 GPUs 13.7 against 28.2; where weights stream, the tensor split keeps every host link busy (65B on 4
-    GPUs: 491.9 against 1258.4 ms)."""
+    host links, else tensor) or ``layers``. A step's activations are one row per sequence, so once nothing
+    streams the tensor split's vertices (G times a one-GPU step's) set the time: simulated on ``h100-calibrated``,
+    LLaMA-65B at batch 16 on 8 GPUs (30 GiB each, cache of 1024 slots) 56.9 ms a step by layers against 239.8 by
+    tensor, 7B at batch 1 without a budget on 2 GPUs 13.7 against 28.2; where weights stream, the tensor split
+    keeps every host link busy (65B on 4 GPUs: 491.9 against 1258.4 ms)."""
     v = os.environ.get(DECODE_SPLIT_SWITCH, "tensor")
     if v not in ("auto", "layers", "tensor"):
         raise ValueError(f"{DECODE_SPLIT_SWITCH}={v!r}: choose auto, layers or tensor")
