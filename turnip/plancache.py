@@ -78,8 +78,12 @@ class PlanCache:
     (``PlanVerifyError`` on a violation). ``built`` / ``loaded``: keys built here / read from disk."""
 
     def __init__(self, cfg: LlamaConfig, budget: int, n_gpus: int = 1, dtype: str = "fp16",
-                 block: int = DEFAULT_BLOCK, directory: str | Path | None = None, verify: bool = False):  # fmt: skip
+                 block: int = DEFAULT_BLOCK, directory: str | Path | None = None, verify: bool = False,
+                 decode: str | None = None):  # fmt: skip
         self.cfg, self.budget, self.n_gpus, self.dtype, self.block = cfg, budget, n_gpus, dtype, block
+        if decode not in (None, "auto", "layers", "tensor"):
+            raise ValueError(f"decode steps split by auto, layers or tensor, not {decode!r}")
+        self.decode = decode  # how decode steps are split (None: ``decode_split()``)
         self.dir = Path(directory) if directory else None
         self.verify = verify
         self.plans: dict[tuple, tuple] = {}
@@ -96,7 +100,7 @@ class PlanCache:
         what = {"cfg": dataclasses.asdict(self.cfg), "key": list(key), "budget": self.budget, "gpus": self.n_gpus,
                 "dtype": self.dtype, "block": self.block, "fingerprint": plan_fingerprint(),
                 "prefill_decode_tiles": key[0] == "prefill" and prefill_decode_tiles_on(),
-                "decode_split": decode_split() if key[0] == "decode" else None}  # fmt: skip
+                "decode_split": (self.decode or decode_split()) if key[0] == "decode" else None}  # fmt: skip
         h = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
         name = "".join(c if c.isalnum() or c in "-_" else "_" for c in (self.cfg.name or "llama"))
         return self.dir / f"{name}-{key[0]}-b{key[1]}-n{key[2]}-{h}.plan"
@@ -183,7 +187,7 @@ class PlanCache:
         from turnip.compile import run_link_nbytes
         from turnip.memgraph.build import BuildConfig
 
-        how = decode_split() if self.n_gpus > 1 else "tensor"
+        how = (self.decode or decode_split()) if self.n_gpus > 1 else "tensor"
         for split in ("layers", "tensor") if how != "tensor" else ("tensor",):
             tg = decode_step(self.cfg, DecodeShape(batch, n, self.block), self.n_gpus, self.dtype, self.budget,
                              split=split)  # fmt: skip
@@ -215,10 +219,11 @@ class PlanCache:
 
 
 def decode_plan(cfg: LlamaConfig, context: int, batch: int = 1, n_gpus: int = 1, budget_nbytes: int = 6 << 30,
-                dtype: str = "fp16", block: int = DEFAULT_BLOCK, verify: bool = False):  # fmt: skip
+                dtype: str = "fp16", block: int = DEFAULT_BLOCK, verify: bool = False,
+                split: str | None = None):  # fmt: skip
     """(taskgraph, memgraph) of the decode step ``turnip generate`` runs for ``batch`` sequences whose new
     token is the ``context``-th (``context_blocks``), built as its ``PlanCache`` builds it: the cache kept on
     the GPUs when it takes at most a quarter of the budget, else streamed from the host; the resident weights
-    that move the fewest bytes per step."""
-    plans = PlanCache(cfg, budget_nbytes, n_gpus, dtype, block, verify=verify)
+    that move the fewest bytes per step; split as ``split`` says (``PlanCache``'s ``decode``)."""
+    plans = PlanCache(cfg, budget_nbytes, n_gpus, dtype, block, verify=verify, decode=split)
     return plans.get("decode", batch, context_blocks(context, block))

@@ -69,6 +69,23 @@ def test_simulate_decode_reports_the_step_tokens_per_s_and_nondet_against_det(tm
     assert rc == 2 and "LLaMA-family" in err
 
 
+def test_simulate_decode_on_two_gpus_split_by_layers_or_tensor(tmp_path):
+    """``--split layers`` / ``tensor`` on ``--decode``: the step split so (the CSV's split column says which); a
+    layers step has the vertices of a one-GPU step; ``--split data`` is refused in one line."""
+    n = {}
+    for split in ("layers", "tensor"):
+        out_csv = tmp_path / f"{split}.csv"
+        rc, out, err = call(["simulate", "llama-tiny:40:2:4MiB", "--decode", "--batch", "2", "--block", "16",
+                             "--split", split, "--runs", "1", "--csv", str(out_csv)])  # fmt: skip
+        assert rc == 0, err
+        t = pd.read_csv(out_csv)
+        assert set(t.split) == {split}
+        n[split] = int(out.split(" vertices")[0].split()[-1].replace(",", ""))
+    assert n["layers"] < n["tensor"]
+    rc, _, err = call(["simulate", "llama-tiny:40:2:4MiB", "--decode", "--split", "data"])
+    assert rc == 2 and "--split data: a decode step is split by tensor blocks or by layers" in err
+
+
 def runs(out: Path) -> list[list[str]]:
     with open(out / "runs.csv", newline="") as f:
         table = list(csv.reader(f))

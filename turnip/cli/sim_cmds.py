@@ -237,17 +237,18 @@ def _decode_plan(model: str, seq: int, gpus: int, budget: str, a, force: bool):
     from turnip.memgraph.build import BudgetError
     from turnip.plancache import decode_plan
 
-    if getattr(a, "split", "auto") in ("layers", "data"):
-        raise ck.CliError(f"--split {a.split}: a decode step is split by tensor blocks; drop --split", ck.USAGE)
+    split = getattr(a, "split", None) or "auto"
+    if split == "data":
+        raise ck.CliError("--split data: a decode step is split by tensor blocks or by layers", ck.USAGE)
     where = f"{model}:{seq}:{gpus}:{budget}"
     nbytes = ck.nbytes(budget, f"BUDGET in {where!r}", minimum=1)
     block = a.block or DEFAULT_BLOCK
     cfg = decode_guard(model, seq, gpus, nbytes, block, force, where)
     try:
-        tg, mg = decode_plan(cfg, seq, a.batch, gpus, nbytes, block=block)
+        tg, mg = decode_plan(cfg, seq, a.batch, gpus, nbytes, block=block, split=None if split == "auto" else split)
     except BudgetError as e:
         raise ck.CliError(f"{e}; raise BUDGET in {where!r}", ck.FAILED) from None
-    meta = {"model": model, "seq": seq, "gpus": gpus, "budget": budget, "split": "tensor"}
+    meta = {"model": model, "seq": seq, "gpus": gpus, "budget": budget, "split": tg.meta["split"]}
     return mg, meta | _decode_meta(tg, mg)
 
 
