@@ -15,6 +15,8 @@ Progress (setup, plans built, warm-up done) goes to stderr with the seconds sinc
         --accelerate --tag h100_a
     PYTHONPATH=. python benchmarks/generate.py --size tiny --device cpu --backend cpu --dtype fp32 \\
         --rows 2:9:8:64KiB --block 4 --tag smoke      # anywhere: the script's own check
+    PYTHONPATH=. python benchmarks/generate.py --size 65b --gpus 4 --rows 16:512:16:30GiB --no-hf --tag 65b_x4
+        # turnip alone on its own random weights, made when written (no HF model), on 4 GPUs
 """
 
 from __future__ import annotations
@@ -87,8 +89,10 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="where HF runs")
     p.add_argument("--backend", default="cuda", choices=["cuda", "cpu"], help="turnip's backend")
     p.add_argument("--block", type=int, default=256, help="cache slots per block")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs turnip's plans use (budgets are per GPU)")
     p.add_argument("--accelerate", action="store_true", help="also HF generate dispatched under each budget")
-    p.add_argument("--no-hf", action="store_true", help="turnip only")
+    p.add_argument("--no-hf", action="store_true",
+                   help="turnip only, on its own seeded random weights (made when written: no HF model in memory)")
     p.add_argument("--profile", default="h100")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plan-dir", default="", help="keep compiled plans here")
@@ -123,7 +127,12 @@ def main(argv=None) -> int:
     tdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     rows = [r.split(":") for r in a.rows]
     max_seq = max(int(r[1]) + int(r[2]) for r in rows)
-    if a.device == "cuda":
+    model = None
+    if a.no_hf:  # turnip's own seeded random weights, made when written (a 65B's 130 GB never held twice)
+        from turnip.generation import load_model
+
+        m = load_model(f"llama-{a.size}", a.dtype, a.seed, random_weights=True)
+    elif a.device == "cuda":
         model = random_llama(hf_config(s, max_seq), a.seed, tdt).eval()
     else:
         from transformers import LlamaForCausalLM
@@ -133,8 +142,8 @@ def main(argv=None) -> int:
         with torch.no_grad():
             for name, w in model.named_parameters():
                 w.copy_(1 + 0.1 * torch.randn_like(w) if name.endswith("norm.weight") else 0.02 * torch.randn_like(w))
-    sd = {k: v for k, v in model.state_dict().items()}
-    m = turnip_model(s, sd, a.dtype)
+    if model is not None:
+        m = turnip_model(s, {k: v for k, v in model.state_dict().items()}, a.dtype)
     progress("weights ready")
     results = []
     for batch, prompt, new, budget in rows:
@@ -145,11 +154,11 @@ def main(argv=None) -> int:
             b = int(torch.cuda.mem_get_info()[0] * 0.9) if a.backend == "cuda" else 1 << 30
         else:
             b = parse_nbytes(budget)
-        plans = PlanCache(s, b, 1, a.dtype, a.block, a.plan_dir or None)
+        plans = PlanCache(s, b, a.gpus, a.dtype, a.block, a.plan_dir or None)
         for n in range((P + N - 2) // a.block + 1):  # every plan built before the timed run
             plans.get("decode", B, n + 1)
         progress(f"batch {B}: decode plans built")
-        kw = {"dtype": a.dtype, "backend": a.backend, "block": a.block, "plans": plans, "eos": ()}
+        kw = {"dtype": a.dtype, "backend": a.backend, "block": a.block, "plans": plans, "eos": (), "gpus": a.gpus}
         generate(m, prompts, 2, b, profile=None, **kw)  # warm-up: kernels compiled, the prefill plan built
         progress(f"batch {B}: warm-up done")
         axes = [("TURNIP_KEEP_WEIGHTS", a.keep or [None]), ("TURNIP_KEEP_CACHE", a.keep_cache or [None])]
@@ -161,7 +170,7 @@ def main(argv=None) -> int:
                 del plans.plans[key]
             r = generate(m, prompts, N, b, profile=a.profile, **kw)
             more = {k: v for k, v in env.items() if k not in ("TURNIP_KEEP_WEIGHTS", "TURNIP_KEEP_CACHE")}
-            row = turnip_row(r.stats, B, P, N, budget, vals[0]) | {"keep_cache": vals[1]} | more
+            row = turnip_row(r.stats, B, P, N, budget, vals[0]) | {"keep_cache": vals[1], "gpus": a.gpus} | more
             progress(f"batch {B}: timed ({', '.join(f'{k}={v}' for k, v in env.items()) or 'defaults'})")
             print(json.dumps(row), flush=True)
             results.append(row)

@@ -286,6 +286,11 @@ def test_generate_benchmark_runs_on_the_cpu(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "generate_t.csv")))
     assert [r["system"] for r in rows] == ["turnip", "hf"]
     assert float(rows[0]["tokens_per_s"]) > 0 and int(rows[1]["tokens_agreeing_min"]) == 8
+    argv = ["--size", "tiny", "--device", "cpu", "--backend", "cpu", "--dtype", "fp32", "--rows", "2:9:4:64KiB",
+            "--block", "4", "--gpus", "2", "--no-hf", "--tag", "g2", "--out", str(tmp_path)]  # fmt: skip
+    assert bench.main(argv) == 0  # turnip alone, its own random weights, two GPUs
+    (row,) = csv.DictReader(open(tmp_path / "generate_g2.csv"))
+    assert row["system"] == "turnip" and row["gpus"] == "2" and float(row["tokens_per_s"]) > 0
 
 
 def test_tokens_do_not_depend_on_the_block_size():
