@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from turnip.runtime.loader import thread_map
 
 HOST_REGISTER_SWITCH = "TURNIP_HOST_REGISTER"
 PAGE = 4096
@@ -79,8 +80,7 @@ class PinnedRegion:
                 i, j = span
                 a[i:j:PAGE] = a[i:j:PAGE]
 
-            with ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1)) as ex:
-                list(ex.map(touch, spans))
+            thread_map(touch, spans, threads)
             reg = _fn(self.drv, "cuMemHostRegister_v2", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint])
             self.drv.check(reg(self.ptr, self.nbytes, REGISTER_PORTABLE), f"cuMemHostRegister({self.nbytes} bytes)")
             self._release = _unregisterer(self.drv, self.ptr)
@@ -99,7 +99,6 @@ class PinnedRegion:
             self._release()
             self._release = None
         self.array, self.ptr = None, 0
-
 
 
 def _freer(drv, ptr: int):
