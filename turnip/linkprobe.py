@@ -18,6 +18,7 @@ pinned memory. Needs a GPU; ``python -m turnip.linkprobe`` prints the table.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 MiB = 1 << 20
@@ -27,24 +28,10 @@ def measure_host_links(n_gpus: int | None = None, nbytes: int = 256 * MiB, reps:
                        log=None) -> dict[str, list[float]]:  # fmt: skip
     """``{"h2d": [...], "d2h": [...], "both": [...]}``: total bytes per second over all GPUs copying at once,
     entry i with GPUs 0..i copying (``n_gpus``: how many to go up to; default all visible)."""
-    from cuda_kernels._numba import cuda
-    from cuda_kernels.launch import capture_stream
-    from turnip.runtime._cudadrv import Driver
-
-    c = cuda()
-    n_gpus = len(c.gpus) if n_gpus is None else min(int(n_gpus), len(c.gpus))
+    n_gpus = _visible(n_gpus)
     if n_gpus < 1:
         raise RuntimeError("no GPU visible")
-    drv = Driver()
-    prev = drv.current_context()
-    ctx, dev, host, streams = [], [], [], []
-    try:
-        for d in range(n_gpus):
-            with c.gpus[d]:
-                ctx.append(drv.current_context())
-                dev.append([drv.device_alloc(nbytes), drv.device_alloc(nbytes)])
-                streams.append([capture_stream(), capture_stream()])
-                host.append([drv.host_alloc(nbytes, False), drv.host_alloc(nbytes, False)])  # portable
+    with _set_up(n_gpus, nbytes, lambda d: 2, 2, 2) as (drv, ctx, dev, streams, host):
 
         def one(n: int, what: str) -> float:
             t0 = time.perf_counter()
@@ -58,10 +45,7 @@ def measure_host_links(n_gpus: int | None = None, nbytes: int = 256 * MiB, reps:
                     if what in ("d2h", "both"):
                         drv.check(drv.cuMemcpyDtoHAsync_v2(host[d][1], dev[d][1], nbytes, streams[d][1]), "d2h")
                         moved += nbytes
-            for d in range(n):
-                drv.check(drv.cuCtxSetCurrent(ctx[d]), "cuCtxSetCurrent")
-                for s in streams[d]:
-                    drv.check(drv.cuStreamSynchronize(s), "cuStreamSynchronize")
+            _wait(drv, ctx[:n], streams)
             return moved / (time.perf_counter() - t0)
 
         out: dict[str, list[float]] = {"h2d": [], "d2h": [], "both": []}
@@ -74,15 +58,6 @@ def measure_host_links(n_gpus: int | None = None, nbytes: int = 256 * MiB, reps:
                 rates = ", ".join(f"{k} {v[-1] / 1e9:.1f} GB/s" for k, v in out.items())
                 log(f"host link, {n} GPU(s) at once: {rates}")
         return out
-    finally:
-        _release(drv, ctx, streams, dev)
-        if ctx:
-            drv.cuCtxSetCurrent(ctx[0])
-        for pair in host:
-            for p in pair:
-                drv.cuMemFreeHost(p)
-        if prev:
-            drv.cuCtxSetCurrent(prev)
 
 
 def measure_p2p_ports(n_gpus: int | None = None, nbytes: int = 64 * MiB, passes: int = 3) -> dict[str, float]:
@@ -90,23 +65,11 @@ def measure_p2p_ports(n_gpus: int | None = None, nbytes: int = 64 * MiB, passes:
     access enabled where the GPUs allow it, as the runtime issues them): ``one``: the rate of one copy GPU 0 ->
     GPU 1 alone; ``out``: the total rate of GPU 0 copying to GPUs 1..N-1 at once; ``into``: GPUs 1..N-1
     copying to GPU 0 at once (bytes per second, the best of ``passes``). {} with fewer than three GPUs."""
-    from cuda_kernels._numba import cuda
-    from cuda_kernels.launch import capture_stream
-    from turnip.runtime._cudadrv import Driver
-
-    c = cuda()
-    n = len(c.gpus) if n_gpus is None else min(int(n_gpus), len(c.gpus))
+    n = _visible(n_gpus)
     if n < 3:
         return {}
-    drv = Driver()
-    prev = drv.current_context()
-    ctx, buf, streams = [], [], []
-    try:
-        for d in range(n):
-            with c.gpus[d]:
-                ctx.append(drv.current_context())
-                buf.append([drv.device_alloc(nbytes) for _ in range(n)])  # buf[d][s]: d's copy from or to s
-                streams.append([capture_stream() for _ in range(n)])
+    # buf[d][s]: d's copy from or to s; streams[d][s]: d's copies to s
+    with _set_up(n, nbytes, lambda d: n, n, 0) as (drv, ctx, buf, streams, _):
         for a in range(n):
             for b in range(n):
                 if a != b and (a == 0 or b == 0):
@@ -128,10 +91,6 @@ def measure_p2p_ports(n_gpus: int | None = None, nbytes: int = 64 * MiB, passes:
 
         return {"one": rate([(0, 1)]), "out": rate([(0, d) for d in range(1, n)]),
                 "into": rate([(d, 0) for d in range(1, n)])}  # fmt: skip
-    finally:
-        _release(drv, ctx, streams, buf)
-        if prev:
-            drv.cuCtxSetCurrent(prev)
 
 
 def measure_relay(n_gpus: int | None = None, nbytes: int = 64 * MiB, reps: int = 4,
@@ -143,25 +102,11 @@ def measure_relay(n_gpus: int | None = None, nbytes: int = 64 * MiB, reps: int =
     ``staged``: GPU d's share copied into a buffer of its own, then to the last GPU (``cuMemcpyPeerAsync``,
     two streams a GPU so one chunk's hop overlaps the next one's load). Total bytes per second, the best of
     ``passes``. {} with one GPU."""
-    from cuda_kernels._numba import cuda
-    from cuda_kernels.launch import capture_stream
-    from turnip.runtime._cudadrv import Driver
-
-    c = cuda()
-    n = len(c.gpus) if n_gpus is None else min(int(n_gpus), len(c.gpus))
+    n = _visible(n_gpus)
     if n < 2:
         return {}
     last = n - 1
-    drv = Driver()
-    prev = drv.current_context()
-    ctx, buf, streams, host = [], [], [], []
-    try:
-        for d in range(n):
-            with c.gpus[d]:
-                ctx.append(drv.current_context())
-                buf.append([drv.device_alloc(nbytes) for _ in range(2 * reps if d == last else 2)])
-                streams.append([capture_stream(), capture_stream()])
-                host.append(drv.host_alloc(nbytes, False))  # portable
+    with _set_up(n, nbytes, lambda d: 2 * reps if d == last else 2, 2, 1) as (drv, ctx, buf, streams, host):
         for d in range(last):
             drv.enable_peer(ctx, range(n), d, last)
 
@@ -176,38 +121,73 @@ def measure_relay(n_gpus: int | None = None, nbytes: int = 64 * MiB, reps: int =
                         dst = buf[last][i % len(buf[last])]
                         s = streams[src][i % 2]
                         if how == "staged" and d != last:
-                            drv.check(drv.cuMemcpyHtoDAsync_v2(buf[d][i % 2], host[d], nbytes, s), "h2d")
+                            drv.check(drv.cuMemcpyHtoDAsync_v2(buf[d][i % 2], host[d][0], nbytes, s), "h2d")
                             drv.check(drv.cuMemcpyPeerAsync(dst, ctx[last], buf[d][i % 2], ctx[d], nbytes, s), "peer")
                         else:
-                            drv.check(drv.cuMemcpyHtoDAsync_v2(dst, host[src], nbytes, s), "h2d")
-                for d in range(n):
-                    drv.check(drv.cuCtxSetCurrent(ctx[d]), "cuCtxSetCurrent")
-                    for s in streams[d]:
-                        drv.check(drv.cuStreamSynchronize(s), "cuStreamSynchronize")
+                            drv.check(drv.cuMemcpyHtoDAsync_v2(dst, host[src][0], nbytes, s), "h2d")
+                _wait(drv, ctx, streams)
                 best = max(best, n * reps * nbytes / (time.perf_counter() - t0))
             return best
 
         return {how: rate(how) for how in ("own", "relay", "staged")}
+
+
+def _visible(n_gpus: int | None) -> int:
+    """How many GPUs a probe uses: ``n_gpus``, at most the visible ones (default all)."""
+    from cuda_kernels._numba import cuda
+
+    c = cuda()
+    return len(c.gpus) if n_gpus is None else min(int(n_gpus), len(c.gpus))
+
+
+@contextlib.contextmanager
+def _set_up(n: int, nbytes: int, dev_bufs, n_streams: int, host_bufs: int):
+    """A probe's buffers on GPUs 0..n-1: per GPU d its context, ``dev_bufs(d)`` device buffers and ``host_bufs``
+    portable pinned host buffers of ``nbytes`` each, and ``n_streams`` streams; yields (driver, contexts, device
+    buffers, streams, host buffers), each list by GPU. After: every GPU waited for, its streams destroyed and
+    buffers freed (however far the setup got), the caller's context current again."""
+    from cuda_kernels._numba import cuda
+    from cuda_kernels.launch import capture_stream, driver
+    from turnip.runtime._cudadrv import Driver
+
+    c = cuda()
+    drv = Driver()
+    prev = drv.current_context()
+    ctx, dev, streams, host = [], [], [], []
+    try:
+        for d in range(n):
+            with c.gpus[d]:
+                ctx.append(drv.current_context())
+                for made, count, make in ((dev, dev_bufs(d), lambda: drv.device_alloc(nbytes)),
+                                          (streams, n_streams, capture_stream),
+                                          (host, host_bufs, lambda: drv.host_alloc(nbytes, False))):  # portable
+                    made.append([])
+                    for _ in range(count):  # one at a time: what a failure leaves made is freed below
+                        made[-1].append(make())
+        yield drv, ctx, dev, streams, host
     finally:
-        _release(drv, ctx, streams, buf)
-        for h in host:
-            drv.cuMemFreeHost(h)
+        for d in range(len(ctx)):
+            drv.cuCtxSetCurrent(ctx[d])
+            drv.cuCtxSynchronize()
+            for s in streams[d] if d < len(streams) else []:
+                driver().cuStreamDestroy_v2(s)
+            for p in dev[d] if d < len(dev) else []:
+                drv.cuMemFree_v2(p)
+        if ctx:
+            drv.cuCtxSetCurrent(ctx[0])
+        for bufs in host:
+            for p in bufs:
+                drv.cuMemFreeHost(p)
         if prev:
             drv.cuCtxSetCurrent(prev)
 
 
-def _release(drv, ctx: list, streams: list, dev: list) -> None:
-    """A probe's teardown on each GPU it set up (``ctx[d]``, however far the setup got): wait for it, destroy
-    its streams, free its device buffers."""
-    from cuda_kernels.launch import driver
-
-    for d in range(len(ctx)):
-        drv.cuCtxSetCurrent(ctx[d])
-        drv.cuCtxSynchronize()
-        for s in streams[d] if d < len(streams) else []:
-            driver().cuStreamDestroy_v2(s)
-        for p in dev[d] if d < len(dev) else []:
-            drv.cuMemFree_v2(p)
+def _wait(drv, ctx: list, streams: list) -> None:
+    """Wait for every stream of the GPUs of ``ctx`` (the first ``len(ctx)`` of ``streams``)."""
+    for d, cx in enumerate(ctx):
+        drv.check(drv.cuCtxSetCurrent(cx), "cuCtxSetCurrent")
+        for s in streams[d]:
+            drv.check(drv.cuStreamSynchronize(s), "cuStreamSynchronize")
 
 
 PORTS_SERIAL_BELOW = 1.5  # copies out of (into) one GPU at once moving under this many times one copy's rate
