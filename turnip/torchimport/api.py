@@ -38,10 +38,6 @@ class Imported:
 
         return verify(self.mg, self.tg)
 
-    def input_blocks(self, *args) -> dict[int, np.ndarray]:
-        """Every taskgraph input's block from the constants and the call's arguments (torch tensors or arrays)."""
-        return self.constant_blocks() | self.call_blocks(*args)
-
     def _per_call(self) -> set[str]:
         """Graph inputs whose values come from a call's arguments (the user inputs and the rows gathered for them)."""
         return {name for name, shape in self.inputs if shape is not None} | set(self.gathers)
