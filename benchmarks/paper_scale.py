@@ -7,22 +7,31 @@ Rows (defaults: the paper's setting on 4 GPUs):
   turnip LoRA      ``--lora`` (BATCHxSEQ:BUDGET; rank 16 on q, k, v and the FFN), `turnip train` in a subprocess
   Accelerate       ``dispatch_model`` over the GPUs with ``max_memory`` = each budget per GPU and the rest of the
                    weights in CPU memory (Accelerate's offload: each layer's weights copied in when it runs), and
-                   with no limit (every layer on some GPU: its pipeline), same shapes, random fp16 weights;
-                   medians of ``--repeat`` after ``--warmup``; a row that does not fit says so
+                   with no limit (every layer on some GPU, balanced over them: its pipeline), same shapes, random
+                   fp16 weights; medians of ``--repeat`` after ``--warmup``; a row that does not fit says so
+  PEFT             ``--peft`` (BATCHxSEQ): a LoRA step (the same adapters, Adam, gradient checkpointing) of PyTorch +
+                   PEFT on Accelerate's pipeline with no limit, median seconds per step after the first
+  DeepSpeed        ``--deepspeed``: ZeRO-Inference (``benchmarks/zero_inference.py`` under torchrun: parameters
+                   partitioned over the GPUs and offloaded to pinned CPU memory, each GPU its own prompt)
 Results: ``<out>/paper_scale<tag>.csv`` and a table with each turnip row's speed-up over Accelerate at the
 same budget.
 
     PYTHONPATH=. python benchmarks/paper_scale.py --gpus 4 --out res/           # everything (~30 min on 4 H100s)
     PYTHONPATH=. python benchmarks/paper_scale.py --no-turnip --prompts 4096 --budgets 30GiB   # one baseline
+    PYTHONPATH=. python benchmarks/paper_scale.py --no-turnip --no-accelerate --lora --peft 8x1024 --deepspeed
     python benchmarks/paper_scale.py --model llama-tiny --gpus 0 --no-turnip --prompts 64      # CPU smoke run
 
-Accelerate needs torch, transformers and accelerate (the GPU image has them).
+Accelerate needs torch, transformers and accelerate (the GPU image has them); PEFT needs peft; DeepSpeed needs
+deepspeed (see ``zero_inference.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,13 +52,18 @@ def random_offloaded_llama(cfg, gpus: int, budget_nbytes: int | None, seed: int)
     one)."""
     import torch
     from accelerate import dispatch_model, infer_auto_device_map, init_empty_weights
-    from accelerate.utils import set_module_tensor_to_device
+    from accelerate.utils import get_balanced_memory, set_module_tensor_to_device
     from transformers import LlamaForCausalLM
 
     with init_empty_weights():
         model = LlamaForCausalLM(cfg)
-    # no limit: all but 15 GiB of each GPU (at 72 GiB, a 4K prompt of LLaMA-65B ran out of memory on GPU 0)
-    max_memory = {g: (budget_nbytes if budget_nbytes is not None else 64 * GiB) for g in range(gpus)}
+    if budget_nbytes is None and gpus:
+        # no limit: the weights balanced over the GPUs (Accelerate's own split; filling each GPU in turn up to
+        # 64 GiB left a 4K prompt of LLaMA-65B out of memory on GPU 0)
+        max_memory = get_balanced_memory(model, max_memory={g: 64 * GiB for g in range(gpus)}, dtype=torch.float16,
+                                         no_split_module_classes=["LlamaDecoderLayer"])  # fmt: skip
+    else:
+        max_memory = {g: budget_nbytes for g in range(gpus)}
     max_memory["cpu"] = 1 << 50
     device_map = infer_auto_device_map(model, max_memory=max_memory, dtype=torch.float16,
                                        no_split_module_classes=["LlamaDecoderLayer"])  # fmt: skip
@@ -124,6 +138,108 @@ def accelerate_row(a, cfg, seq: int, batch: int, budget: str) -> dict:
     return row | {"ms_median": statistics.median(ts), "ms_min": min(ts)}
 
 
+def peft_row(a, cfg, seq: int, batch: int) -> dict:
+    """Median seconds per LoRA step (rank ``a.rank`` on q, k, v and the FFN, Adam, gradient checkpointing) of
+    PyTorch + PEFT on Accelerate's pipeline over ``a.gpus`` GPUs with no limit: each GPU its run of layers."""
+    import torch
+    from peft import LoraConfig as PeftLora
+    from peft import get_peft_model
+
+    row = {"system": "peft", "workload": "lora", "seq": seq, "batch": batch, "budget": "none", "gpus": a.gpus}
+    t0 = time.perf_counter()
+    try:
+        model, on_cpu, units = random_offloaded_llama(cfg, a.gpus, None, a.seed)
+    except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:
+        return row | {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()
+    pm = get_peft_model(model, PeftLora(r=a.rank, lora_alpha=2 * a.rank, lora_dropout=0.0, bias="none",
+                                        target_modules=["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj",
+                                                        "down_proj"]))  # fmt: skip
+    pm.train()
+    opt = torch.optim.Adam([p for p in pm.parameters() if p.requires_grad], lr=1e-4)
+    row |= {"load_s": round(time.perf_counter() - t0, 1), "modules_on_cpu": on_cpu, "modules": units}
+    dev = "cuda:0" if a.gpus else "cpu"
+    gen = torch.Generator().manual_seed(a.seed)
+    sync = torch.cuda.synchronize if a.gpus else (lambda: None)
+    ts, losses = [], []
+    try:
+        for i in range(1 + a.steps):
+            ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(dev)
+            sync()
+            t = time.perf_counter()
+            loss = pm(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sync()
+            losses.append(round(float(loss.detach()), 4))
+            if i >= 1:  # the first step warms up
+                ts.append(time.perf_counter() - t)
+            print(f"peft step {i}: {time.perf_counter() - t:.2f} s, loss {losses[-1]}", flush=True)
+    except torch.cuda.OutOfMemoryError as e:
+        return row | {"error": f"out of GPU memory: {str(e)[:160]}"}
+    finally:
+        del pm, model, opt
+        if a.gpus:
+            torch.cuda.empty_cache()
+    return row | {"ms_median": statistics.median(ts) * 1e3, "ms_min": min(ts) * 1e3,
+                  "losses": " ".join(map(str, losses))}
+
+
+def deepspeed_rows(a, prompts: list[str], out: Path) -> list[dict]:
+    """``zero_inference.py`` under torchrun over ``a.gpus`` GPUs, one process each: its rows (or one saying
+    why there are none)."""
+    csv_path = out / f"zero_inference{a.tag}.csv"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={max(a.gpus, 1)}",
+           str(Path(__file__).with_name("zero_inference.py")), "--model", a.model, "--prompts", *prompts,
+           "--warmup", str(a.warmup), "--repeat", str(a.repeat), "--seed", str(a.seed),
+           "--out", str(csv_path)]  # fmt: skip
+    if not a.gpus:
+        cmd += ["--dtype", "bf16", "--no-pin"]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    rows = list(csv.DictReader(open(csv_path))) if csv_path.exists() else []
+    if p.returncode or not rows:
+        err = [ln for ln in (p.stderr + p.stdout).splitlines() if "Error" in ln or "error" in ln][-3:]
+        rows.append({"system": "deepspeed-zero-inference", "rc": p.returncode,
+                     "seconds": round(time.perf_counter() - t0), "error": " | ".join(err)[-400:] or "no rows"})
+    return rows
+
+
+def print_tables(rows: list[dict]) -> None:
+    """Markdown tables: each turnip prefill row against Accelerate at its budget and DeepSpeed ZeRO-Inference
+    at its prompt (which takes no budget), each turnip LoRA row against PEFT at its batch."""
+
+    def ms(r):
+        v = r.get("ms_median")
+        return float(v) if v not in (None, "") else None
+
+    key = lambda r: (int(r["seq"]), int(r["batch"]))  # noqa: E731
+    acc = {(*key(r), r["budget"]): ms(r) for r in rows if r.get("system") == "accelerate" and "seq" in r}
+    ds = {key(r): ms(r) for r in rows if r.get("system") == "deepspeed-zero-inference" and "seq" in r}
+    peft = {key(r): ms(r) for r in rows if r.get("system") == "peft"}
+    x = lambda base, t: f"{base / t:.2f}x" if base else "-"  # noqa: E731
+    r1 = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    print("\n| prompt | batch | budget per GPU | policy | turnip ms | Accelerate ms | speed-up | ZeRO-Inference ms "
+          "| speed-up |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r.get("system") != "turnip" or r.get("workload") != "prefill" or not ms(r):
+            continue
+        t, a, d = ms(r), acc.get((*key(r), r["budget"])), ds.get(key(r))
+        print(f"| {r['seq']} | {r['batch']} | {r['budget']} | {r['policy']} | {t:.1f} | {r1(a)} | {x(a, t)} | "
+              f"{r1(d)} | {x(d, t)} |")
+    lora = [r for r in rows if r.get("system") == "turnip" and r.get("workload") == "lora" and ms(r)]
+    if lora:
+        print("\n| LoRA batch | turnip ms per step | PEFT ms per step | speed-up |")
+        print("|---|---|---|---|")
+        for r in lora:
+            p = peft.get((int(r["seq"]), int(r["batch"])))
+            print(f"| {r['batch']} x {r['seq']} | {ms(r):.1f} | {r1(p)} | {x(p, ms(r))} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llama-65b")
@@ -136,6 +252,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-turnip", action="store_true", help="the Accelerate rows only")
     ap.add_argument("--no-accelerate", action="store_true", help="turnip's rows only")
     ap.add_argument("--no-limit-baseline", action="store_true", help="skip Accelerate's no-limit pipeline rows")
+    ap.add_argument("--peft", nargs="*", default=[], help="PEFT LoRA rows on Accelerate's pipeline, BATCHxSEQ")
+    ap.add_argument("--rank", type=int, default=16, help="LoRA rank (PEFT rows)")
+    ap.add_argument("--deepspeed", action="store_true", help="DeepSpeed ZeRO-Inference rows for --prompts")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3, help="LoRA steps (the first not timed)")
@@ -171,29 +290,30 @@ def main(argv=None) -> int:
             if not a.no_accelerate:
                 cfg = hf_config(s, seq * batch)
                 rows.append(accelerate_row(a, cfg, seq, batch, budget))
-            write_csv(path, rows)
-            print(rows[-1], flush=True)
+            if rows:
+                write_csv(path, rows)
+                print(rows[-1], flush=True)
     if not a.no_accelerate and not a.no_limit_baseline:
         for p in a.prompts:
             seq, batch = shape(p)
             rows.append(accelerate_row(a, hf_config(s, seq * batch), seq, batch, "none"))
             write_csv(path, rows)
             print(rows[-1], flush=True)
+    for spec in a.peft:
+        batch, seq = map(int, spec.split("x"))
+        rows.append(peft_row(a, hf_config(s, seq), seq, batch))
+        write_csv(path, rows)
+        print(rows[-1], flush=True)
+    if a.deepspeed:
+        rows += deepspeed_rows(a, a.prompts, out)
+        write_csv(path, rows)
+        print(rows[-1], flush=True)
     if not a.no_turnip:
         for spec in a.lora:
             for split in a.splits:
                 rows.append(lora_row(mg_args, spec, a.gpus, split) | {"system": "turnip"})
                 write_csv(path, rows)
-    acc = {(r["seq"], r["batch"], r["budget"]): r.get("ms_median") for r in rows if r.get("system") == "accelerate"}
-    print("\n| prompt | batch | budget per GPU | policy | turnip ms | Accelerate ms | speed-up |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        if r.get("system") != "turnip" or r.get("workload") != "prefill" or not r.get("ms_median"):
-            continue
-        base = acc.get((r["seq"], r["batch"], r["budget"]))
-        up = f"{base / r['ms_median']:.2f}x" if base else "-"
-        print(f"| {r['seq']} | {r['batch']} | {r['budget']} | {r['policy']} | {r['ms_median']:.1f} | "
-              f"{base if base is None else round(base, 1)} | {up} |")
+    print_tables(rows)
     return 0
 
 
