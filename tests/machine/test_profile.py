@@ -64,7 +64,7 @@ def test_host_totals_and_peaks_round_trip(tmp_path):
     f = tmp_path / "t.toml"
     f.write_text("[machine]\nhost_d2h_total_bytes_per_s = [55e9, 100e9, 120e9]\n")
     assert load_profile(f).host_d2h_total_bytes_per_s == (55e9, 100e9, 120e9)
-    assert load_profile("h200-calibrated").host_h2d_total_bytes_per_s == ()  # unmeasured: every link on its own
+    assert load_profile("h200-calibrated").host_h2d_total_bytes_per_s == (54.7e9, 110.0e9, 161.6e9, 191.4e9)
     assert load_profile("h200-calibrated").peak_hbm_bytes_per_s == 4.8e12
     assert load_profile("h100-calibrated").host_both_total_bytes_per_s == (96.9e9, 145.9e9, 167.3e9, 170.7e9)
     assert load_profile("h100-calibrated").p2p_ports_serial and not h100().p2p_ports_serial
