@@ -43,7 +43,8 @@ def turnip_row(st: dict, B: int, P: int, N: int, budget: str, keep) -> dict:
            "open_s": " ".join(f"{x:.2f}" for x in st["open_s"]),
            "ms_per_step_in_bucket": (st["decode_s"] - st["switch_s"]) / max(1, st["steps"] - 1) * 1e3,
            "bound_ms": st["bound_ms"], "link_nbytes_per_token": st["link_nbytes_per_token"],
-           "plans": len(st["plans_built"]), "keep_weights": keep, "weights_kept": st["weights_kept"]}  # fmt: skip
+           "plans": len(st["plans_built"]), "keep_weights": keep, "weights_kept": st["weights_kept"],
+           "session_kept_nbytes": st.get("session_kept_nbytes", 0)}  # fmt: skip
     row["efficiency"] = row["bound_ms"] / row["ms_per_step"] if row["bound_ms"] else None
     return row
 
@@ -104,6 +105,9 @@ def main(argv=None) -> int:
     p.add_argument("--vary", action="append", default=[], metavar="VAR=V1,V2",
                    help="and once per value of environment variable VAR (repeatable; a column each), e.g. "
                         "TURNIP_PREFILL_DECODE_TILES=0,1")  # fmt: skip
+    p.add_argument("--session", action="store_true",
+                   help="the warm-up and timed runs of a row as calls of one generation Session (each call's first "
+                        "plan takes over the host weights the call before left)")  # fmt: skip
     p.add_argument("--tag", default=platform.node())
     p.add_argument("--out", default="benchmarks/results")
     a = p.parse_args(argv)
@@ -113,7 +117,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from benchmarks.llama_prefill import hf_config, random_llama
     from turnip.compile import parse_nbytes
-    from turnip.generation import generate
+    from turnip.generation import Session, generate
     from turnip.models import LLAMA
     from turnip.plancache import PlanCache
     from turnip.runtime.layout import common_prefix
@@ -159,6 +163,8 @@ def main(argv=None) -> int:
             plans.get("decode", B, n + 1)
         progress(f"batch {B}: decode plans built")
         kw = {"dtype": a.dtype, "backend": a.backend, "block": a.block, "plans": plans, "eos": (), "gpus": a.gpus}
+        if a.session:  # the row's calls share the host region one call leaves (its plans are ``plans``)
+            kw["session"] = Session(m, b, a.gpus, a.dtype, a.block)
         generate(m, prompts, 2, b, profile=None, **kw)  # warm-up: kernels compiled, the prefill plan built
         progress(f"batch {B}: warm-up done")
         axes = [("TURNIP_KEEP_WEIGHTS", a.keep or [None]), ("TURNIP_KEEP_CACHE", a.keep_cache or [None])]
@@ -174,6 +180,8 @@ def main(argv=None) -> int:
             progress(f"batch {B}: timed ({', '.join(f'{k}={v}' for k, v in env.items()) or 'defaults'})")
             print(json.dumps(row), flush=True)
             results.append(row)
+        if a.session:
+            kw["session"].close()
         if a.no_hf:
             continue
         hf = []

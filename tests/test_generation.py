@@ -291,6 +291,10 @@ def test_generate_benchmark_runs_on_the_cpu(tmp_path):
     assert bench.main(argv) == 0  # turnip alone, its own random weights, two GPUs
     (row,) = csv.DictReader(open(tmp_path / "generate_g2.csv"))
     assert row["system"] == "turnip" and row["gpus"] == "2" and float(row["tokens_per_s"]) > 0
+    assert row["session_kept_nbytes"] == "0"
+    assert bench.main(argv[:-4] + ["--session", "--tag", "s", "--out", str(tmp_path)]) == 0  # warm-up, timed run
+    (row,) = csv.DictReader(open(tmp_path / "generate_s.csv"))  # in one session: the weights found in place
+    assert int(row["session_kept_nbytes"]) > 0
 
 
 def test_tokens_do_not_depend_on_the_block_size():
@@ -402,6 +406,40 @@ def test_kept_weights_keep_the_tokens(monkeypatch, budget, dtype):
     assert got["0"] == got["1"]
 
 
+@pytest.mark.parametrize("keep_cache", ["0", "1"])
+def test_a_session_hands_each_calls_weights_to_the_next(monkeypatch, keep_cache):
+    """``Session``: every call gives the tokens of a call on its own (chaos, a cache that spills, several
+    buckets); each call after the first finds the weights the last one left in place, with a prefill (the
+    prefill plan takes them) and without one (a one-token prompt: the first decode plan does), never the cache
+    blocks (``TURNIP_KEEP_CACHE=1`` keeps them within a call); a larger batch gets them too; arguments the
+    session fixes are refused; ``close`` frees the region, twice is harmless."""
+    from turnip.generation import Session
+
+    monkeypatch.setenv("TURNIP_KEEP_CACHE", keep_cache)
+    m = load_model("llama-tiny", "fp32", seed=3)
+    prompts = [[5, 7, 9, 11, 2, 8, 1, 6, 4], [3, 1, 4]]
+    one = lambda ps, n: generate(m, ps, max_new_tokens=n, budget="64KiB", block=4, chaos=0.2, seed=1)  # noqa: E731
+    want = one(prompts, 11)
+    assert want.stats["session_kept_nbytes"] == 0
+    wide = [[1 + i % 50 for i in range(17)]] * 3
+    with Session(m, budget="64KiB", block=4, chaos=0.2, seed=1) as s:
+        kept = []
+        for _ in range(2):
+            r = s.generate(prompts, max_new_tokens=11)
+            assert r.ids == want.ids
+            kept.append(r.stats["session_kept_nbytes"])
+        assert kept[0] == 0 and kept[1] > 0, kept
+        r = s.generate(wide, max_new_tokens=5)
+        assert r.ids == one(wide, 5).ids and r.stats["session_kept_nbytes"] == kept[1]
+        r = s.generate([[4]], max_new_tokens=6)  # no prefill
+        assert r.ids == one([[4]], 6).ids and r.stats["session_kept_nbytes"] > 0
+        with pytest.raises(GenerateError, match="budget fixed by the session"):
+            s.generate(prompts, budget="1MiB")
+        assert s._host is not None
+    assert s._host is None
+    s.close()
+
+
 def test_a_host_input_region_passes_to_a_plan_laid_out_alike():
     """``plan_layout(first=...)`` puts those input tensors first, in order; a detached region (``HostInputs``)
     is adopted by a backend whose prefix shares its leading tensors and is large enough, values in place; a
@@ -465,6 +503,27 @@ def test_cuda_backend_with_kept_weights_gives_the_cpu_backends_tokens(monkeypatc
     monkeypatch.setenv("TURNIP_HOST_REGISTER", register)
     r = generate(m, prompts, max_new_tokens=11, budget="64KiB", block=4, backend="cuda", seed=1)
     assert r.ids == want and r.stats["weights_kept"] >= sum(1 for p in r.stats["plans_built"] if p[0] == "decode") - 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("register", ["0", "1"])
+def test_cuda_backend_in_a_session_gives_the_cpu_backends_tokens(monkeypatch, register):
+    """On a GPU: calls of a ``Session`` (the pinned region of one call's last plan taken over by the next call's
+    prefill; registered in place with ``TURNIP_HOST_REGISTER=1``) give the CPU backend's tokens, the second call
+    finding the weights in place."""
+    from tests.runtime.helpers import gpus
+    from turnip.generation import Session
+
+    if gpus() < 1:
+        pytest.skip("needs a CUDA device")
+    monkeypatch.setenv("TURNIP_HOST_REGISTER", register)
+    m = load_model("llama-tiny", "fp32", seed=3)
+    prompts = [[5, 7, 9, 11, 2, 8, 1, 6, 4], [3, 1, 4]]
+    want = generate(m, prompts, max_new_tokens=11, budget="64KiB", block=4, seed=1).ids
+    with Session(m, budget="64KiB", block=4, backend="cuda", seed=1) as s:
+        runs = [s.generate(prompts, max_new_tokens=11) for _ in range(2)]
+    assert [r.ids for r in runs] == [want, want]
+    assert runs[0].stats["session_kept_nbytes"] == 0 < runs[1].stats["session_kept_nbytes"]
 
 
 @pytest.mark.gpu

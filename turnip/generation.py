@@ -307,12 +307,68 @@ class _Runner:
         return out
 
 
+class Session:
+    """Calls of ``generate`` on one model that keep what a call loaded for the next: the plans (``PlanCache``)
+    and the host input region of the call's last plan, the weights written there (pinned memory on a GPU:
+    130 GB of LLaMA-65B take about a minute to allocate and write), which the next call's first plan takes over
+    where its layout starts alike (``TURNIP_KEEP_WEIGHTS``, on by default). ``generate`` takes the
+    ``generate`` arguments but the model, budget, GPUs, dtype and block, fixed here; ``defaults`` are the
+    others' defaults. ``close`` (or the end of a ``with`` block) frees the region.
+
+        with Session("llama-7b", budget="6GiB", backend="cuda") as s:
+            for batch in batches:
+                print(s.generate(batch, max_new_tokens=64).text)
+    """
+
+    def __init__(self, model: str | Model, budget: int | str = "6GiB", gpus: int = 1, dtype: str = "fp16",
+                 block: int = DEFAULT_BLOCK, plan_dir: str | Path | None = None, seed: int = 0,
+                 **defaults):  # fmt: skip
+        from turnip.compile import parse_nbytes
+
+        self.model = model if isinstance(model, Model) else load_model(model, dtype, seed)
+        self.budget = parse_nbytes(budget) if isinstance(budget, str) else int(budget)
+        self.gpus, self.block = gpus, block
+        self.plans = PlanCache(self.model.cfg, self.budget, gpus, self.model.dtype, block, plan_dir)
+        self.defaults = defaults
+        self._host = None
+
+    def generate(self, prompts, max_new_tokens: int = 32, **kw) -> Result:
+        fixed = {"model", "budget", "gpus", "dtype", "block", "plans", "plan_dir", "session"} & set(kw)
+        if fixed:
+            raise GenerateError(f"{', '.join(sorted(fixed))} fixed by the session")
+        return generate(self.model, prompts, max_new_tokens, self.budget, self.gpus, self.model.dtype,
+                        block=self.block, plans=self.plans, session=self, **(self.defaults | kw))  # fmt: skip
+
+    def take(self):
+        """The region the last call left (``HostInputs``, or None), now the caller's."""
+        host, self._host = self._host, None
+        return host
+
+    def keep(self, host) -> None:
+        """``host`` (a detached region) kept for the next call, the one kept before freed."""
+        self.close()
+        self._host = host
+
+    def close(self) -> None:
+        """Free the kept region. Idempotent."""
+        if self._host is not None:
+            self._host.free()
+            self._host = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def generate(
     model: str | Model, prompts, max_new_tokens: int = 32, budget: int | str = "6GiB", gpus: int = 1,
     dtype: str = "fp16", backend: str = "cpu", sampling: Sampling = Sampling(), stop: tuple = (),
     block: int = DEFAULT_BLOCK, plans: PlanCache | None = None, plan_dir: str | Path | None = None,
     policy: str = "nondet", streams: int = 3, chaos: float = 0.0, seed: int = 0, on_token=None,
     eos: tuple | None = None, profile: str | None = "h100", options: dict | None = None,
+    session: Session | None = None,
 ) -> Result:  # fmt: skip
     """Generate up to ``max_new_tokens`` per prompt (``prompts``: token id lists or strings, strings needing the
     model's tokenizer). A sequence stops at an end-of-sequence id (``eos``; default the model's) or when its
@@ -328,7 +384,11 @@ def generate(
     loaded, written, run, the cache taken from it) and prefill_phases_s (its parts: open, run, read, assemble,
     close, fill), open_s (per decode plan loaded: loading it and writing its
     weights and cache blocks, in seconds), switch_phases_s (over the bucket switches: the written blocks read
-    from the plan, taken into the host cache, the plan closed; with open_s after the first, switch_s)."""
+    from the plan, taken into the host cache, the plan closed; with open_s after the first, switch_s),
+    session_kept_nbytes (the bytes the first plan found in place from the call before, ``session``).
+    ``session`` (``Session``; with ``keep_weights_on``): the first plan takes over the host input region the
+    session's last call left (the weights written there, pinned on a GPU) where its layout starts alike, and
+    the last plan's region is left to the session for the next call."""
     from turnip.compile import parse_nbytes
 
     t0 = time.perf_counter()
@@ -353,11 +413,14 @@ def generate(
     cache = HostCache(m.cfg, B, block, dtype)
     last_nb = (P + max_new_tokens - 2) // block + 1  # the last step's bucket
     spare = lambda nb: cache.nbytes(last_nb) - cache.nbytes(nb) + (64 << 20)  # noqa: E731  # the next plans' cache
-    host = None  # the host input region handed from one plan to the next (``keep_weights_on``)
+    host = session.take() if session is not None else None  # the host input region handed from one plan to the
+    # next (``keep_weights_on``): to the first, the one the session's last call left
+    session_kept = 0
     if P > 1:
         nxt = plans.get("decode", B, (P - 1) // block + 1)[0] if keep_weights_on() else None  # the first decode plan
         t_pre = time.perf_counter()
-        host, prefill_phases = _prefill(m, ids, plans, cache, (backend, streams, opts, policy, seed), spare(0), nxt)
+        host, prefill_phases, session_kept = _prefill(m, ids, plans, cache, (backend, streams, opts, policy, seed),
+                                                      spare(0), nxt, host)  # fmt: skip
         prefill_s = time.perf_counter() - t_pre
     else:
         prefill_s, prefill_phases = 0.0, {}
@@ -390,6 +453,8 @@ def generate(
                 runner, host = _Runner(*plans.get("decode", B, nb), m, cache, backend, streams, opts, host,
                                        spare(nb)), None  # fmt: skip
                 open_s.append(time.perf_counter() - t_open)
+                if P <= 1 and len(open_s) == 1:  # no prefill: the first decode plan took the session's region
+                    session_kept = runner.kept_nbytes
                 kept += bool(runner.be.adopted)
                 kept_nbytes += runner.kept_nbytes
                 if last_nb > nb:  # the generation reaches the next bucket
@@ -406,6 +471,8 @@ def generate(
             if out.add(cur):
                 break
         t_end = time.perf_counter()
+        if session is not None and keep_weights_on():  # the last plan's region, weights in place, for the next call
+            session.keep(_weights_only(runner.be.detach_host_inputs(), runner.tg, m))
     finally:
         if runner is not None:
             runner.be.close()
@@ -423,19 +490,31 @@ def generate(
              "link_nbytes_per_token": run_link_nbytes(runner.mg) / B,
              "bound_ms": lower_bound(runner.mg, profile)["lower_bound_ns"] / 1e6 if profile else None,
              "profile": profile, "plans_built": list(plans.built), "plans_loaded": list(plans.loaded),
-             "total_s": time.perf_counter() - t0}  # fmt: skip
+             "session_kept_nbytes": session_kept, "total_s": time.perf_counter() - t0}  # fmt: skip
     return Result(out.ids, out.texts if m.tokenizer is not None else [None] * B, stats)
 
 
-def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple, reserve: int = 0, nxt=None):
+def _weights_only(host, tg, m: Model):
+    """``host`` (a detached region of plan ``tg``) claiming its weights alone: a kept cache block
+    (``keep_cache_on``) holds this call's keys and values, which no later call may find in place."""
+    from turnip.runtime.layout import common_prefix
+    from turnip.runtime.weights import logical_inputs
+
+    lg = logical_inputs(tg)
+    host.key = host.key[: common_prefix(host.key, weight_prefix(tg, [k for k in m.weights if k in lg])[1])]
+    return host
+
+
+def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple, reserve: int = 0, nxt=None,
+             host=None):  # fmt: skip
     """The prompts but their last tokens through the prefill plan (right-padded with id 0 to a multiple of
     ``PREFILL_ROUND`` tokens: no prompt token sees a pad, token tiles divide the length, and prompts of
     similar lengths share a plan), their keys and values into ``cache``. ``run``: (backend, streams,
     options, policy, seed). ``nxt``: the first decode plan's taskgraph, where the region is to pass on: the
     prefill's host input region (with ``reserve`` spare bytes for that plan's cache) is returned for it when
-    at least half of its weights' bytes would be found in place (``shared_weights``), else None; and the seconds
+    at least half of its weights' bytes would be found in place (``shared_weights``), else None; the seconds
     of its phases (the plan opened and its weights written, run, outputs read and assembled, closed, the cache
-    filled)."""
+    filled); and the bytes the plan found in place in ``host`` (a region handed to it, or None)."""
     backend, streams, opts, policy, seed = run
     seq = -(-(max(len(x) for x in ids) - 1) // PREFILL_ROUND) * PREFILL_ROUND
     tg, mg = plans.get("prefill", len(ids), seq)
@@ -449,7 +528,12 @@ def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple
     # the decode plans also hold the weights the prefill does not read
     reserve = reserve + sum(weight_nbytes(m.weights, k) for k in m.weights if k not in lg) if hand else 0
     t0 = time.perf_counter()
-    r = _Runner(tg, mg, m, None, backend, streams, opts, reserve=reserve)
+    try:
+        r = _Runner(tg, mg, m, None, backend, streams, opts, host=host, reserve=reserve)
+    except BaseException:
+        if host is not None:  # not taken over: freed here (one taken over is already the failed backend's)
+            host.free()
+        raise
     phases = {"open": time.perf_counter() - t0}
     try:
         kv = r.run({"x0": m.embed(padded.reshape(-1))}, policy, streams, seed, list(tg.meta["output_blocks"]))
@@ -462,7 +546,7 @@ def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple
     t1 = time.perf_counter()
     cache.fill(kv, seq, [len(x) - 1 for x in ids])
     phases["fill"] = time.perf_counter() - t1
-    return host, phases
+    return host, phases, r.kept_nbytes
 
 
 class _Outputs:
