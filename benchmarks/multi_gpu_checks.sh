@@ -14,10 +14,14 @@
 #   bash benchmarks/multi_gpu_checks.sh OUT carry    # batch-64 generation, the cache carried by written rows or whole
 #                                                    # blocks (TURNIP_CARRY_ROWS); a 7B row of batch 64 takes ~4.5 min
 #                                                    # on an H100 (weights 55 s, a 2-token warm-up 125 s, the row)
+#   bash benchmarks/multi_gpu_checks.sh OUT load     # LLaMA-65B loaded on 4 GPUs, pinned memory allocated or plain
+#                                                    # memory registered (TURNIP_HOST_REGISTER): load_s of each
+#   bash benchmarks/multi_gpu_checks.sh OUT gen65    # LLaMA-65B generation on 4 GPUs, batch 16, 30 GiB per GPU, the
+#                                                    # warm-up and timed calls in one Session, registered host memory
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
-what=${2:?diag, tests, prefill, lora, paper, dispatch, tampered, families, prompts, ports or carry}
+what=${2:?diag, tests, prefill, lora, paper, dispatch, tampered, families, prompts, ports, carry, load or gen65}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import cudnn" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -93,6 +97,17 @@ ports)
         echo "$n rc $?"; grep -E "time to first|host cost" "$out/$n.log"
     done
     tar -czf "$out/traces.tgz" -C /tmp $(cd /tmp && ls p*_4.plan p*_4.real.json 2>/dev/null)
+    ;;
+load)
+    for reg in 0 1; do
+        TURNIP_HOST_REGISTER=$reg timeout 270 python3 benchmarks/multi_gpu.py --model llama-65b --gpus 4 \
+            --rows ${ROWS:-1024:30GiB} --splits tensor --policies nondet --repeat 1 --out "$out" --tag "_load_register$reg" \
+            2>&1 | tee "$out/load_register$reg.log" | tail -3
+    done
+    ;;
+gen65)
+    TURNIP_HOST_REGISTER=${REGISTER:-1} timeout 560 python3 benchmarks/generate.py --size 65b --gpus 4 \
+        --rows ${ROWS:-16:512:16:30GiB} --no-hf --session --out "$out" --tag gen65b 2>&1 | tee "$out/gen65b.log" | tail -6
     ;;
 *)
     echo "unknown step $what" >&2
