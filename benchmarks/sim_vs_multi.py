@@ -62,6 +62,8 @@ def main(argv=None) -> int:
                          "(p2p_ports_serial), or every pair independent")  # fmt: skip
     ap.add_argument("--p2p-slowdown", type=float, default=None, metavar="F",
                     help="kernel_slowdown_with_p2p in place of the profile's (0: as with a host copy)")
+    ap.add_argument("--p2p-memory-share", action="store_true",
+                    help="that slowdown by kernel, scaled by its roofline's memory share (p2p_slowdown_memory_share)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--at-host-time", action="store_true",
                     help="also simulate each row at its own host time (host_ms_per_run): what the host's speed, "
@@ -81,6 +83,8 @@ def main(argv=None) -> int:
         prof = prof.replace(p2p_ports_serial=a.p2p == "serial")
     if a.p2p_slowdown is not None:
         prof = prof.replace(kernel_slowdown_with_p2p=a.p2p_slowdown)
+    if a.p2p_memory_share:
+        prof = prof.replace(p2p_slowdown_memory_share=True)
     rows = [r for r in csv.DictReader(open(a.csv)) if r["workload"] == "prefill" and r.get("ms_median")]
     cache: dict = {}
     for r in rows:

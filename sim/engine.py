@@ -195,6 +195,8 @@ class Simulation:
         self.copies_active = [0] * g
         self.p2p_active = [0] * g  # of which GPU<->GPU copies
         self.slow_p2p = prof.kernel_slowdown_with_p2p or prof.kernel_slowdown_with_copies
+        # by kernel: 1 + (slow_p2p - 1) x the memory share of its roofline (``p2p_slowdown_memory_share``), else None
+        self.slow_p2p_v = tm.p2p_slowdowns(self.slow_p2p) if prof.p2p_slowdown_memory_share else None
         self.ports = ([0] * g, [0] * g) if prof.p2p_ports_serial else None  # each GPU's NVLink out, in: free at
         self.pcie: list[list | None] = [None] * (2 * g)
         self.link_factor = link = tm.link_factor(self.host_factor, d.link_z) if link is None else float(link)
@@ -265,7 +267,7 @@ class Simulation:
         issue, start, end, done, handle = self.issue, self.start, self.end, self.done, self.handle
         launch, order, complete, members = self.launch_ns, self.order, self.core.complete_ids, self.members
         compute_free, copies_active, ports = self.compute_free, self.copies_active, self.ports
-        p2p_active, slow_p2p = self.p2p_active, self.slow_p2p
+        p2p_active, slow_p2p, slow_p2p_v = self.p2p_active, self.slow_p2p, self.slow_p2p_v
         switch, switch_ns = self._switch, self.switch_ns
         start_latency, slowdown = prof.kernel_start_latency_ns, prof.kernel_slowdown_with_copies
         p2p_latency, p2p_rate, copy_latency = prof.p2p_latency_ns, prof.p2p_bytes_per_s, prof.copy_latency_ns
@@ -360,7 +362,8 @@ class Simulation:
                         busy = compute_free[g] > ready
                         s = compute_free[g] if busy else ready
                         if copies_active[g]:  # slowed and noisier while copies run
-                            dur = kernel_ns[v] * fc[v] * (slow_p2p if p2p_active[g] else slowdown)
+                            sp = (slow_p2p_v[v] if slow_p2p_v else slow_p2p) if p2p_active[g] else slowdown
+                            dur = kernel_ns[v] * fc[v] * sp
                         else:
                             dur = kernel_ns[v] * f[v]
                         dur = int(dur * overlap[v]) if busy else int(dur)  # it shares the GPU with the one before
@@ -445,12 +448,15 @@ class Simulation:
         """(start, duration) of ``members`` run one after another on GPU ``g`` behind its queue, ready at
         ``ready``: slowed while copies run, shared with the kernel before (``overlap``), under the power model."""
         compute_free, kernel_ns, f, fc, overlap = self.compute_free[g], self.kernel_ns, self.f, self.fc, self.overlap
-        slowdown = self.slow_p2p if self.p2p_active[g] else self.prof.kernel_slowdown_with_copies
+        p2p = self.p2p_active[g]
+        slowdown = self.slow_p2p if p2p else self.prof.kernel_slowdown_with_copies
+        by_kernel = self.slow_p2p_v if p2p else None
         copies, out = self.copies_active[g], []
         for u in members:
             busy = compute_free > ready
             s = compute_free if busy else ready
-            dur = kernel_ns[u] * fc[u] * slowdown if copies else kernel_ns[u] * f[u]
+            sp = by_kernel[u] if by_kernel else slowdown
+            dur = kernel_ns[u] * fc[u] * sp if copies else kernel_ns[u] * f[u]
             dur = int(dur * overlap[u]) if busy else int(dur)  # it shares the GPU with the one before
             if power is not None:
                 dur = power(g, s, dur, u)

@@ -56,6 +56,19 @@ class TimingModel(VertexCosts):
             ENG_P2P: ((p.p2p_excess_mean, p.p2p_excess_sd), (p.p2p_excess_mean, p.p2p_excess_sd)),
         }  # fmt: skip
 
+    def p2p_slowdowns(self, slowdown: float) -> list[float]:
+        """Per vertex, a kernel's slowdown beside a GPU<->GPU copy: 1 + (``slowdown`` - 1) x the memory share of its
+        roofline (bytes touched over HBM bandwidth, against that or its flops over peak, whichever is longer);
+        built once per plan."""
+        cached = getattr(self, "_p2p_slow", None)
+        if cached is None or cached[0] != slowdown:
+            mg, p = self.mg, self.prof
+            peak = np.array([p.fp32_flops_per_s if d == "fp32" else p.fp16_flops_per_s for d in mg.dtype])
+            mem, comp = mg.io_nbytes() / p.hbm_bytes_per_s, mg.flops / peak
+            share = np.divide(mem, np.maximum(mem, comp), out=np.ones(mg.n), where=np.maximum(mem, comp) > 0)
+            cached = self._p2p_slow = (slowdown, (1.0 + (slowdown - 1.0) * share).tolist())
+        return cached[1]
+
     def mean_ns(self) -> np.ndarray:
         """Expected uncontended duration (floor x mean factor + mean stall): priorities and reports."""
         x, _, stall = self._excess(None)

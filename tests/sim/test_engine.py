@@ -202,6 +202,22 @@ def test_a_gpu_to_gpu_copy_slows_its_gpus_kernels_by_its_own_factor():
     assert durations == {0.0: 1500, 2.0: 2000}
 
 
+@pytest.mark.parametrize("flops,hbm,want", [(1000, 4e9, 1250), (0, 1e9, 2000), (1000, 1e18, 1000)])
+def test_by_memory_share_a_copy_slows_a_kernel_by_its_roofline_memory_share(flops, hbm, want):
+    """``p2p_slowdown_memory_share``: k1 (1000 bytes read and written) beside a GPU<->GPU copy is slowed by 1 + (2 -
+    1) x the memory share of its roofline: a quarter (1000 flops, 250 ns of bytes): 1250 ns; all of it (no flops,
+    1000 ns of bytes): 2000; none (bytes free): 1000."""
+    mg = make_memgraph(["kernel", "transfer", "kernel"], [[], [0], [0]], n_gpus=2, gpus=[0, 1, 1],
+                       src_gpus=[0, 0, 1], flops=[1000, 0, flops], nbytes=[500, 5000, 500])  # fmt: skip
+    prof = EXACT.replace(kernel_slowdown_with_p2p=2.0, p2p_slowdown_memory_share=True, hbm_bytes_per_s=hbm,
+                         peak_hbm_bytes_per_s=hbm)  # fmt: skip
+    r = simulate(mg, prof, mean_only=True)
+    assert r.start_ns[2] < r.end_ns[1]  # k1 runs during the copy
+    assert int(r.end_ns[2] - r.start_ns[2]) == want
+    assert int(simulate(mg, prof.replace(p2p_slowdown_memory_share=False), mean_only=True).end_ns[2]
+               - r.start_ns[2]) == 2 * max(flops, 1000 * 1e9 / hbm)  # fmt: skip
+
+
 def test_a_kernel_issued_for_another_gpu_than_the_last_command_pays_the_switch():
     """Three kernels ready at the start on GPUs 0, 1, 1 (the host starts on GPU 0): the second pays
     ``gpu_switch_launch_ns``, the first and third do not; on one GPU nothing does."""

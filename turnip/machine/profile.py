@@ -135,6 +135,9 @@ class MachineProfile:
     kernel_slowdown_with_copies: float = 1.11
     # while a GPU<->GPU copy in or out of its GPU runs (0: as with any copy, the field above)
     kernel_slowdown_with_p2p: float = 0.0
+    # that slowdown by kernel: 1 + (slowdown - 1) x the share of the kernel's roofline time that is memory traffic
+    # (a GEMM or attention bound by its flops barely slowed, an elementwise kernel fully); false: every kernel alike
+    p2p_slowdown_memory_share: bool = False
     # jitter: duration = floor * (1 + e), e ~ lognormal with the given mean and standard deviation (the sd of
     # a vertex a measured table covers comes from the table instead)
     kernel_excess_mean: float = 0.02  # GEMM alone: p50 0.184 ms, mean 0.188 ms
