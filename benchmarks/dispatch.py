@@ -223,10 +223,14 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--profile", default="h100-calibrated")
+    ap.add_argument("--profile", default="auto",
+                    help="profile of the bounds (auto: the shipped one of the GPU, h100-calibrated without one)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="")
     a = ap.parse_args(argv)
+    from turnip.runtime.driver import machine_profile
+
+    a.profile = machine_profile(a.profile, a.backend, fallback="h100-calibrated")
     os.makedirs(a.out, exist_ok=True)
     rows: list[dict] = []
     for spec in a.rows:

@@ -259,11 +259,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3, help="LoRA steps (the first not timed)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--profile", default="h100-calibrated")
+    ap.add_argument("--profile", default="auto",
+                    help="profile of the bounds (auto: the shipped one of the GPU, h100-calibrated without one)")
     ap.add_argument("--timeout", type=float, default=900, help="per LoRA subprocess")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="")
     a = ap.parse_args(argv)
+    from turnip.runtime.driver import machine_profile
+
+    a.profile = machine_profile(a.profile, "cuda" if a.gpus else "cpu", fallback="h100-calibrated")
     from llama_prefill import hf_config  # sibling scripts
     from multi_gpu import lora_row, prefill_row, write_csv
 

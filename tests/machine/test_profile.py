@@ -93,3 +93,29 @@ def test_host_total_at_a_number_of_gpus():
     t = (54.8e9, 104.0e9, 145.5e9)
     assert [host_total_bytes_per_s(t, n) for n in range(1, 6)] == [None, 104.0e9, 145.5e9, 145.5e9, 145.5e9]
     assert host_total_bytes_per_s((), 4) is None
+
+
+def test_auto_takes_the_shipped_profile_of_the_gpu_run_on(monkeypatch):
+    """``--profile auto``: an H200's or an H100's calibrated profile by the GPU's name, the h100 preset for any other
+    GPU, the fallback for the CPU backend or where no GPU answers; a named profile stays itself."""
+    import cuda_kernels._numba as nb
+    from turnip.machine.profile import profile_for_gpu
+    from turnip.runtime.driver import machine_profile
+
+    assert profile_for_gpu("NVIDIA H200") == "h200-calibrated"
+    assert profile_for_gpu("NVIDIA H100 80GB HBM3") == "h100-calibrated"
+    assert profile_for_gpu("NVIDIA A100-SXM4-40GB") == "h100"
+    assert machine_profile("h100", "cuda") == "h100" and machine_profile("auto", "cpu") == "h100"
+    assert machine_profile("auto", "cpu", fallback="h100-calibrated") == "h100-calibrated"
+
+    class Dev:
+        name = b"NVIDIA H200"
+
+    monkeypatch.setattr(nb, "cuda", lambda: type("C", (), {"get_current_device": staticmethod(lambda: Dev)}))
+    assert machine_profile("auto", "cuda") == "h200-calibrated"
+
+    def none():
+        raise RuntimeError("no CUDA driver")
+
+    monkeypatch.setattr(nb, "cuda", none)
+    assert machine_profile("auto", "cuda", fallback="h100-calibrated") == "h100-calibrated"

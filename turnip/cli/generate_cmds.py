@@ -81,7 +81,9 @@ def register(sub) -> None:
         default=0.0,
         help="cpu backend: probability of random delays per vertex (tokens must not change)",
     )
-    p.add_argument("--profile", default="h100", help="machine profile of the reported lower bound")
+    p.add_argument("--profile", default="auto",
+                   help="machine profile of the reported lower bound (auto: the shipped profile of the GPU run on, "
+                        "h100-calibrated or h200-calibrated; the h100 preset for the CPU backend)")  # fmt: skip
     p.set_defaults(func=cmd_generate)
 
 
@@ -121,6 +123,10 @@ def cmd_generate(a) -> int:
         from turnip.cli.run_cmds import _cuda_preflight
 
         _cuda_preflight()
+    from turnip.runtime.driver import machine_profile
+
+    a.profile = machine_profile(a.profile, a.backend)
+    ck.load_profile(a.profile)
     budget = ck.nbytes(a.budget, "--budget", minimum=1)
     if a.chaos and a.backend != "cpu":
         raise ck.CliError("--chaos applies to --backend cpu", ck.USAGE)

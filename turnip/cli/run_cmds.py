@@ -79,7 +79,9 @@ def register(sub) -> None:
     add_random_weights_flag(p)
     ck.add_runtime_flags(p, stall_s=60.0)
     p.add_argument("--check", action="store_true", help="compare outputs with the taskgraph evaluated in numpy")
-    p.add_argument("--profile", default="h100", help="machine profile for the lower bound")
+    p.add_argument("--profile", default="auto",
+                   help="machine profile for the lower bound (auto: the shipped profile of the GPU run on, "
+                        "h100-calibrated or h200-calibrated; the h100 preset for the CPU backend)")  # fmt: skip
     p.add_argument("--trace", metavar="OUT.json", help="write the last timed run as a Chrome/Perfetto trace")
     p.add_argument("--csv", metavar="OUT.csv", help="write one row per timed run (the simulator's columns)")
     p.add_argument("--force", action="store_true", help="compile --model even when it is very large")
@@ -287,6 +289,9 @@ def _check_args(a) -> None:
         _cuda_preflight()
     ck.output_file(a.trace, "--trace")
     ck.output_file(a.csv, "--csv")
+    from turnip.runtime.driver import machine_profile
+
+    a.profile = machine_profile(a.profile, a.backend)
     ck.load_profile(a.profile)
     if a.weights:
         from turnip.models import llama_config
@@ -379,7 +384,7 @@ def cmd_run(a) -> int:
                 bar.update(i + 1)
         outs = be.read_outputs()
     _report(rows, bound, res, int(mg.stats.get("resident_input_nbytes", 0)), bool(tg.meta.get("train")),
-            profile=a.profile if a.backend == "cpu" else None)  # fmt: skip
+            profile=a.profile, on_cpu=a.backend == "cpu")  # fmt: skip
     if recorded:
         ms = sorted(r.makespan_ns / 1e6 for r in recorded)
         print(f"det-replay           replayed the issue order of the fastest of {len(ms)} nondet runs ({ms[0]:.3f} "
@@ -485,7 +490,7 @@ def _bound(mg, profile: str) -> dict:
 
 
 def _report(rows: list[dict], bound: dict, res, resident_nbytes: int = 0, training: bool = False,
-            profile: str | None = None) -> None:  # fmt: skip
+            profile: str = "h100", on_cpu: bool = False) -> None:  # fmt: skip
     """Print the run summary; trace byte counts exclude resident inputs (moved when the plan loaded)."""
     import numpy as np
 
@@ -507,8 +512,9 @@ def _report(rows: list[dict], bound: dict, res, resident_nbytes: int = 0, traini
     print(f"host cost / command  median {np.median(hc):.1f} us, p90 {np.percentile(hc, 90):.1f} us "
           "(issue + completion handling)")  # fmt: skip
     parts = format_bound(bound)
-    if profile is None:
-        print(f"lower bound          {lb:.3f} ms ({parts}); efficiency {lb / np.median(ms):.3f}")
+    if not on_cpu:
+        print(f"lower bound          {lb:.3f} ms on the {profile} profile ({parts}); "
+              f"efficiency {lb / np.median(ms):.3f}")
         if ms.min() < lb:
             print(f"warning: a run took {ms.min():.3f} ms, less than its lower bound: the bound or the profile is "
                   "wrong there; please report it with this output")  # fmt: skip

@@ -287,6 +287,17 @@ def _find(name_or_path: str | Path) -> Path | None:
     return None
 
 
+def profile_for_gpu(name: str) -> str:
+    """The shipped profile of a GPU by its name (as the driver gives it, e.g. "NVIDIA H200"): ``h200-calibrated``
+    for an H200, ``h100-calibrated`` for an H100, else the ``h100`` preset."""
+    n = name.upper()
+    if "H200" in n:
+        return "h200-calibrated"
+    if "H100" in n:
+        return "h100-calibrated"
+    return "h100"
+
+
 def load_profile(name_or_path: str | Path) -> MachineProfile:
     """A preset name (``h100``), a file in ``turnip/machine/profiles/`` (by stem), or a path to a .toml /
     .json profile.

@@ -83,6 +83,28 @@ class RunResult:
         return row
 
 
+AUTO_PROFILE = "auto"
+
+
+def machine_profile(profile: str, backend: str, fallback: str = "h100") -> str:
+    """``profile`` itself, or for ``auto`` the shipped profile of the GPU a ``cuda`` backend runs on (by its name:
+    ``turnip.machine.profile.profile_for_gpu``) and ``fallback`` for the CPU backend: a run's lower bound is on the
+    machine it runs on (an H200 beats an H100's bound wherever its faster memory or host link counts)."""
+    if profile != AUTO_PROFILE:
+        return profile
+    if backend != "cuda":
+        return fallback
+    from turnip.machine.profile import profile_for_gpu
+
+    try:
+        from cuda_kernels._numba import cuda
+
+        name = cuda().get_current_device().name
+    except Exception:  # noqa: BLE001 - no GPU to ask (the run itself will say why): the fallback's bound
+        return fallback
+    return profile_for_gpu(name.decode() if isinstance(name, bytes) else str(name))
+
+
 def lower_bound(mg: MemGraph, profile: str = "h100") -> dict:
     """The plan's lower bound (``turnip.machine.bound``) on a machine profile (resident inputs are not in
     the run)."""
