@@ -8,7 +8,8 @@ Rows (defaults: the paper's setting on 4 GPUs):
   Accelerate       ``dispatch_model`` over the GPUs with ``max_memory`` = each budget per GPU and the rest of the
                    weights in CPU memory (Accelerate's offload: each layer's weights copied in when it runs), and
                    with no limit (every layer on some GPU, balanced over them: its pipeline), same shapes, random
-                   fp16 weights; medians of ``--repeat`` after ``--warmup``; a row that does not fit says so
+                   fp16 weights, loaded once per budget and timed on every prompt; medians of ``--repeat`` after
+                   ``--warmup``; a row that does not fit says so
   PEFT             ``--peft`` (BATCHxSEQ): a LoRA step (the same adapters, Adam, gradient checkpointing) of PyTorch +
                    PEFT on Accelerate's pipeline with no limit, median seconds per step after the first
   DeepSpeed        ``--deepspeed``: ZeRO-Inference (``benchmarks/zero_inference.py`` under torchrun: parameters
@@ -101,41 +102,63 @@ def random_offloaded_llama(cfg, gpus: int, budget_nbytes: int | None, seed: int)
     return model.eval(), on_cpu, len(device_map)
 
 
-def accelerate_row(a, cfg, seq: int, batch: int, budget: str) -> dict:
-    """Median prefill time (ms) of Accelerate at ``budget`` per GPU (``none``: no limit), hidden states of every
-    token as turnip's rows compute them."""
-    import torch
+class AccelerateModel:
+    """Accelerate's dispatched model at one budget per GPU (``none``: no limit), loaded once (random weights) and
+    timed on each prompt: ``row(seq, batch)``; ``close`` frees it. A load that fails leaves ``error`` set and
+    every row saying so."""
 
-    from turnip.compile import parse_nbytes
+    def __init__(self, a, cfg, budget: str):
+        import torch
 
-    row = {"system": "accelerate", "seq": seq, "batch": batch, "budget": budget, "gpus": a.gpus}
-    t0 = time.perf_counter()
-    try:
-        model, on_cpu, units = random_offloaded_llama(cfg, a.gpus, None if budget == "none" else parse_nbytes(budget),
-                                                      a.seed)  # fmt: skip
-    except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:
-        return row | {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-    row |= {"load_s": round(time.perf_counter() - t0, 1), "modules_on_cpu": on_cpu, "modules": units}
-    dev = "cuda:0" if a.gpus else "cpu"
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(a.seed)).to(dev)
-    sync = torch.cuda.synchronize if a.gpus else (lambda: None)
-    ts = []
-    try:
-        with torch.no_grad():
-            for i in range(a.warmup + a.repeat):
-                sync()
-                t = time.perf_counter()
-                model.model(input_ids=ids, use_cache=False)
-                sync()
-                if i >= a.warmup:
-                    ts.append((time.perf_counter() - t) * 1e3)
-    except torch.cuda.OutOfMemoryError as e:
-        return row | {"error": f"out of GPU memory: {str(e)[:160]}"}
-    finally:
-        del model
-        if a.gpus:
+        from turnip.compile import parse_nbytes
+
+        self.a, self.cfg, self.budget, self.model, self.error, self.info = a, cfg, budget, None, None, {}
+        t0 = time.perf_counter()
+        try:
+            self.model, on_cpu, units = random_offloaded_llama(cfg, a.gpus, None if budget == "none" else
+                                                               parse_nbytes(budget), a.seed)  # fmt: skip
+        except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:
+            self.error = f"{type(e).__name__}: {str(e)[:200]}"
+            return
+        # one load serves every prompt at this budget
+        self.info = {"load_s": round(time.perf_counter() - t0, 1), "modules_on_cpu": on_cpu, "modules": units}
+
+    def row(self, seq: int, batch: int) -> dict:
+        """Median prefill time (ms) of a prompt of ``seq`` tokens x ``batch``: hidden states of every token, as
+        turnip's rows compute them (a prompt that runs out of GPU memory says so; the model stays)."""
+        import torch
+
+        a = self.a
+        row = {"system": "accelerate", "seq": seq, "batch": batch, "budget": self.budget, "gpus": a.gpus} | self.info
+        if self.error:
+            return row | {"error": self.error}
+        dev = "cuda:0" if a.gpus else "cpu"
+        gen = torch.Generator().manual_seed(a.seed)
+        ids = torch.randint(0, self.cfg.vocab_size, (batch, seq), generator=gen).to(dev)
+        sync = torch.cuda.synchronize if a.gpus else (lambda: None)
+        ts = []
+        try:
+            with torch.no_grad():
+                for i in range(a.warmup + a.repeat):
+                    sync()
+                    t = time.perf_counter()
+                    self.model.model(input_ids=ids, use_cache=False)
+                    sync()
+                    if i >= a.warmup:
+                        ts.append((time.perf_counter() - t) * 1e3)
+        except torch.cuda.OutOfMemoryError as e:
+            return row | {"error": f"out of GPU memory: {str(e)[:160]}"}
+        finally:
+            if a.gpus:
+                torch.cuda.empty_cache()
+        return row | {"ms_median": statistics.median(ts), "ms_min": min(ts)}
+
+    def close(self) -> None:
+        import torch
+
+        self.model = None
+        if self.a.gpus:
             torch.cuda.empty_cache()
-    return row | {"ms_median": statistics.median(ts), "ms_min": min(ts)}
 
 
 def peft_row(a, cfg, seq: int, batch: int) -> dict:
@@ -280,7 +303,9 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     mg_args = SimpleNamespace(model=a.model, layers=None, policies=a.policies, warmup=a.warmup, repeat=a.repeat,
                               seed=a.seed, profile=a.profile, graph_events=False, steps=a.steps, timeout=a.timeout)
+    longest = max(seq * batch for seq, batch in map(shape, a.prompts))
     for budget in a.budgets:
+        acc = None  # Accelerate's model at this budget, loaded at the first prompt, kept for the others
         for p in a.prompts:
             seq, batch = shape(p)
             if not a.no_turnip:
@@ -292,17 +317,21 @@ def main(argv=None) -> int:
                         rows.append({"system": "turnip", "seq": seq, "batch": batch, "budget": budget,
                                      "error": f"{type(e).__name__}: {e}"})  # fmt: skip
             if not a.no_accelerate:
-                cfg = hf_config(s, seq * batch)
-                rows.append(accelerate_row(a, cfg, seq, batch, budget))
+                acc = acc or AccelerateModel(a, hf_config(s, longest), budget)
+                rows.append(acc.row(seq, batch))
             if rows:
                 write_csv(path, rows)
                 print(rows[-1], flush=True)
+        if acc is not None:
+            acc.close()
     if not a.no_accelerate and not a.no_limit_baseline:
+        acc = AccelerateModel(a, hf_config(s, longest), "none")
         for p in a.prompts:
             seq, batch = shape(p)
-            rows.append(accelerate_row(a, hf_config(s, seq * batch), seq, batch, "none"))
+            rows.append(acc.row(seq, batch))
             write_csv(path, rows)
             print(rows[-1], flush=True)
+        acc.close()
     for spec in a.peft:
         batch, seq = map(int, spec.split("x"))
         rows.append(peft_row(a, hf_config(s, seq), seq, batch))

@@ -30,12 +30,16 @@ def test_accelerate_and_peft_rows_run_on_the_cpu(tmp_path):
     pytest.importorskip("peft")
     pytest.importorskip("accelerate")
     ps = load_script("paper_scale")
-    assert ps.main(["--model", "llama-tiny", "--gpus", "0", "--no-turnip", "--prompts", "32", "--budgets", "none",
-                    "--no-limit-baseline", "--peft", "2x32", "--steps", "2", "--repeat", "1",
+    loads, load = [], ps.random_offloaded_llama
+    ps.random_offloaded_llama = lambda *args: loads.append(args[2]) or load(*args)
+    assert ps.main(["--model", "llama-tiny", "--gpus", "0", "--no-turnip", "--prompts", "32", "16x2", "--budgets",
+                    "none", "--no-limit-baseline", "--peft", "2x32", "--steps", "2", "--repeat", "1",
                     "--out", str(tmp_path)]) == 0  # fmt: skip
     rows = list(csv.DictReader(open(tmp_path / "paper_scale.csv")))
-    acc, peft = rows
-    assert acc["system"] == "accelerate" and float(acc["ms_median"]) > 0 and not acc.get("error")
+    acc, acc2, peft = rows
+    for r in (acc, acc2):
+        assert r["system"] == "accelerate" and float(r["ms_median"]) > 0 and not r.get("error")
+    assert (acc2["seq"], acc2["batch"]) == ("16", "2") and len(loads) == 2  # one load for both prompts, one PEFT's
     assert peft["system"] == "peft" and float(peft["ms_median"]) > 0
     losses = [float(x) for x in peft["losses"].split()]
     assert len(losses) == 3 and all(0 < x < 20 for x in losses)
