@@ -43,9 +43,7 @@ def main(argv=None) -> int:
 
     cuda.select_device(0)
     drv = Driver()
-    reg, unreg = drv.lib.cuMemHostRegister_v2, drv.lib.cuMemHostUnregister
-    reg.argtypes, reg.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint], ctypes.c_int
-    unreg.argtypes, unreg.restype = [ctypes.c_void_p], ctypes.c_int
+    reg, unreg = drv.cuMemHostRegister_v2, drv.cuMemHostUnregister
     n = int(a.gib * GiB) // 4096 * 4096
     k = max(1, a.threads)
     res: dict[str, float] = {}

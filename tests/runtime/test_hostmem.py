@@ -14,20 +14,6 @@ from turnip.runtime.layout import HostInputs
 pytestmark = pytest.mark.unit
 
 
-class FakeLib:
-    def __init__(self, calls, answer):
-        self.cuMemHostRegister_v2 = self._f("register", calls, answer)
-        self.cuMemHostUnregister = self._f("unregister", calls, SUCCESS)
-
-    @staticmethod
-    def _f(name, calls, answer):
-        def f(*args):
-            calls.append((name, *args))
-            return answer
-
-        return f
-
-
 class FakeDriver:
     """Records the calls; pinned allocations are ctypes buffers kept alive here."""
 
@@ -35,7 +21,15 @@ class FakeDriver:
 
     def __init__(self, register_answer=SUCCESS):
         self.calls, self.buffers = [], {}
-        self.lib = FakeLib(self.calls, register_answer)
+        self.cuMemHostRegister_v2 = self._f("register", register_answer)
+        self.cuMemHostUnregister = self._f("unregister", SUCCESS)
+
+    def _f(self, name, answer):
+        def f(*args):
+            self.calls.append((name, *args))
+            return answer
+
+        return f
 
     def host_alloc(self, nbytes, write_combined):
         buf = (ctypes.c_uint8 * nbytes)()

@@ -31,6 +31,8 @@ _SIGS = {
     "cuMemAlloc_v2": [ctypes.POINTER(_U64), _SZ],
     "cuMemFree_v2": [_U64],
     "cuMemFreeHost": [_P],
+    "cuMemHostRegister_v2": [_P, _SZ, _U32],
+    "cuMemHostUnregister": [_P],
     "cuCtxGetCurrent": [ctypes.POINTER(_P)],
     "cuCtxSetCurrent": [_P],
     "cuCtxSynchronize": [],

@@ -37,12 +37,6 @@ def host_register_on() -> bool:
     return os.environ.get(HOST_REGISTER_SWITCH) == "1"
 
 
-def _fn(drv, name: str, args: list):
-    f = getattr(drv.lib, name)
-    f.argtypes, f.restype = args, ctypes.c_int
-    return f
-
-
 class PinnedRegion:
     """``nbytes`` of host memory for GPU copies: ``array`` (uint8) at ``ptr``. ``register``: plain memory now,
     pinned by ``pin`` (the first run); else pinned memory now (``write_combined`` as asked)."""
@@ -81,8 +75,8 @@ class PinnedRegion:
                 a[i:j:PAGE] = a[i:j:PAGE]
 
             thread_map(touch, spans, threads)
-            reg = _fn(self.drv, "cuMemHostRegister_v2", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint])
-            self.drv.check(reg(self.ptr, self.nbytes, REGISTER_PORTABLE), f"cuMemHostRegister({self.nbytes} bytes)")
+            r = self.drv.cuMemHostRegister_v2(self.ptr, self.nbytes, REGISTER_PORTABLE)
+            self.drv.check(r, f"cuMemHostRegister({self.nbytes} bytes)")
             self._release = _unregisterer(self.drv, self.ptr)
         self.pinned = True
 
@@ -108,5 +102,4 @@ def _freer(drv, ptr: int):
 
 def _unregisterer(drv, ptr: int):
     """The release of memory registered at ``ptr`` (its owner, the numpy buffer, drops it after)."""
-    unreg = _fn(drv, "cuMemHostUnregister", [ctypes.c_void_p])
-    return lambda: drv.check(unreg(ptr), "cuMemHostUnregister")
+    return lambda: drv.check(drv.cuMemHostUnregister(ptr), "cuMemHostUnregister")
