@@ -415,21 +415,19 @@ def generate(
     spare = lambda nb: cache.nbytes(last_nb) - cache.nbytes(nb) + (64 << 20)  # noqa: E731  # the next plans' cache
     host = session.take() if session is not None else None  # the host input region handed from one plan to the
     # next (``keep_weights_on``): to the first, the one the session's last call left
-    session_kept = 0
-    if P > 1:
-        nxt = plans.get("decode", B, (P - 1) // block + 1)[0] if keep_weights_on() else None  # the first decode plan
-        t_pre = time.perf_counter()
-        host, prefill_phases, session_kept = _prefill(m, ids, plans, cache, (backend, streams, opts, policy, seed),
-                                                      spare(0), nxt, host)  # fmt: skip
-        prefill_s = time.perf_counter() - t_pre
-    else:
-        prefill_s, prefill_phases = 0.0, {}
+    session_kept, prefill_s, prefill_phases = 0, 0.0, {}
     out = _Outputs(m.tokenizer, B, set(m.eos if eos is None else eos), stop, on_token)
     rng = np.random.default_rng(sampling.seed)
     cur = np.array([x[-1] for x in ids], dtype=np.int64)
     runner, ttft, t_dec, switch_s, kept, kept_nbytes, open_s = None, None, None, 0.0, 0, 0, []
     switch_phases: dict = {}  # seconds over all bucket switches: the written blocks read, taken, the plan closed
-    try:
+    try:  # whatever fails, the plan open and the region held now are released below
+        if P > 1:
+            nxt = plans.get("decode", B, (P - 1) // block + 1)[0] if keep_weights_on() else None  # first decode plan
+            t_pre = time.perf_counter()
+            run = (backend, streams, opts, policy, seed)
+            host, prefill_phases, session_kept = _prefill(m, ids, plans, cache, run, spare(0), nxt, host)
+            prefill_s = time.perf_counter() - t_pre
         for k in range(max_new_tokens):
             slot = P - 1 + k
             nb = slot // block + 1
@@ -528,12 +526,7 @@ def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple
     # the decode plans also hold the weights the prefill does not read
     reserve = reserve + sum(weight_nbytes(m.weights, k) for k in m.weights if k not in lg) if hand else 0
     t0 = time.perf_counter()
-    try:
-        r = _Runner(tg, mg, m, None, backend, streams, opts, host=host, reserve=reserve)
-    except BaseException:
-        if host is not None:  # not taken over: freed here (one taken over is already the failed backend's)
-            host.free()
-        raise
+    r = _Runner(tg, mg, m, None, backend, streams, opts, host=host, reserve=reserve)
     phases = {"open": time.perf_counter() - t0}
     try:
         kv = r.run({"x0": m.embed(padded.reshape(-1))}, policy, streams, seed, list(tg.meta["output_blocks"]))
