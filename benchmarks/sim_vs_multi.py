@@ -26,7 +26,7 @@ from pathlib import Path
 def simulate_row(r: dict, prof, runs: int, cache: dict, at_host: bool = False) -> float:
     """Mean simulated makespan (ms) of the measured row ``r`` (compiled once per configuration); ``at_host``: every
     run at the row's own host time (its ``host_ms_per_run``: the host costs scaled until the simulated host
-    thread issues and handles for as long, ``turnip.machine.costs.host_busy_ns``)."""
+    thread issues and handles for as long, ``turnip.machine.costs.host_factor_for``)."""
     from sim.engine import simulate
     from sim.timing import TimingModel
     from turnip.compile import compile_model
@@ -44,9 +44,9 @@ def simulate_row(r: dict, prof, runs: int, cache: dict, at_host: bool = False) -
     mg, tm = cache[key]
     host = None
     if at_host:
-        from turnip.machine.costs import host_busy_ns
+        from turnip.machine.costs import host_factor_for
 
-        host = max(float(r["host_ms_per_run"]) * 1e6 / host_busy_ns(tm, 1.0), 1e-3)
+        host = host_factor_for(tm, float(r["host_ms_per_run"]))
     runs_ns = (simulate(mg, prof, r["policy"], s, False, tm, host=host).makespan_ns for s in range(runs))
     return statistics.fmean(runs_ns) / 1e6
 
@@ -115,7 +115,8 @@ def main(argv=None) -> int:
           f"{statistics.fmean(abs(r['error']) for r in rows):.1%} ({a.profile}"
           f"{', links ' + a.links if a.links else ''}{', independent links' if a.independent_links else ''}"
           f"{', p2p ' + a.p2p if a.p2p != 'profile' else ''}"
-          f"{f', p2p slowdown {a.p2p_slowdown}' if a.p2p_slowdown is not None else ''})")
+          f"{f', p2p slowdown {a.p2p_slowdown}' if a.p2p_slowdown is not None else ''}"
+          f"{', by memory share' if a.p2p_memory_share else ''})")
     if a.at_host_time:
         near = sum(abs(r["error_at_host"]) <= 0.05 for r in rows)
         worst = max(rows, key=lambda r: abs(r["error_at_host"]))

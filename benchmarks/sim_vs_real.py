@@ -381,9 +381,9 @@ def run_factors(mg, prof, tm, policy: str, order, seed: int, host_ms: float | No
     from the host, or that offloads)."""
     from sim.engine import simulate
     from turnip.calibrate import run_link_gbps
-    from turnip.machine.costs import host_busy_ns
+    from turnip.machine.costs import host_factor_for
 
-    host = None if host_ms is None else max(host_ms * 1e6 / host_busy_ns(tm, 1.0), 1e-3)
+    host = None if host_ms is None else host_factor_for(tm, host_ms)
     if link_gbps is None or not link_gbps > 0:
         return host, None
 

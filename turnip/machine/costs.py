@@ -180,6 +180,12 @@ def host_busy_ns(costs: VertexCosts, host: float = 1.0) -> int:
     return int(h.launch.sum()) + int((~costs.preloaded).sum()) * h.handle + handed_over(costs) * h.handle_per_cmd
 
 
+def host_factor_for(costs: VertexCosts, host_ms: float) -> float:
+    """The host speed factor at which the host thread is busy ``host_ms`` per run (``host_busy_ns`` is linear in
+    it): a measured run's own host time, for the simulator's ``host``; at least 1e-3."""
+    return max(host_ms * 1e6 / host_busy_ns(costs, 1.0), 1e-3)
+
+
 OVERLAP_SHORT_NS, OVERLAP_LONG_NS = 10_000, 1_000_000  # knots of the concurrency factor (profile fields)
 
 
