@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from turnip.machine.costs import ENG_D2H, ENG_H2D, ENG_KERNEL, ENG_P2P, VertexCosts, link_rates
+from turnip.machine.costs import ENG_D2H, ENG_H2D, ENG_KERNEL, ENG_P2P, VertexCosts, link_rates, roofline_ns
 from turnip.machine.profile import MachineProfile
 from turnip.memgraph.plan import MemGraph
 
@@ -62,10 +62,8 @@ class TimingModel(VertexCosts):
         built once per plan."""
         cached = getattr(self, "_p2p_slow", None)
         if cached is None or cached[0] != slowdown:
-            mg, p = self.mg, self.prof
-            peak = np.array([p.fp32_flops_per_s if d == "fp32" else p.fp16_flops_per_s for d in mg.dtype])
-            mem, comp = mg.io_nbytes() / p.hbm_bytes_per_s, mg.flops / peak
-            share = np.divide(mem, np.maximum(mem, comp), out=np.ones(mg.n), where=np.maximum(mem, comp) > 0)
+            mem, roof = self.mg.io_nbytes() * 1e9 / self.prof.hbm_bytes_per_s, roofline_ns(self.mg, self.prof)
+            share = np.divide(mem, roof, out=np.ones(self.mg.n), where=roof > 0)
             cached = self._p2p_slow = (slowdown, (1.0 + (slowdown - 1.0) * share).tolist())
         return cached[1]
 
