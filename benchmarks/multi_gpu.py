@@ -46,6 +46,9 @@ def prefill_row(a, seq: int, budget: str, gpus: int, split: str, batch: int = 1)
     rows = []
     with open_loaded("cuda", tg, mg, seed=a.seed, graph_events=a.graph_events) as be:
         t_load = time.perf_counter() - t0
+        ph = dict(getattr(be, "load_phases_s", {}))
+        ph = {"fill": t_load - sum(ph.values()), **ph}  # fill: the writing threads, the rest timed by the backend
+        phases = " ".join(f"{k}={v:.2f}" for k, v in ph.items())
         outs = {}
         for policy in a.policies:
             for i in range(a.warmup):
@@ -67,7 +70,8 @@ def prefill_row(a, seq: int, budget: str, gpus: int, split: str, batch: int = 1)
                          "bound_parts": ";".join(f"{k}={v / 1e6:.2f}" for k, v in bound.items()),
                          "vertices": mg.n, "host_us_p50": float(np.median(hc)) / 1e3,
                          "host_ms_per_run": float(hc.sum()) / 1e6 / len(res), "bitwise_repeat": same,
-                         "compile_s": round(t_compile, 2), "load_s": round(t_load, 2), "rc": 0})  # fmt: skip
+                         "compile_s": round(t_compile, 2), "load_s": round(t_load, 2), "load_phases": phases,
+                         "load_gb_per_s": round(be.lay.host_input_nbytes / 1e9 / t_load, 2), "rc": 0})  # fmt: skip
             print(_fmt(rows[-1]), flush=True)
     return rows
 
@@ -104,6 +108,8 @@ def _fmt(r: dict) -> str:
     ms = f"{r['ms_median']:9.1f} ms" if r.get("ms_median") is not None else "   failed  "
     extra = f" bound {r['bound_ms']:.1f} host {r['host_us_p50']:.1f} us x {r['vertices']}" if "bound_ms" in r else ""
     rep = f" bitwise {r['bitwise_repeat']}" if r.get("bitwise_repeat") is not None else ""
+    if r.get("load_phases"):
+        rep += f" load {r['load_s']} s ({r['load_gb_per_s']} GB/s: {r['load_phases']})"
     return (f"{r['workload']:7s} {r['seq']:6d} {r['budget']:>6s} {r['gpus']} GPU {str(r['split'])[:40]:12s} "
             f"{r['policy']:8s} {ms}{extra}{rep} rc {r['rc']}")  # fmt: skip
 

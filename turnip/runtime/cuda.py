@@ -58,6 +58,7 @@ from turnip.runtime.backend import check_ready
 from turnip.runtime.errors import BackendError, VertexFailed
 from turnip.runtime.hostmem import PinnedRegion, host_register_on
 from turnip.runtime.layout import HOST_INPUT, NP_DTYPE, input_vertices, output_sources, plan_layout, row_range
+from turnip.runtime.loader import thread_map
 from turnip.sched.groups import group_events_on, launch_groups, launch_groups_on
 
 _COPY_KINDS = (KIND_INPUT, KIND_RELOAD, KIND_OFFLOAD, KIND_TRANSFER)
@@ -106,6 +107,7 @@ class CudaBackend:
         self._closed = False
         self.host_register = host_register_on() if host_register is None else bool(host_register)
         self._regions: list = []  # PinnedRegion: the input region, then the offload region
+        self.load_phases_s: dict[str, float] = {}  # seconds: host regions made ("alloc"), pinned, resident copies
         self._events: list[int] = []
         self.ctx, self.arenas, self.base, self.streams, self.hstreams = [], [], [], [], []
         self._device_ptrs: list[tuple[int, int]] = []  # (context, pointer) of the arenas, freed at close
@@ -132,6 +134,7 @@ class CudaBackend:
         ]  # fmt: skip
         self.cur = -1
         self._set_ctx(0)
+        t_alloc = time.perf_counter()
         self.host_key = tuple(host_key)  # adopted: tensors whose host copies came with a handed-over region
         self.adopted = [] if host_inputs is None else host_inputs.adopt(self.host_key, lay, host_first or (), True)
         if self.adopted:  # a filled region of an earlier plan: its prefix kept, released by us as it was made
@@ -140,6 +143,7 @@ class CudaBackend:
         else:
             self.host_in = self._host_alloc(lay.host_input_nbytes, write_combined=True)
         self.host_off = self._host_alloc(lay.host_offload_nbytes, write_combined=False)
+        self.load_phases_s["alloc"] = time.perf_counter() - t_alloc
         self._host_base = [self._regions[0].ptr, self._regions[1].ptr]
         self._views: dict[int, object] = {}
         self._launchers: dict = {}
@@ -226,7 +230,7 @@ class CudaBackend:
 
     def _host_alloc(self, nbytes: int, write_combined: bool) -> np.ndarray:
         """A host region (``turnip.runtime.hostmem``): pinned now, or plain memory pinned at the first run."""
-        r = PinnedRegion(self.drv, nbytes, write_combined, self.host_register)
+        r = PinnedRegion(self.drv, nbytes, write_combined, self.host_register, ctx=self.ctx[0])
         self._regions.append(r)
         self.allocations += 1
         return r.array
@@ -360,9 +364,13 @@ class CudaBackend:
             self.load_resident(values)
 
     def load_resident(self, tensors) -> None:
-        """Taskgraph input ``tensors`` have their pinned host copies filled (``host_in``): count them written
-        and copy the resident ones to their GPUs (synchronous; this thread only). Unknown tensors are ignored."""
+        """Taskgraph input ``tensors`` have their host copies filled (``host_in``): count them written and copy
+        the resident ones to their GPUs (synchronous). A registered input region is pinned first (its copies then
+        run at the link's speed, not the pageable path's); the GPUs' copies run on a thread per GPU (the driver
+        call releases the GIL), so several GPUs load at once. Unknown tensors are ignored. Seconds spent pinning
+        and copying add up in ``load_phases_s``."""
         mg, lay = self.mg, self.lay
+        jobs: dict[int, list] = {}
         for t in tensors:
             vs = self._inputs.get(t)
             if vs is None:
@@ -370,11 +378,29 @@ class CudaBackend:
             self._written.add(t)
             for v in vs:
                 if lay.resident[v]:
-                    g = lay.gpu[v]
-                    self._set_ctx(g)
-                    host = self._host_base[HOST_INPUT] + lay.host_offset[v]
-                    self.drv.check(self.drv.cuMemcpyHtoD_v2(self.base[g] + lay.out_offset[v], host, lay.nbytes[v]),
-                                   f"loading resident input {mg.label(v)}")  # fmt: skip
+                    jobs.setdefault(lay.gpu[v], []).append(v)
+        if not jobs:
+            return
+        t0 = time.perf_counter()
+        self._regions[0].pin(cuts=self._cuts(HOST_INPUT))
+        t1 = time.perf_counter()
+        drv, host = self.drv, self._host_base[HOST_INPUT]
+
+        def copy(g: int) -> None:
+            drv.check(drv.cuCtxSetCurrent(self.ctx[g]), f"cuCtxSetCurrent(gpu {g})")
+            for v in jobs[g]:
+                drv.check(drv.cuMemcpyHtoD_v2(self.base[g] + lay.out_offset[v], host + lay.host_offset[v],
+                                              lay.nbytes[v]), f"loading resident input {mg.label(v)}")  # fmt: skip
+
+        if len(jobs) == 1:
+            (g,) = jobs
+            self._set_ctx(g)
+            copy(g)
+        else:
+            thread_map(copy, sorted(jobs), len(jobs))
+        ph = self.load_phases_s
+        ph["pin"] = ph.get("pin", 0.0) + t1 - t0
+        ph["resident"] = ph.get("resident", 0.0) + time.perf_counter() - t1
 
     def read_outputs(self, only=None, views: bool = False) -> dict[int, np.ndarray]:
         """Every output tensor's value (``only``: just these tensors); ``views``: an offloaded one as a view of the
@@ -433,11 +459,17 @@ class CudaBackend:
             self._set_ctx(g)
             drv.check(drv.cuCtxSynchronize(), "synchronizing after carry")
 
+    def _cuts(self, region: int) -> list[int]:
+        """Where a host region may be cut into separately pinned pieces: its buffers' host offsets (every copy
+        stays inside one buffer)."""
+        lay = self.lay
+        return [o for o, r in zip(lay.host_offset, lay.host_region, strict=True) if r == region]
+
     # ------------------------------------------------------------------ runs
     def begin_run(self, seed: int | None = None) -> None:
         check_ready(self)
-        for r in self._regions:  # registered regions are pinned in place once, after their first writes
-            r.pin()
+        for i, r in enumerate(self._regions):  # registered regions are pinned in place once, after their first writes
+            r.pin(cuts=self._cuts(i))
         drv = self.drv
         for g in range(self.mg.n_gpus):
             self._set_ctx(g)

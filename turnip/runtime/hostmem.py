@@ -18,17 +18,21 @@ can be handed to the next plan's backend (``turnip.runtime.layout.HostInputs``) 
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import os
 
 import numpy as np
 
+from turnip.runtime._cudadrv import SUCCESS
 from turnip.runtime.loader import thread_map
 
 HOST_REGISTER_SWITCH = "TURNIP_HOST_REGISTER"
 PAGE = 4096
 REGISTER_PORTABLE = 1  # CU_MEMHOSTREGISTER_PORTABLE: pinned for every context (several GPUs)
 TOUCH_CHUNK = 1 << 28  # bytes per thread task when touching pages
+PIN_PIECES_SWITCH = "TURNIP_PIN_PIECES"
+MIN_PIECE = 1 << 28  # bytes: no piece of a pinned region smaller, where the cuts allow
 
 
 def host_register_on() -> bool:
@@ -41,8 +45,8 @@ class PinnedRegion:
     """``nbytes`` of host memory for GPU copies: ``array`` (uint8) at ``ptr``. ``register``: plain memory now,
     pinned by ``pin`` (the first run); else pinned memory now (``write_combined`` as asked)."""
 
-    def __init__(self, drv, nbytes: int, write_combined: bool = False, register: bool = False):
-        self.drv, self.nbytes = drv, int(nbytes)
+    def __init__(self, drv, nbytes: int, write_combined: bool = False, register: bool = False, ctx=None):
+        self.drv, self.nbytes, self.ctx = drv, int(nbytes), ctx
         if register:
             buf = np.empty(self.nbytes + PAGE, dtype=np.uint8)  # no page touched yet
             off = -buf.ctypes.data % PAGE
@@ -58,12 +62,15 @@ class PinnedRegion:
         """A pinned region handed over by another backend (``HostInputs``), released by ``release``."""
         r = object.__new__(cls)
         r.drv, r.nbytes, r.array, r.ptr, r.pinned, r._release = drv, len(array), array, int(ptr), True, release
+        r.ctx = None
         return r
 
-    def pin(self, threads: int | None = None) -> None:
+    def pin(self, threads: int | None = None, cuts=()) -> None:
         """Pin a registered region in place (nothing for one already pinned): its untouched pages touched by
-        ``threads`` threads (reading and writing back one byte a page keeps the bytes), then one
-        ``cuMemHostRegister``."""
+        ``threads`` threads (reading and writing back one byte a page keeps the bytes), then
+        ``cuMemHostRegister``: once for the whole region, or with ``pin_pieces()`` > 1 in that many pieces on
+        as many threads, each cut at one of ``cuts`` (byte offsets where a buffer starts and no copy spans:
+        the backend's host offsets; only page multiples are used). A failed piece unregisters the others."""
         if self.pinned:
             return
         if self.nbytes:
@@ -75,9 +82,23 @@ class PinnedRegion:
                 a[i:j:PAGE] = a[i:j:PAGE]
 
             thread_map(touch, spans, threads)
-            r = self.drv.cuMemHostRegister_v2(self.ptr, self.nbytes, REGISTER_PORTABLE)
-            self.drv.check(r, f"cuMemHostRegister({self.nbytes} bytes)")
-            self._release = _unregisterer(self.drv, self.ptr)
+            pieces = register_spans(self.nbytes, cuts, pin_pieces())
+            drv, ptr, ctx = self.drv, self.ptr, self.ctx
+
+            def register(span):
+                if len(pieces) > 1 and ctx is not None:  # a worker thread: the driver call needs a context
+                    drv.check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent (pinning a host region)")
+                return drv.cuMemHostRegister_v2(ptr + span[0], span[1] - span[0], REGISTER_PORTABLE)
+
+            answers = thread_map(register, pieces, len(pieces))
+            done = [ptr + i for (i, _), r in zip(pieces, answers, strict=True) if r == SUCCESS]
+            for (i, j), r in zip(pieces, answers, strict=True):
+                if r != SUCCESS:
+                    for p in done:
+                        drv.cuMemHostUnregister(p)
+                    what = f"{j - i} bytes at offset {i} of {self.nbytes}" if len(pieces) > 1 else f"{j - i} bytes"
+                    drv.check(r, f"cuMemHostRegister({what})")
+            self._release = _unregisterer(drv, done)
         self.pinned = True
 
     def hand_over(self):
@@ -100,6 +121,32 @@ def _freer(drv, ptr: int):
     return lambda: drv.cuMemFreeHost(ptr)
 
 
-def _unregisterer(drv, ptr: int):
-    """The release of memory registered at ``ptr`` (its owner, the numpy buffer, drops it after)."""
-    return lambda: drv.check(drv.cuMemHostUnregister(ptr), "cuMemHostUnregister")
+def _unregisterer(drv, ptrs: list[int]):
+    """The release of memory registered at ``ptrs`` (its pieces; the owner, the numpy buffer, drops it after)."""
+
+    def release():
+        for p in ptrs:
+            drv.check(drv.cuMemHostUnregister(p), "cuMemHostUnregister")
+
+    return release
+
+
+def pin_pieces() -> int:
+    """How many pieces a registered region is pinned in, on as many threads: ``TURNIP_PIN_PIECES`` (default 1,
+    one ``cuMemHostRegister`` for the region, until pieces are timed on a GPU)."""
+    return max(1, int(os.environ.get(PIN_PIECES_SWITCH, "1")))
+
+
+def register_spans(nbytes: int, cuts, pieces: int, least: int | None = None) -> list[tuple[int, int]]:
+    """``[start, end)`` spans covering ``nbytes``, at most ``pieces`` of them, none under ``least`` bytes where it
+    can be helped (default ``MIN_PIECE``), each cut at the page-multiple offset of ``cuts`` nearest an even share."""
+    pieces = max(1, min(pieces, nbytes // max(MIN_PIECE if least is None else least, 1)))
+    ok = sorted({int(c) for c in cuts if 0 < int(c) < nbytes and int(c) % PAGE == 0})
+    starts = [0]
+    for k in range(1, pieces):
+        share = k * nbytes // pieces
+        i = bisect.bisect_left(ok, share)
+        near = [c for c in ok[max(i - 1, 0) : i + 1] if c > starts[-1]]
+        if near:
+            starts.append(min(near, key=lambda c: abs(c - share)))
+    return list(zip(starts, [*starts[1:], nbytes], strict=True))
