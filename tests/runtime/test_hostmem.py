@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from turnip.runtime._cudadrv import SUCCESS, CudaError, Driver
-from turnip.runtime.hostmem import PAGE, REGISTER_PORTABLE, PinnedRegion, host_register_on, register_spans
+from turnip.runtime.hostmem import PAGE, REGISTER_PORTABLE, PinnedRegion, host_register_on
 from turnip.runtime.layout import HostInputs
 
 pytestmark = pytest.mark.unit
@@ -23,7 +23,6 @@ class FakeDriver:
         self.calls, self.buffers = [], {}
         self.cuMemHostRegister_v2 = self._f("register", register_answer)
         self.cuMemHostUnregister = self._f("unregister", SUCCESS)
-        self.cuCtxSetCurrent = self._f("context", SUCCESS)
 
     def _f(self, name, answer):
         def f(*args):
@@ -101,47 +100,10 @@ def test_a_handed_over_region_is_released_once_by_the_backend_that_adopts_it(reg
     assert [c[0] for c in d.calls].count("unregister" if register else "free") == 1
 
 
-def test_register_spans_cut_at_the_page_multiple_cuts_nearest_even_shares():
-    n = 64 * PAGE
-    cuts = [0, 3 * PAGE + 8, 15 * PAGE, 17 * PAGE, 33 * PAGE, 40 * PAGE, 50 * PAGE, n]
-    assert register_spans(n, cuts, 1, least=PAGE) == [(0, n)]
-    assert register_spans(n, cuts, 4, least=PAGE) == [(0, 15 * PAGE), (15 * PAGE, 33 * PAGE), (33 * PAGE, 50 * PAGE),
-                                                       (50 * PAGE, n)]  # fmt: skip
-    assert register_spans(n, [3 * PAGE + 8], 4, least=PAGE) == [(0, n)]  # no page-multiple cut: one piece
-    assert register_spans(n, cuts, 4, least=n // 2) == [(0, 33 * PAGE), (33 * PAGE, n)]  # pieces of at least n/2
-    starts = [0, 15 * PAGE, 17 * PAGE, 33 * PAGE, 40 * PAGE, 50 * PAGE]  # every page-multiple cut, no more
-    assert register_spans(n, cuts, 64, least=PAGE) == list(zip(starts, [*starts[1:], n], strict=True))
-
-
-def test_a_region_pinned_in_pieces_registers_and_releases_each(monkeypatch):
-    monkeypatch.setenv("TURNIP_PIN_PIECES", "3")
-    monkeypatch.setattr("turnip.runtime.hostmem.MIN_PIECE", PAGE)
-    d = FakeDriver()
-    r = PinnedRegion(d, 9 * PAGE + 10, register=True, ctx="ctx0")
-    r.array[:] = 5
-    r.pin(cuts=[3 * PAGE, 6 * PAGE, 7 * PAGE + 1])
-    regs = sorted(c[1:] for c in d.calls if c[0] == "register")
-    assert regs == [(r.ptr, 3 * PAGE, REGISTER_PORTABLE), (r.ptr + 3 * PAGE, 3 * PAGE, REGISTER_PORTABLE),
-                    (r.ptr + 6 * PAGE, 3 * PAGE + 10, REGISTER_PORTABLE)]  # fmt: skip
-    assert (r.array == 5).all() and d.calls.count(("context", "ctx0")) == 3  # each worker thread in the context
-    p = r.ptr
-    r.release()
-    assert sorted(c[1] for c in d.calls if c[0] == "unregister") == [p, p + 3 * PAGE, p + 6 * PAGE]
-
-
-def test_a_failed_piece_unregisters_the_others_and_names_where(monkeypatch):
-    monkeypatch.setenv("TURNIP_PIN_PIECES", "2")
-    monkeypatch.setattr("turnip.runtime.hostmem.MIN_PIECE", PAGE)
-    d = FakeDriver()
-    r = PinnedRegion(d, 4 * PAGE, register=True)
-    d.cuMemHostRegister_v2 = lambda p, n, f: d.calls.append(("register", p, n, f)) or (999 if p != r.ptr else 0)
-    with pytest.raises(CudaError, match=rf"cuMemHostRegister\({2 * PAGE} bytes at offset {2 * PAGE} of {4 * PAGE}\)"):
-        r.pin(cuts=[2 * PAGE])
-    assert [c for c in d.calls if c[0] == "unregister"] == [("unregister", r.ptr)] and not r.pinned
-
-
 def test_the_switch(monkeypatch):
     monkeypatch.delenv("TURNIP_HOST_REGISTER", raising=False)
+    assert host_register_on()
+    monkeypatch.setenv("TURNIP_HOST_REGISTER", "0")
     assert not host_register_on()
     monkeypatch.setenv("TURNIP_HOST_REGISTER", "1")
     assert host_register_on()

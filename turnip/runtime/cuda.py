@@ -5,10 +5,10 @@ compiles nothing:
   per GPU     one device arena of exactly ``budget_nbytes[g]`` bytes (the only device allocation of the
               plan), ``streams_per_gpu`` compute streams (stream slot k of the scheduler = stream k), one
               host→device and one device→host copy stream, one copy stream per peer GPU it sends to
-  host        one pinned input region (portable, write-combined: the host only writes it) holding inputs
-              and weights, one pinned offload region (portable) receiving offloads; with ``host_register``
-              (``TURNIP_HOST_REGISTER=1``) plain memory, pinned in place at the first run
-              (``turnip.runtime.hostmem``)
+  host        one pinned input region (portable) holding inputs and weights, one pinned offload region
+              (portable) receiving offloads: with ``host_register`` (the default; ``TURNIP_HOST_REGISTER=0``
+              for memory allocated pinned, write-combined for the input region) plain memory, pinned in
+              place once written (``turnip.runtime.hostmem``)
   per slot    a ``StreamContext``: the stream, its workspace (the top of the arena holds one workspace
               per stream slot, ``workspace_slot_nbytes`` each: the plan's builder left it free) and the
               library handles bound to that stream (cuBLASLt, cuDNN), created here when a vertex needs them
@@ -229,8 +229,8 @@ class CudaBackend:
         self.cur = -1
 
     def _host_alloc(self, nbytes: int, write_combined: bool) -> np.ndarray:
-        """A host region (``turnip.runtime.hostmem``): pinned now, or plain memory pinned at the first run."""
-        r = PinnedRegion(self.drv, nbytes, write_combined, self.host_register, ctx=self.ctx[0])
+        """A host region (``turnip.runtime.hostmem``): pinned now, or plain memory pinned once written."""
+        r = PinnedRegion(self.drv, nbytes, write_combined, self.host_register)
         self._regions.append(r)
         self.allocations += 1
         return r.array
@@ -365,24 +365,27 @@ class CudaBackend:
 
     def load_resident(self, tensors) -> None:
         """Taskgraph input ``tensors`` have their host copies filled (``host_in``): count them written and copy
-        the resident ones to their GPUs (synchronous). A registered input region is pinned first (its copies then
-        run at the link's speed, not the pageable path's); the GPUs' copies run on a thread per GPU (the driver
-        call releases the GIL), so several GPUs load at once. Unknown tensors are ignored. Seconds spent pinning
-        and copying add up in ``load_phases_s``."""
+        the resident ones to their GPUs (synchronous). A registered input region is pinned first, at its first
+        written tensors (the load then counts the pinning, and the copies run at the link's speed, not the
+        pageable path's); the GPUs' copies run on a thread per GPU (the driver call releases the GIL), so several
+        GPUs load at once. Unknown tensors are ignored. Seconds spent pinning and copying add up in
+        ``load_phases_s``."""
         mg, lay = self.mg, self.lay
         jobs: dict[int, list] = {}
+        known = False
         for t in tensors:
             vs = self._inputs.get(t)
             if vs is None:
                 continue
+            known = True
             self._written.add(t)
             for v in vs:
                 if lay.resident[v]:
                     jobs.setdefault(lay.gpu[v], []).append(v)
-        if not jobs:
+        if not known:
             return
         t0 = time.perf_counter()
-        self._regions[0].pin(cuts=self._cuts(HOST_INPUT))
+        self._regions[0].pin()
         t1 = time.perf_counter()
         drv, host = self.drv, self._host_base[HOST_INPUT]
 
@@ -392,10 +395,10 @@ class CudaBackend:
                 drv.check(drv.cuMemcpyHtoD_v2(self.base[g] + lay.out_offset[v], host + lay.host_offset[v],
                                               lay.nbytes[v]), f"loading resident input {mg.label(v)}")  # fmt: skip
 
-        if len(jobs) == 1:
-            (g,) = jobs
-            self._set_ctx(g)
-            copy(g)
+        if len(jobs) <= 1:
+            for g in jobs:
+                self._set_ctx(g)
+                copy(g)
         else:
             thread_map(copy, sorted(jobs), len(jobs))
         ph = self.load_phases_s
@@ -459,17 +462,11 @@ class CudaBackend:
             self._set_ctx(g)
             drv.check(drv.cuCtxSynchronize(), "synchronizing after carry")
 
-    def _cuts(self, region: int) -> list[int]:
-        """Where a host region may be cut into separately pinned pieces: its buffers' host offsets (every copy
-        stays inside one buffer)."""
-        lay = self.lay
-        return [o for o, r in zip(lay.host_offset, lay.host_region, strict=True) if r == region]
-
     # ------------------------------------------------------------------ runs
     def begin_run(self, seed: int | None = None) -> None:
         check_ready(self)
-        for i, r in enumerate(self._regions):  # registered regions are pinned in place once, after their first writes
-            r.pin(cuts=self._cuts(i))
+        for r in self._regions:  # registered regions are pinned in place once, after their first writes
+            r.pin()
         drv = self.drv
         for g in range(self.mg.n_gpus):
             self._set_ctx(g)
