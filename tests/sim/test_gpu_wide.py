@@ -121,6 +121,28 @@ def test_a_light_run_starts_in_the_steady_state_of_runs_back_to_back():
     assert cold > base
 
 
+def test_every_seed_starts_where_the_noise_free_run_settles_whatever_ran_before(monkeypatch):
+    """``simulate`` under a power limit: the start level is worked out once per timing model and options (where
+    the noise-free run settles), so a seed's run is the same alone or after others, and a later seed's run
+    settles in one pass."""
+    n = 24  # GEMMs back to back on GPU 0 (its bucket drains), one on GPU 1
+    two = make_memgraph(["kernel"] * n, [[]] * n, flops=[4e10] * n, nbytes=[1 << 10] * n, ops=["einsum"] * n,
+                        gpus=[0] * (n - 1) + [1], n_gpus=2)  # fmt: skip
+    lim = h100().replace(power_gemm_flops_rate=400e12, power_burst_s=0.001, power_slow_gemm=1.3,
+                         run_gap_ns=1_000_000)  # fmt: skip
+    alone = simulate(two, lim, "nondet", 3, False, TimingModel(two, lim))
+    tm = TimingModel(two, lim)
+    simulate(two, lim, "nondet", 1, False, tm)
+    runs = []
+    real_run = Simulation.run
+    monkeypatch.setattr(Simulation, "run", lambda self: runs.append(self) or real_run(self))
+    after = simulate(two, lim, "nondet", 3, False, tm)
+    assert after.makespan_ns == alone.makespan_ns and np.array_equal(after.end_ns, alone.end_ns)
+    assert len(runs) == 1 and list(tm._steady) == [("nondet", None, None, True, None)]
+    assert simulate(two, lim, "nondet", 3, False, tm, power_full=True).makespan_ns < simulate(
+        two, lim.replace(run_gap_ns=0), "nondet", 3).makespan_ns  # the limit binds without the gap's refill
+
+
 def test_handling_a_completion_occupies_the_host():
     mg = chain(10, flops=1e6)  # short kernels: the host's hand-overs dominate
     a = simulate(mg, QUIET, mean_only=True).makespan_ns
