@@ -17,7 +17,8 @@
 #   bash benchmarks/multi_gpu_checks.sh OUT load     # LLaMA-65B loaded on 4 GPUs, pinned memory allocated or plain
 #                                                    # memory registered (TURNIP_HOST_REGISTER): load_s of each
 #   bash benchmarks/multi_gpu_checks.sh OUT gen65    # LLaMA-65B generation on 4 GPUs, batch 16, 30 GiB per GPU, the
-#                                                    # warm-up and timed calls in one Session, registered host memory
+#                                                    # warm-up and timed calls in one Session, outputs read by a
+#                                                    # thread per GPU (TURNIP_PARALLEL_READS=1) and not
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
@@ -106,8 +107,11 @@ load)
     done
     ;;
 gen65)
-    TURNIP_HOST_REGISTER=${REGISTER:-1} timeout 560 python3 benchmarks/generate.py --size 65b --gpus 4 \
-        --rows ${ROWS:-16:512:16:30GiB} --no-hf --session --out "$out" --tag gen65b 2>&1 | tee "$out/gen65b.log" | tail -6
+    for reads in 1 0; do
+        TURNIP_PARALLEL_READS=$reads timeout 275 python3 benchmarks/generate.py --size 65b --gpus 4 \
+            --rows ${ROWS:-16:512:16:30GiB} --no-hf --session --out "$out" --tag "gen65b_reads$reads" 2>&1 \
+            | tee "$out/gen65b_reads$reads.log" | tail -3
+    done
     ;;
 *)
     echo "unknown step $what" >&2

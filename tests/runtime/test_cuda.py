@@ -89,6 +89,29 @@ def test_tiny_llama_on_two_gpus_with_transfers(mode):
         _assert_runs_correct(mg, be, ref, range(3))
 
 
+@pytest.mark.skipif(gpus() < 2, reason="needs two CUDA devices")
+def test_outputs_read_on_a_thread_per_gpu_are_the_serial_reads(monkeypatch):
+    """``TURNIP_PARALLEL_READS=1``: outputs left on two GPUs copied by a thread per GPU, bit for bit the
+    outputs read one after another (and the numpy result)."""
+    from turnip.compile import compile_model
+    from turnip.runtime.layout import output_sources
+
+    tg, mg = compile_model("llama-tiny", 64, 2, 1 << 22, dtype="fp16", split="data", resident="auto")
+    inputs, ref = reference(tg)
+    with open_backend("cuda", mg) as be:
+        be.write_inputs(inputs)
+        assert {be.lay.gpu[o] for _, o, on_host in output_sources(mg) if not on_host} == {0, 1}
+        _assert_runs_correct(mg, be, ref, range(1))
+        monkeypatch.delenv("TURNIP_PARALLEL_READS", raising=False)
+        serial = be.read_outputs()
+        monkeypatch.setenv("TURNIP_PARALLEL_READS", "1")
+        parallel = be.read_outputs()
+    assert serial.keys() == parallel.keys()
+    for t in serial:
+        assert parallel[t].dtype == serial[t].dtype and parallel[t].shape == serial[t].shape
+        np.testing.assert_array_equal(parallel[t], serial[t])
+
+
 @needs_gpu
 @pytest.mark.parametrize(
     "mode", [{}, {"graphs": False}, {"bound": False}, {"fast": False}, {"device_start": True}, {"graph_events": True}],

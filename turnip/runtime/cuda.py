@@ -48,6 +48,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import os
 import time
 
 import numpy as np
@@ -62,6 +63,13 @@ from turnip.runtime.loader import thread_map
 from turnip.sched.groups import group_events_on, launch_groups, launch_groups_on
 
 _COPY_KINDS = (KIND_INPUT, KIND_RELOAD, KIND_OFFLOAD, KIND_TRANSFER)
+PARALLEL_READS_SWITCH = "TURNIP_PARALLEL_READS"
+
+
+def parallel_reads_on() -> bool:
+    """Whether ``read_outputs`` copies the outputs left on several GPUs on a thread per GPU (into plain memory,
+    the driver staging each copy): ``TURNIP_PARALLEL_READS=1`` (off until timed on GPUs)."""
+    return os.environ.get(PARALLEL_READS_SWITCH) == "1"
 
 
 def _untracked(v: int) -> None:
@@ -407,20 +415,40 @@ class CudaBackend:
 
     def read_outputs(self, only=None, views: bool = False) -> dict[int, np.ndarray]:
         """Every output tensor's value (``only``: just these tensors); ``views``: an offloaded one as a view of the
-        pinned offload region (no copy: valid until the next run or ``close``)."""
+        pinned offload region (no copy: valid until the next run or ``close``). Outputs on the GPUs are copied
+        one after another, or with ``TURNIP_PARALLEL_READS=1`` (off until timed on GPUs) on a thread per GPU."""
         from cuda_kernels._numba import to_host
         from turnip.runtime.layout import buffer_view
 
-        out = {}
+        out, jobs = {}, {}
+        parallel = parallel_reads_on() and self.mg.n_gpus > 1
         for t, o, on_host in output_sources(self.mg):
             if only is not None and t not in only:
                 continue
             if on_host:
                 x = buffer_view(self.host_off, self.lay.host_offset[o], self.mg.shape[o], self.mg.dtype[o])
                 out[t] = x if views else x.copy()
+            elif parallel:
+                out[t] = x = np.empty(self.mg.shape[o], NP_DTYPE[self.mg.dtype[o]])
+                jobs.setdefault(self.lay.gpu[o], []).append((o, x))
             else:
                 self._set_ctx(self.lay.gpu[o])
                 out[t] = to_host(self.view(o))
+        if jobs:
+            drv, lay = self.drv, self.lay
+
+            def copy(g: int) -> None:
+                drv.check(drv.cuCtxSetCurrent(self.ctx[g]), f"cuCtxSetCurrent(gpu {g})")
+                for o, x in jobs[g]:
+                    drv.check(drv.cuMemcpyDtoH_v2(x.ctypes.data, self.base[g] + lay.out_offset[o], x.nbytes),
+                              f"reading output {self.mg.label(o)}")  # fmt: skip
+
+            if len(jobs) == 1:  # on this thread, its context as the backend tracks it
+                for g in jobs:
+                    self._set_ctx(g)
+                    copy(g)
+            else:
+                thread_map(copy, sorted(jobs), len(jobs))
         return out
 
     def carry(self, pairs, rows: tuple[int, int] | None = None) -> None:
