@@ -14,8 +14,9 @@
 #   bash benchmarks/multi_gpu_checks.sh OUT carry    # batch-64 generation, the cache carried by written rows or whole
 #                                                    # blocks (TURNIP_CARRY_ROWS); a 7B row of batch 64 takes ~4.5 min
 #                                                    # on an H100 (weights 55 s, a 2-token warm-up 125 s, the row)
-#   bash benchmarks/multi_gpu_checks.sh OUT load     # LLaMA-65B loaded on 4 GPUs, pinned memory allocated or plain
-#                                                    # memory registered (TURNIP_HOST_REGISTER): load_s of each
+#   bash benchmarks/multi_gpu_checks.sh OUT load     # LLaMA-65B loaded on 4 GPUs: plain memory registered while it
+#                                                    # is filled (TURNIP_PIN_WHILE_FILLING=1), after it, or pinned
+#                                                    # memory allocated (TURNIP_HOST_REGISTER=0): load_s in parts
 #   bash benchmarks/multi_gpu_checks.sh OUT gen65    # LLaMA-65B generation on 4 GPUs, batch 16, 30 GiB per GPU, the
 #                                                    # warm-up and timed calls in one Session, outputs read by a
 #                                                    # thread per GPU (TURNIP_PARALLEL_READS=1) and not
@@ -100,10 +101,12 @@ ports)
     tar -czf "$out/traces.tgz" -C /tmp $(cd /tmp && ls p*_4.plan p*_4.real.json 2>/dev/null)
     ;;
 load)
-    for reg in 0 1; do
-        TURNIP_HOST_REGISTER=$reg timeout 270 python3 benchmarks/multi_gpu.py --model llama-65b --gpus 4 \
-            --rows ${ROWS:-1024:30GiB} --splits tensor --policies nondet --repeat 1 --out "$out" --tag "_load_register$reg" \
-            2>&1 | tee "$out/load_register$reg.log" | tail -3
+    for how in fill1 reg1 fill1 reg0; do  # registered and pinned while filled, after; allocated pinned
+        reg=1; [ "$how" = reg0 ] && reg=0
+        fill=0; [ "$how" = fill1 ] && fill=1
+        TURNIP_HOST_REGISTER=$reg TURNIP_PIN_WHILE_FILLING=$fill timeout 140 python3 benchmarks/multi_gpu.py \
+            --model llama-65b --gpus 4 --rows ${ROWS:-1024:30GiB} --splits tensor --policies nondet --repeat 2 \
+            --out "$out" --tag "_load_$how" 2>&1 | tee -a "$out/load_$how.log" | grep "^prefill "
     done
     ;;
 gen65)

@@ -3,12 +3,21 @@ stand-in for libcuda (no GPU needed): what is called, with which pointer, when; 
 region handed to the next backend released once, by its new owner."""
 
 import ctypes
+import threading
 
 import numpy as np
 import pytest
 
 from turnip.runtime._cudadrv import SUCCESS, CudaError, Driver
-from turnip.runtime.hostmem import PAGE, REGISTER_PORTABLE, PinnedRegion, host_register_on
+from turnip.runtime.hostmem import (
+    PAGE,
+    REGISTER_PORTABLE,
+    PiecePinner,
+    PinnedRegion,
+    host_register_on,
+    pin_while_filling_on,
+    register_spans,
+)
 from turnip.runtime.layout import HostInputs
 
 pytestmark = pytest.mark.unit
@@ -23,6 +32,7 @@ class FakeDriver:
         self.calls, self.buffers = [], {}
         self.cuMemHostRegister_v2 = self._f("register", register_answer)
         self.cuMemHostUnregister = self._f("unregister", SUCCESS)
+        self.cuCtxSetCurrent = self._f("context", SUCCESS)
 
     def _f(self, name, answer):
         def f(*args):
@@ -107,3 +117,79 @@ def test_the_switch(monkeypatch):
     assert not host_register_on()
     monkeypatch.setenv("TURNIP_HOST_REGISTER", "1")
     assert host_register_on()
+
+
+def test_register_spans_cut_at_the_page_multiple_cuts_nearest_even_shares():
+    n = 64 * PAGE
+    cuts = [0, 3 * PAGE + 8, 15 * PAGE, 17 * PAGE, 33 * PAGE, 40 * PAGE, 50 * PAGE, n]
+    assert register_spans(n, cuts, 1) == [(0, n)]
+    assert register_spans(n, cuts, 4) == [(0, 15 * PAGE), (15 * PAGE, 33 * PAGE), (33 * PAGE, 50 * PAGE),
+                                          (50 * PAGE, n)]  # fmt: skip
+    assert register_spans(n, [3 * PAGE + 8], 4) == [(0, n)]  # no page-multiple cut: one piece
+    starts = [0, 15 * PAGE, 17 * PAGE, 33 * PAGE, 40 * PAGE, 50 * PAGE]  # every page-multiple cut, no more
+    assert register_spans(n, cuts, 64) == list(zip(starts, [*starts[1:], n], strict=True))
+
+
+def test_a_piece_is_pinned_once_its_bytes_are_written_the_rest_at_the_end():
+    """``PiecePinner``: a piece whose announced bytes are all written (or that was owed none) is registered while
+    the others wait; ``finish`` registers the rest, leaves the region pinned and its release unregisters every
+    piece."""
+    d = FakeDriver()
+    r = PinnedRegion(d, 8 * PAGE, register=True)
+    spans = register_spans(r.nbytes, [2 * PAGE, 4 * PAGE, 6 * PAGE], 4)
+    got = []
+    cv = threading.Condition()
+    real = d.cuMemHostRegister_v2
+
+    def register(p, n, f):
+        with cv:
+            got.append(p - r.ptr)
+            cv.notify_all()
+        return real(p, n, f)
+
+    def until(offsets):
+        with cv:
+            assert cv.wait_for(lambda: set(got) >= offsets, timeout=5)
+
+    d.cuMemHostRegister_v2 = register
+    pin = PiecePinner(r, spans, [(2 * PAGE, PAGE), (2 * PAGE + 100, PAGE - 100), (6 * PAGE, 2 * PAGE)], ctx="c0")
+    until({0, 4 * PAGE})  # owed nothing
+    pin.written(6 * PAGE, PAGE)  # half of the last piece
+    pin.written(2 * PAGE, PAGE)
+    with cv:
+        assert not cv.wait_for(lambda: len(got) > 2, timeout=0.2)  # the second piece is still owed PAGE - 100
+    pin.written(2 * PAGE + 100, PAGE - 100)
+    until({0, 2 * PAGE, 4 * PAGE})
+    assert 6 * PAGE not in got  # owed a page until the fill ends
+    pin.finish()
+    assert sorted(got) == [0, 2 * PAGE, 4 * PAGE, 6 * PAGE] and got[-1] == 6 * PAGE
+    assert r.pinned and ("context", "c0") in d.calls
+    r.pin()  # already pinned: nothing
+    p = r.ptr
+    r.release()
+    assert sorted(c[1] - p for c in d.calls if c[0] == "unregister") == [0, 2 * PAGE, 4 * PAGE, 6 * PAGE]
+
+
+def test_a_failed_piece_unregisters_the_others_and_names_where():
+    d = FakeDriver()
+    r = PinnedRegion(d, 4 * PAGE, register=True)
+    real = d.cuMemHostRegister_v2
+    d.cuMemHostRegister_v2 = lambda p, n, f: real(p, n, f) if p == r.ptr else 999
+    pin = PiecePinner(r, register_spans(r.nbytes, [2 * PAGE], 2), [])
+    with pytest.raises(CudaError, match=rf"cuMemHostRegister\({2 * PAGE} bytes at offset {2 * PAGE} of {4 * PAGE}\)"):
+        pin.finish()
+    assert [c for c in d.calls if c[0] == "unregister"] == [("unregister", r.ptr)] and not r.pinned
+    abandoned = PinnedRegion(d, 4 * PAGE, register=True)
+    d.cuMemHostRegister_v2 = real
+    pin = PiecePinner(abandoned, register_spans(abandoned.nbytes, [2 * PAGE], 2), [(0, PAGE)])
+    pin.abandon()  # the fill failed: whatever was registered goes again
+    regs = [c[1] for c in d.calls if c[0] == "register" and c[1] >= abandoned.ptr]
+    unregs = [c[1] for c in d.calls if c[0] == "unregister" and c[1] >= abandoned.ptr]
+    assert sorted(regs) == sorted(unregs) and not abandoned.pinned
+
+
+def test_the_pin_while_filling_switch(monkeypatch):
+    monkeypatch.delenv("TURNIP_PIN_WHILE_FILLING", raising=False)
+    assert not pin_while_filling_on()
+    monkeypatch.setenv("TURNIP_PIN_WHILE_FILLING", "1")
+    assert pin_while_filling_on()

@@ -328,3 +328,48 @@ def test_tile_copies_from_pool_pieces_equal_slices_of_the_whole_tensor():
         _fill_tiles(region, [(starts, tshape, 8)], shape, pool, offs, pool_elems)
         want = whole.reshape(shape)[tuple(slice(s, s + m) for s, m in zip(starts, tshape, strict=True))]
         np.testing.assert_array_equal(region[8:].view(np.float16).reshape(tshape), want)
+
+
+def test_threaded_random_fill_announces_every_tile_to_the_pinner_of_the_region():
+    """A backend that pins its input region while it is filled (``pin_while_filling``, the CUDA backend with
+    ``TURNIP_PIN_WHILE_FILLING=1``) hears of every tile the threads write: every piece's announced bytes are
+    written, the region ends pinned piece by piece, and its bytes are those of a fill without it."""
+    from turnip.compile import compile_model
+    from turnip.runtime import open_backend
+    from turnip.runtime._cudadrv import SUCCESS, Driver
+    from turnip.runtime.hostmem import PiecePinner, PinnedRegion, register_spans
+    from turnip.runtime.weights import write_random_inputs
+
+    class Drv:
+        check = Driver.check
+
+        def __init__(self):
+            self.registered = []
+
+        def cuMemHostRegister_v2(self, p, n, flags):
+            self.registered.append((p, n))
+            return SUCCESS
+
+        def cuMemHostUnregister(self, p):
+            return SUCCESS
+
+    tg, mg = compile_model("llama-tiny", 64, 1, "1MiB", resident="64KiB")
+    with open_backend("cpu", mg) as a, open_backend("cpu", mg) as b:
+        n = write_random_inputs(a, tg, 4, threads=4, pool_elems=1000)
+        drv, made = Drv(), []
+        region = PinnedRegion.adopted(drv, b.host[0], b.host[0].ctypes.data, None)
+        region.pinned = False
+
+        def pin_while_filling(writes):
+            made.append(PiecePinner(region, register_spans(region.nbytes, [o for o, _ in writes], 8), writes))
+            return made[-1]
+
+        b.pin_while_filling, b.load_phases_s = pin_while_filling, {}
+        assert write_random_inputs(b, tg, 4, threads=4, pool_elems=1000) == n
+        (pin,) = made
+        assert len(pin.spans) > 1 and all(x == 0 for x in pin._left) and region.pinned
+        assert sorted(drv.registered) == [(region.ptr + i, j - i) for i, j in pin.spans]
+        assert "pin" in b.load_phases_s
+        np.testing.assert_array_equal(a.host[0], b.host[0])
+        for v in (v for v in range(mg.n) if b.lay.resident[v]):
+            np.testing.assert_array_equal(a.buf(v), b.buf(v))

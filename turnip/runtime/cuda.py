@@ -57,7 +57,14 @@ from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL, KIND_OFFLOAD, KIND_REL
 from turnip.runtime._cudadrv import NOT_READY, SUCCESS, CudaError, Driver
 from turnip.runtime.backend import check_ready
 from turnip.runtime.errors import BackendError, VertexFailed
-from turnip.runtime.hostmem import PinnedRegion, host_register_on
+from turnip.runtime.hostmem import (
+    PIECE_NBYTES,
+    PiecePinner,
+    PinnedRegion,
+    host_register_on,
+    pin_while_filling_on,
+    register_spans,
+)
 from turnip.runtime.layout import HOST_INPUT, NP_DTYPE, input_vertices, output_sources, plan_layout, row_range
 from turnip.runtime.loader import thread_map
 from turnip.sched.groups import group_events_on, launch_groups, launch_groups_on
@@ -370,6 +377,16 @@ class CudaBackend:
                 self._written.add(t)
         if load_resident:
             self.load_resident(values)
+
+    def pin_while_filling(self, writes) -> PiecePinner | None:
+        """With ``TURNIP_PIN_WHILE_FILLING=1`` and a registered input region not yet pinned: a ``PiecePinner``
+        that pins it in pieces of about ``PIECE_NBYTES`` (cut where buffers start) while the caller's threads
+        write ``writes`` ((byte offset in the region, bytes) each, announced to it as written); else None."""
+        r = self._regions[0]
+        if r.pinned or not pin_while_filling_on() or not writes:
+            return None
+        spans = register_spans(r.nbytes, [off for off, _ in writes], r.nbytes // PIECE_NBYTES)
+        return PiecePinner(r, spans, writes, self.ctx[0]) if len(spans) > 1 else None
 
     def load_resident(self, tensors) -> None:
         """Taskgraph input ``tensors`` have their host copies filled (``host_in``): count them written and copy

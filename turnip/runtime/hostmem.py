@@ -16,20 +16,30 @@ Copies between host and GPU run asynchronously only from pinned memory. Two ways
   ``benchmarks/results/multi_gpu/README.md``). Registered memory is not write-combined (the host reads the
   offload region anyway; for the input region the difference is the host's writes, cached instead of combined).
 
+With ``TURNIP_PIN_WHILE_FILLING=1`` (off until timed) the input region filled by ``write_random_inputs`` is
+registered in pieces of about ``PIECE_NBYTES`` by a thread of its own while the fill runs (``PiecePinner``): a
+piece once every tile the fill announced for it is written, the rest when the fill ends.
+
 A region is released as it was made (``cuMemFreeHost``, or ``cuMemHostUnregister`` and the memory dropped) and
 can be handed to the next plan's backend (``turnip.runtime.layout.HostInputs``) with its release.
 """
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import os
+import threading
+import time
 
 import numpy as np
 
+from turnip.runtime._cudadrv import SUCCESS
 from turnip.runtime.loader import thread_map
 
 HOST_REGISTER_SWITCH = "TURNIP_HOST_REGISTER"
+PIN_WHILE_FILLING_SWITCH = "TURNIP_PIN_WHILE_FILLING"
+PIECE_NBYTES = 1 << 30  # a piece of a region pinned while it is filled, about
 PAGE = 4096
 REGISTER_PORTABLE = 1  # CU_MEMHOSTREGISTER_PORTABLE: pinned for every context (several GPUs)
 TOUCH_CHUNK = 1 << 28  # bytes per thread task when touching pages
@@ -107,3 +117,114 @@ def _freer(drv, ptr: int):
 def _unregisterer(drv, ptr: int):
     """The release of memory registered at ``ptr`` (its owner, the numpy buffer, drops it after)."""
     return lambda: drv.check(drv.cuMemHostUnregister(ptr), "cuMemHostUnregister")
+
+
+def _unregisterer_all(drv, ptrs: list[int]):
+    """The release of memory registered in pieces at ``ptrs``."""
+
+    def release():
+        for p in ptrs:
+            drv.check(drv.cuMemHostUnregister(p), "cuMemHostUnregister")
+
+    return release
+
+
+def pin_while_filling_on() -> bool:
+    """Whether a registered input region is pinned in pieces while the writing threads fill it
+    (``PiecePinner``): ``TURNIP_PIN_WHILE_FILLING=1`` (off until timed on a GPU)."""
+    return os.environ.get(PIN_WHILE_FILLING_SWITCH) == "1"
+
+
+def register_spans(nbytes: int, cuts, pieces: int) -> list[tuple[int, int]]:
+    """``[start, end)`` spans covering ``nbytes``: at most ``pieces``, each cut at the page-multiple offset of
+    ``cuts`` (where a buffer starts: no copy spans two pieces) nearest an even share."""
+    ok = sorted({int(c) for c in cuts if 0 < int(c) < nbytes and int(c) % PAGE == 0})
+    starts = [0]
+    for k in range(1, max(1, pieces)):
+        share = k * nbytes // pieces
+        i = bisect.bisect_left(ok, share)
+        near = [c for c in ok[max(i - 1, 0) : i + 1] if c > starts[-1]]
+        if near:
+            starts.append(min(near, key=lambda c: abs(c - share)))
+    return list(zip(starts, [*starts[1:], nbytes], strict=True))
+
+
+class PiecePinner:
+    """A registered region pinned in pieces on a thread of its own while other threads fill it: a piece is
+    registered once every byte the fill announced for it is written (``written``; the lowest such piece
+    first), the rest when the fill ends (``finish``), which leaves the region pinned (released piece by
+    piece) or, if a registration failed, unregisters the others and raises. The driver registers one piece
+    at a time (pieces from several threads were measured no faster than one call), so what this buys is the
+    registration running beside the fill instead of after it. ``abandon``: the fill failed; nothing stays
+    registered. ``ctx``: the driver context the thread works in."""
+
+    def __init__(self, region: PinnedRegion, spans: list[tuple[int, int]], writes, ctx=None):
+        self.region, self.spans, self.ctx = region, spans, ctx
+        self._starts = [i for i, _ in spans]
+        self._left = [0] * len(spans)  # bytes announced and not yet written, per piece
+        for off, nb in writes:
+            self._left[self._piece(off)] += int(nb)
+        self._cv = threading.Condition()
+        self._filled = False
+        self._done: list[int] = []  # registered pieces' pointers
+        self._failed: tuple | None = None  # (answer, start, end) of the piece that failed
+        self.wait_s = 0.0  # the pinning thread's time waiting for writes
+        self._thread = threading.Thread(target=self._run, name="turnip-pin", daemon=True)
+        self._thread.start()
+
+    def _piece(self, off: int) -> int:
+        return bisect.bisect_right(self._starts, int(off)) - 1
+
+    def written(self, off: int, nbytes: int) -> None:
+        """``nbytes`` announced at byte ``off`` are written."""
+        with self._cv:
+            k = self._piece(off)
+            self._left[k] -= int(nbytes)
+            if self._left[k] <= 0:
+                self._cv.notify()
+
+    def _run(self) -> None:
+        drv, ptr = self.region.drv, self.region.ptr
+        if self.ctx is not None:
+            drv.check(drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent (pinning a host region)")
+        todo = list(range(len(self.spans)))
+        while todo:
+            t0 = time.perf_counter()
+            with self._cv:
+                while not self._filled and all(self._left[k] > 0 for k in todo):
+                    self._cv.wait()
+                k = todo[0] if self._filled else next(k for k in todo if self._left[k] <= 0)
+            self.wait_s += time.perf_counter() - t0
+            todo.remove(k)
+            i, j = self.spans[k]
+            r = drv.cuMemHostRegister_v2(ptr + i, j - i, REGISTER_PORTABLE)
+            if r != SUCCESS:
+                self._failed = (r, i, j)
+                return
+            self._done.append(ptr + i)
+
+    def _stop(self) -> None:
+        with self._cv:
+            self._filled = True
+            self._cv.notify()
+        self._thread.join()
+
+    def finish(self) -> None:
+        """The fill is over: the remaining pieces registered; the region pinned, or an error raised."""
+        self._stop()
+        drv, r = self.region.drv, self.region
+        if self._failed is not None:
+            self._unregister()
+            answer, i, j = self._failed
+            drv.check(answer, f"cuMemHostRegister({j - i} bytes at offset {i} of {r.nbytes})")
+        r._release, r.pinned = _unregisterer_all(drv, list(self._done)), True
+
+    def abandon(self) -> None:
+        """The fill failed: the thread stopped, every registered piece unregistered (the region stays plain)."""
+        self._stop()
+        self._unregister()
+
+    def _unregister(self) -> None:
+        for p in self._done:
+            self.region.drv.cuMemHostUnregister(p)
+        self._done = []

@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -311,7 +312,9 @@ def write_random_inputs(backend, tg, seed: int = 0, skip=(), threads: int | None
     tensor per thread, where a row spans two pool pieces). int32 inputs and
     embedded rows are written here through ``write_inputs(..., load_resident=False)``; resident inputs are
     loaded to the GPUs at the end, on this thread (``load_resident``). A backend without ``host_in`` gets
-    ``write_streaming``. Returns bytes written (tiles of skipped names not counted)."""
+    ``write_streaming``. A backend that pins its region while it is filled (``pin_while_filling``: the CUDA
+    backend with ``TURNIP_PIN_WHILE_FILLING=1``) hears of every tile as it is written. Returns bytes written
+    (tiles of skipped names not counted)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from turnip.runtime.layout import input_vertices
@@ -323,31 +326,46 @@ def write_random_inputs(backend, tg, seed: int = 0, skip=(), threads: int | None
     host = {t: lay.host_offset[vs[0]] for t, vs in input_vertices(mg).items()}
     lg = logical_inputs(tg)
     written, n, futures = [], 0, []
+    recipes = [r for r in _random_recipes(tg, seed, pool_elems, ids) if r[0] not in skip]
+    fills = {r[0]: [(starts, tuple(tg.shape[t]), host[t]) for starts, t in lg[r[0]][1] if t in host]
+             for r in recipes if r[2] is None}  # fmt: skip
+    writes = [(host[t], int(tg.nbytes[t])) for name in fills for _, t in lg[name][1] if t in host]
+    pinner = backend.pin_while_filling(writes) if hasattr(backend, "pin_while_filling") else None
     ex = ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1), thread_name_prefix="turnip-fill")
     try:
-        for name, shape, x, pool, offs in _random_recipes(tg, seed, pool_elems, ids):
-            if name in skip:
-                continue
+        for i, (name, shape, x, pool, offs) in enumerate(recipes):
+            recipes[i] = None  # a made array is dropped once written
             blocks = [(starts, int(t)) for starts, t in lg[name][1]]
             if x is not None:
                 backend.write_inputs(tile_inputs(tg, {name: x}), load_resident=False)
             else:
-                tiles = [(starts, tuple(tg.shape[t]), host[t]) for starts, t in blocks if t in host]
-                futures.append(ex.submit(_fill_tiles, region, tiles, shape, pool, offs, pool_elems))
+                futures.append(ex.submit(_fill_tiles, region, fills[name], shape, pool, offs, pool_elems, pinner))
             written += [t for _, t in blocks]
             n += sum(int(tg.nbytes[t]) for _, t in blocks)
         for f in futures:
             f.result()
+    except BaseException:
+        if pinner is not None:
+            ex.shutdown(wait=True, cancel_futures=True)
+            pinner.abandon()
+        raise
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
+    if pinner is not None:
+        t0 = time.perf_counter()
+        pinner.finish()
+        ph = backend.load_phases_s
+        ph["pin"] = ph.get("pin", 0.0) + time.perf_counter() - t0  # the registration's tail, after the fill
     backend.load_resident(written)
     return n
 
 
-def _fill_tiles(region: np.ndarray, tiles: list, shape: tuple, pool: np.ndarray, offs: list, pool_elems: int) -> None:
+def _fill_tiles(region: np.ndarray, tiles: list, shape: tuple, pool: np.ndarray, offs: list, pool_elems: int,
+                pinner=None) -> None:  # fmt: skip
     """One tensor's tiles, each (starts, tile shape, byte offset in ``region``), into ``region``: a tile that is
     one flat range of the tensor as ``_copy_pieces``, any other as ``_copy_rows``. Copies go through unsigned
-    integer views (the same bytes; no dtype-specific copy loop that might hold the GIL)."""
+    integer views (the same bytes; no dtype-specific copy loop that might hold the GIL). Each tile written is
+    announced to ``pinner`` (``turnip.runtime.hostmem.PiecePinner``) where one is given."""
     u = np.dtype(f"u{pool.dtype.itemsize}")
     pool = pool.view(u)
     strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
@@ -358,6 +376,8 @@ def _fill_tiles(region: np.ndarray, tiles: list, shape: tuple, pool: np.ndarray,
             _copy_pieces(dst, pool, offs, pool_elems, sum(s * st for s, st in zip(starts, strides, strict=True)))
         else:
             _copy_rows(dst.reshape(tshape), pool, offs, pool_elems, shape, starts)
+        if pinner is not None:
+            pinner.written(off, dst.nbytes)
 
 
 def _copy_rows(dst: np.ndarray, pool: np.ndarray, offs: list, pool_elems: int, shape: tuple, starts) -> None:
