@@ -188,6 +188,16 @@ def test_a_failed_piece_unregisters_the_others_and_names_where():
     assert sorted(regs) == sorted(unregs) and not abandoned.pinned
 
 
+def test_an_error_in_the_pinning_thread_reaches_finish():
+    d = FakeDriver()
+    d.cuCtxSetCurrent = lambda ctx: 201  # CUDA_ERROR_INVALID_CONTEXT
+    r = PinnedRegion(d, 4 * PAGE, register=True)
+    pin = PiecePinner(r, register_spans(r.nbytes, [2 * PAGE], 2), [], ctx="gone")
+    with pytest.raises(CudaError, match="cuCtxSetCurrent"):
+        pin.finish()
+    assert not r.pinned and not [c for c in d.calls if c[0] == "register"]
+
+
 def test_the_pin_while_filling_switch(monkeypatch):
     monkeypatch.delenv("TURNIP_PIN_WHILE_FILLING", raising=False)
     assert not pin_while_filling_on()

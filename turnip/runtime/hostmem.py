@@ -168,6 +168,7 @@ class PiecePinner:
         self._filled = False
         self._done: list[int] = []  # registered pieces' pointers
         self._failed: tuple | None = None  # (answer, start, end) of the piece that failed
+        self._error: BaseException | None = None  # what stopped the pinning thread otherwise
         self.wait_s = 0.0  # the pinning thread's time waiting for writes
         self._thread = threading.Thread(target=self._run, name="turnip-pin", daemon=True)
         self._thread.start()
@@ -184,6 +185,12 @@ class PiecePinner:
                 self._cv.notify()
 
     def _run(self) -> None:
+        try:
+            self._register_pieces()
+        except BaseException as e:  # noqa: BLE001 - handed to the filling thread by finish
+            self._error = e
+
+    def _register_pieces(self) -> None:
         drv, ptr = self.region.drv, self.region.ptr
         if self.ctx is not None:
             drv.check(drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent (pinning a host region)")
@@ -213,6 +220,9 @@ class PiecePinner:
         """The fill is over: the remaining pieces registered; the region pinned, or an error raised."""
         self._stop()
         drv, r = self.region.drv, self.region
+        if self._error is not None:
+            self._unregister()
+            raise self._error
         if self._failed is not None:
             self._unregister()
             answer, i, j = self._failed
