@@ -301,9 +301,9 @@ def test_lazy_random_weights_are_the_random_inputs_made_one_at_a_time(tmp_path, 
         most[0] = max(most[0], live[0])
         return make(name)
 
-    def copy_all(jobs, threads):
+    def copy_all(jobs, threads, pinner=None):
         live[0] = 0  # the arrays of the jobs copied are dropped after
-        return real(jobs, threads)
+        return real(jobs, threads, pinner)
 
     real = ld._copy_all
     monkeypatch.setattr(ld, "_copy_all", copy_all)

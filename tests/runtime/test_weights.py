@@ -330,46 +330,85 @@ def test_tile_copies_from_pool_pieces_equal_slices_of_the_whole_tensor():
         np.testing.assert_array_equal(region[8:].view(np.float16).reshape(tshape), want)
 
 
+class _RegisterDriver:
+    """A stand-in driver that registers anything (``PiecePinner``'s calls)."""
+
+    def __init__(self):
+        from turnip.runtime._cudadrv import Driver
+
+        self.check = lambda r, what: Driver.check(self, r, what)
+        self.registered = []
+
+    def cuMemHostRegister_v2(self, p, n, flags):
+        self.registered.append((p, n))
+        return 0
+
+    def cuMemHostUnregister(self, p):
+        return 0
+
+    def error_name(self, r):
+        return f"error {r}"
+
+
+def _pinned_while_filled(b):
+    """CPU backend ``b`` given ``pin_while_filling`` as the CUDA backend's with ``TURNIP_PIN_WHILE_FILLING=1``:
+    a ``PiecePinner`` (at most 8 pieces) over its input region, registering with a stand-in driver. Returns
+    (driver, region, the pinners made)."""
+    from turnip.runtime.hostmem import PiecePinner, PinnedRegion, register_spans
+
+    drv, made = _RegisterDriver(), []
+    region = PinnedRegion.adopted(drv, b.host[0], b.host[0].ctypes.data, None)
+    region.pinned = False
+
+    def pin_while_filling(writes):
+        made.append(PiecePinner(region, register_spans(region.nbytes, [o for o, _ in writes], 8), writes))
+        return made[-1]
+
+    b.pin_while_filling, b.load_phases_s = pin_while_filling, {}
+    return drv, region, made
+
+
+def _check_pinned(drv, region, made, b):
+    (pin,) = made
+    assert len(pin.spans) > 1 and all(x == 0 for x in pin._left) and region.pinned
+    assert sorted(drv.registered) == [(region.ptr + i, j - i) for i, j in pin.spans]
+    assert "pin" in b.load_phases_s
+
+
 def test_threaded_random_fill_announces_every_tile_to_the_pinner_of_the_region():
     """A backend that pins its input region while it is filled (``pin_while_filling``, the CUDA backend with
     ``TURNIP_PIN_WHILE_FILLING=1``) hears of every tile the threads write: every piece's announced bytes are
     written, the region ends pinned piece by piece, and its bytes are those of a fill without it."""
     from turnip.compile import compile_model
     from turnip.runtime import open_backend
-    from turnip.runtime._cudadrv import SUCCESS, Driver
-    from turnip.runtime.hostmem import PiecePinner, PinnedRegion, register_spans
     from turnip.runtime.weights import write_random_inputs
-
-    class Drv:
-        check = Driver.check
-
-        def __init__(self):
-            self.registered = []
-
-        def cuMemHostRegister_v2(self, p, n, flags):
-            self.registered.append((p, n))
-            return SUCCESS
-
-        def cuMemHostUnregister(self, p):
-            return SUCCESS
 
     tg, mg = compile_model("llama-tiny", 64, 1, "1MiB", resident="64KiB")
     with open_backend("cpu", mg) as a, open_backend("cpu", mg) as b:
         n = write_random_inputs(a, tg, 4, threads=4, pool_elems=1000)
-        drv, made = Drv(), []
-        region = PinnedRegion.adopted(drv, b.host[0], b.host[0].ctypes.data, None)
-        region.pinned = False
-
-        def pin_while_filling(writes):
-            made.append(PiecePinner(region, register_spans(region.nbytes, [o for o, _ in writes], 8), writes))
-            return made[-1]
-
-        b.pin_while_filling, b.load_phases_s = pin_while_filling, {}
+        drv, region, made = _pinned_while_filled(b)
         assert write_random_inputs(b, tg, 4, threads=4, pool_elems=1000) == n
-        (pin,) = made
-        assert len(pin.spans) > 1 and all(x == 0 for x in pin._left) and region.pinned
-        assert sorted(drv.registered) == [(region.ptr + i, j - i) for i, j in pin.spans]
-        assert "pin" in b.load_phases_s
+        _check_pinned(drv, region, made, b)
         np.testing.assert_array_equal(a.host[0], b.host[0])
         for v in (v for v in range(mg.n) if b.lay.resident[v]):
             np.testing.assert_array_equal(a.buf(v), b.buf(v))
+
+
+def test_written_arrays_are_announced_to_the_pinner_of_the_region():
+    """``write_arrays`` (a dict, and a ``LazyWeights`` made an array at a time; one tensor of another dtype,
+    which goes through ``write_inputs``) tells the pinner of every tile, with the bytes of a write without it."""
+    from turnip.compile import compile_model
+    from turnip.runtime import open_backend
+    from turnip.runtime.loader import write_arrays
+    from turnip.runtime.weights import lazy_random_inputs, random_inputs_for
+
+    tg, mg = compile_model("llama-tiny", 64, 1, "1MiB", resident="64KiB")
+    arrays = random_inputs_for(tg, 3)
+    arrays["L0.wq"] = arrays["L0.wq"].astype(np.float64)  # not the compute dtype: write_inputs takes it
+    for make in (lambda: arrays, lambda: lazy_random_inputs(tg, 3)):
+        with open_backend("cpu", mg) as a, open_backend("cpu", mg) as b:
+            n = write_arrays(a, tg, make())
+            drv, region, made = _pinned_while_filled(b)
+            assert write_arrays(b, tg, make(), threads=3) == n
+            _check_pinned(drv, region, made, b)
+            np.testing.assert_array_equal(a.host[0], b.host[0])

@@ -568,9 +568,19 @@ def thread_map(fn, items: list, threads: int | None = None) -> list:
         return list(ex.map(fn, items))
 
 
-def _copy_all(jobs: list, threads: int | None) -> None:
-    """``np.copyto(dst, src)`` for every (dst, src) of ``jobs`` on ``threads`` workers (default min(16, cores))."""
-    thread_map(lambda job: np.copyto(*job), jobs, threads)
+def _copy_all(jobs: list, threads: int | None, pinner=None) -> None:
+    """``np.copyto(dst, src)`` for every (dst, src) of ``jobs`` on ``threads`` workers (default min(16, cores));
+    with a ``pinner`` (``turnip.runtime.hostmem.PiecePinner``) each job is (dst, src, byte offset in the region),
+    announced to it once copied."""
+    if pinner is None:
+        thread_map(lambda job: np.copyto(job[0], job[1]), jobs, threads)
+        return
+
+    def copy(job):
+        np.copyto(job[0], job[1])
+        pinner.written(job[2], job[0].nbytes)
+
+    thread_map(copy, jobs, threads)
 
 
 def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
@@ -578,7 +588,9 @@ def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
     into the backend's host input region (``host_in``) by ``threads`` workers (default min(16, cores)), then
     the resident inputs loaded; no tile array in between. A ``LazyWeights`` is made one array at a time, each
     copied before the next is made. Inputs without a host copy, and a backend without
-    ``host_in``, go through ``write_inputs``. Returns bytes written."""
+    ``host_in``, go through ``write_inputs``. A backend that pins its region while it is filled
+    (``pin_while_filling``: the CUDA backend with ``TURNIP_PIN_WHILE_FILLING=1``) hears of every tile as it is
+    written. Returns bytes written."""
     from turnip.runtime.weights import LazyWeights, compute_dtype, logical_inputs, write_streaming
 
     region = getattr(backend, "host_in", None)
@@ -586,24 +598,40 @@ def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
         return write_streaming(backend, tg, arrays.items())
     offs, lg = input_offsets(backend), logical_inputs(tg)
     jobs, rest, written = [], {}, []
+    writes = [(offs[int(t)], int(tg.nbytes[int(t)])) for name in arrays for _, t in lg[name][1] if int(t) in offs]
+    pinner = backend.pin_while_filling(writes) if hasattr(backend, "pin_while_filling") else None
     lazy = isinstance(arrays, LazyWeights)  # one array made at a time: its tiles copied before the next is made
-    for name in arrays:
-        if lazy:
-            _copy_all(jobs, threads)
-            jobs = []
-        x = np.asarray(arrays[name])
-        direct = x.dtype == compute_dtype(tg, name)
-        for starts, t in lg[name][1]:
-            t = int(t)
-            written.append(t)
-            shape = tuple(tg.shape[t])
-            src = x[tuple(slice(a, a + n) for a, n in zip(starts, shape, strict=True))]
-            if t in offs and direct:
-                jobs.append((_tile(region, offs[t], shape, src.dtype), src))
-            else:
-                rest[t] = np.ascontiguousarray(src)
-    if rest:
-        backend.write_inputs(rest, load_resident=False)
-    _copy_all(jobs, threads)
+    try:
+        for name in arrays:
+            if lazy:
+                _copy_all(jobs, threads, pinner)
+                jobs = []
+            x = np.asarray(arrays[name])
+            direct = x.dtype == compute_dtype(tg, name)
+            for starts, t in lg[name][1]:
+                t = int(t)
+                written.append(t)
+                shape = tuple(tg.shape[t])
+                src = x[tuple(slice(a, a + n) for a, n in zip(starts, shape, strict=True))]
+                if t in offs and direct:
+                    jobs.append((_tile(region, offs[t], shape, src.dtype), src, offs[t]))
+                else:
+                    rest[t] = np.ascontiguousarray(src)
+        if rest:
+            backend.write_inputs(rest, load_resident=False)
+            if pinner is not None:
+                for t in rest:
+                    if t in offs:
+                        pinner.written(offs[t], int(tg.nbytes[t]))
+        _copy_all(jobs, threads, pinner)
+    except BaseException:
+        if pinner is not None:
+            pinner.abandon()
+        raise
+    if pinner is not None:
+        t0 = time.perf_counter()
+        pinner.finish()
+        ph = backend.load_phases_s
+        ph["pin"] = ph.get("pin", 0.0) + time.perf_counter() - t0  # the registration's tail, after the copies
     backend.load_resident(written)
     return sum(int(tg.nbytes[t]) for t in written)
