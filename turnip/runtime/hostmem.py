@@ -17,8 +17,9 @@ Copies between host and GPU run asynchronously only from pinned memory. Two ways
   offload region anyway; for the input region the difference is the host's writes, cached instead of combined).
 
 With ``TURNIP_PIN_WHILE_FILLING=1`` (off until timed) the input region filled by ``write_random_inputs`` or
-``turnip.runtime.loader.write_arrays`` (checkpoints, a generation's weights) is registered in pieces of about ``PIECE_NBYTES`` by a thread of its own while the fill runs (``PiecePinner``): a
-piece once every tile the fill announced for it is written, the rest when the fill ends.
+``turnip.runtime.loader.write_arrays`` (checkpoints, a generation's weights) is registered in pieces of about
+``PIECE_NBYTES`` by a thread of its own while the fill runs (``PiecePinner``): a piece once every tile the fill
+announced for it is written, the rest when the fill ends.
 
 A region is released as it was made (``cuMemFreeHost``, or ``cuMemHostUnregister`` and the memory dropped) and
 can be handed to the next plan's backend (``turnip.runtime.layout.HostInputs``) with its release.
