@@ -3,6 +3,7 @@ relay rates is read (the profile's fields taken, the relay rates left out), the 
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -61,3 +62,30 @@ def test_at_its_own_host_time_a_slower_host_is_simulated_slower(tmp_path, capsys
     assert "at each row's own host time:" in capsys.readouterr().out
     nondet, det = list(csv.DictReader(open(out)))
     assert float(det["sim_ms_at_host"]) > 2 * float(nondet["sim_ms_at_host"]) > 0
+
+
+def test_a_row_whose_plan_changed_since_is_not_compared(tmp_path, capsys):
+    """A measured row whose vertex count the compiler no longer gives is named and left out; the others are
+    compared; with none left the script fails."""
+    rows = tmp_path / "rows.csv"
+    with open(rows, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["workload", "model", "seq", "batch", "budget", "gpus", "split", "policy",
+                                          "ms_median", "vertices"])  # fmt: skip
+        w.writeheader()
+        for policy, vertices in (("nondet", ""), ("det", 7)):
+            w.writerow({"workload": "prefill", "model": "llama-tiny", "seq": 64, "batch": 1, "budget": "1MiB",
+                        "gpus": 2, "split": "tensor", "policy": policy, "ms_median": 1.0,
+                        "vertices": vertices})  # fmt: skip
+    mod = load_script("sim_vs_multi")
+    assert mod.main([str(rows), "--runs", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "not compared: llama-tiny 64 x 1 at 1MiB on 2 GPUs (tensor, det)" in text
+    assert "the measured plan had 7" in text and re.search(r"\d of 1 cells within", text) and "1 not compared" in text
+    only = tmp_path / "only.csv"
+    with open(only, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["workload", "model", "seq", "batch", "budget", "gpus", "split", "policy",
+                                          "ms_median", "vertices"])  # fmt: skip
+        w.writeheader()
+        w.writerow({"workload": "prefill", "model": "llama-tiny", "seq": 64, "batch": 1, "budget": "1MiB", "gpus": 2,
+                    "split": "tensor", "policy": "nondet", "ms_median": 1.0, "vertices": 7})  # fmt: skip
+    assert mod.main([str(only), "--runs", "1"]) == 1
