@@ -203,3 +203,47 @@ def test_the_pin_while_filling_switch(monkeypatch):
     assert not pin_while_filling_on()
     monkeypatch.setenv("TURNIP_PIN_WHILE_FILLING", "1")
     assert pin_while_filling_on()
+
+
+def test_pieces_are_pinned_as_threads_finish_their_tiles_in_any_order():
+    """Many tiles written by several threads in a random order: every piece is registered once, each after all
+    of its announced bytes were written (none left owed when its registration began), and the region ends
+    pinned with every piece released."""
+    rng = np.random.default_rng(5)
+    d = FakeDriver()
+    r = PinnedRegion(d, 512 * PAGE, register=True)
+    sizes = rng.integers(1, 8, size=120) * PAGE // 2
+    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    writes = [(int(o), int(n)) for o, n in zip(offs, sizes, strict=True) if o + n <= r.nbytes]
+    spans = register_spans(r.nbytes, [o for o, _ in writes], 16)
+    owed_at = []
+    real = d.cuMemHostRegister_v2
+    pin = None
+
+    def register(p, n, f):
+        k = pin._piece(p - r.ptr)
+        owed_at.append((k, pin._left[k], pin._filled))
+        return real(p, n, f)
+
+    d.cuMemHostRegister_v2 = register
+    pin = PiecePinner(r, spans, writes)
+    order = rng.permutation(len(writes))
+    chunks = np.array_split(order, 6)
+
+    def write(chunk):
+        for i in chunk:
+            o, n = writes[i]
+            r.array[o : o + n] = 1
+            pin.written(o, n)
+
+    ts = [threading.Thread(target=write, args=(c,)) for c in chunks]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    pin.finish()
+    assert len(spans) > 4 and sorted(k for k, _, _ in owed_at) == list(range(len(spans)))
+    assert all(left <= 0 for _, left, _ in owed_at)  # every announced byte of a piece written before it was pinned
+    p = r.ptr
+    r.release()
+    assert sorted(c[1] - p for c in d.calls if c[0] == "unregister") == [i for i, _ in spans]
