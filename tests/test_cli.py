@@ -235,3 +235,26 @@ def test_help_version_and_small_messages(tmp_path, capsys, monkeypatch):
     (tmp_path / "c.toml").write_text("[ablat]\nseqs = [128]\n")
     assert main(["ablate", "--config", "c.toml", "--out", "r"]) == 2
     assert "no [ablate] table (found [ablat]); did you mean [ablate]?" in capsys.readouterr().err
+
+
+def test_a_runs_host_speed_against_the_profile_and_the_simulate_command_at_it():
+    """``turnip run``'s host speed line: the factor at which the simulator's host thread is as busy as the run's,
+    and how to simulate the plan at it."""
+    import numpy as np
+
+    from turnip.cli.run_cmds import host_speed_line
+    from turnip.compile import compile_model
+    from turnip.machine.costs import VertexCosts, host_busy_ns
+    from turnip.machine.profile import load_profile
+
+    mg = compile_model("llama-tiny", seq=64, gpus=2, budget="1MiB", resident="auto")[1]
+    busy = host_busy_ns(VertexCosts(mg, load_profile("h100-calibrated")), 1.0)
+
+    class Run:
+        def host_cost_ns(self):
+            return np.full(4, 2.5 * busy / 4)
+
+    line = host_speed_line(mg, "h100-calibrated", Run(), "p.plan")
+    assert "2.50x the h100-calibrated profile's host costs" in line
+    assert line.endswith("(simulated at it: turnip simulate p.plan --profile h100-calibrated --host-factor 2.50)")
+    assert host_speed_line(mg, "h100-calibrated", Run()).endswith("(simulated at it: --host-factor 2.50)")

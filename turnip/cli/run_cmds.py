@@ -385,6 +385,8 @@ def cmd_run(a) -> int:
         outs = be.read_outputs()
     _report(rows, bound, res, int(mg.stats.get("resident_input_nbytes", 0)), bool(tg.meta.get("train")),
             profile=a.profile, on_cpu=a.backend == "cpu")  # fmt: skip
+    if a.backend != "cpu" and rows:
+        print(host_speed_line(mg, a.profile, res, a.plan))
     if recorded:
         ms = sorted(r.makespan_ns / 1e6 for r in recorded)
         print(f"det-replay           replayed the issue order of the fastest of {len(ms)} nondet runs ({ms[0]:.3f} "
@@ -481,6 +483,21 @@ def _rel(x, y) -> float:
 
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     return float(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30))
+
+
+def host_speed_line(mg, profile: str, res, plan: str | None = None) -> str:
+    """How fast this run's host was against ``profile``'s: the factor at which the simulator's host thread is
+    as busy as this run's (issuing and handling completions, ``turnip.machine.costs.host_factor_for``), and the
+    ``turnip simulate`` command that replays the plan at it. Host-bound plans (many commands, several GPUs)
+    are predicted only at their host's speed, which differs between machines of one kind by up to 2x."""
+    from turnip.machine.costs import VertexCosts, host_factor_for
+    from turnip.machine.profile import load_profile
+
+    host_ms = float(res.host_cost_ns().sum()) / 1e6
+    f = host_factor_for(VertexCosts(mg, load_profile(profile)), host_ms)
+    sim = f"turnip simulate {plan} --profile {profile} --host-factor {f:.2f}" if plan else f"--host-factor {f:.2f}"
+    return (f"host speed           {host_ms:.1f} ms of host time a run: {f:.2f}x the {profile} profile's host costs "
+            f"(simulated at it: {sim})")
 
 
 def _bound(mg, profile: str) -> dict:
