@@ -316,6 +316,7 @@ def main(argv=None) -> int:
                     except Exception as e:  # noqa: BLE001 - one configuration failing does not end the session
                         rows.append({"system": "turnip", "seq": seq, "batch": batch, "budget": budget,
                                      "error": f"{type(e).__name__}: {e}"})  # fmt: skip
+                write_csv(path, rows)  # kept should the baseline's row outlast the time given
             if not a.no_accelerate:
                 acc = acc or AccelerateModel(a, hf_config(s, longest), budget)
                 rows.append(acc.row(seq, batch))

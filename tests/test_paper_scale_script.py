@@ -62,3 +62,26 @@ def test_deepspeed_rows_run_under_torchrun_on_the_cpu(tmp_path):
     (row,) = list(csv.DictReader(open(tmp_path / "paper_scale.csv")))
     assert row["system"] == "deepspeed-zero-inference" and not row.get("error"), row
     assert float(row["ms_median"]) > 0 and row["seq"] == "32"
+
+
+def test_turnip_rows_are_written_before_the_baseline_of_their_prompt_runs(tmp_path, monkeypatch):
+    """A baseline row that does not finish (here: fails) loses no turnip row measured before it."""
+    ps = load_script("paper_scale")
+    import multi_gpu  # the sibling script paper_scale.py takes its rows from
+
+    monkeypatch.setattr(multi_gpu, "prefill_row", lambda a, seq, budget, gpus, split, batch=1: [
+        {"workload": "prefill", "seq": seq, "batch": batch, "budget": budget, "policy": "nondet", "ms_median": 1.0}])
+
+    class Slow:
+        def __init__(self, *args):
+            pass
+
+        def row(self, seq, batch):
+            raise TimeoutError("the call's time is up")
+
+    monkeypatch.setattr(ps, "AccelerateModel", Slow)
+    with pytest.raises(TimeoutError):
+        ps.main(["--model", "llama-tiny", "--gpus", "0", "--prompts", "32", "--budgets", "1MiB", "--lora",
+                 "--no-limit-baseline", "--out", str(tmp_path)])  # fmt: skip
+    rows = list(csv.DictReader(open(tmp_path / "paper_scale.csv")))
+    assert [(r["system"], r["seq"], r["ms_median"]) for r in rows] == [("turnip", "32", "1.0")]
