@@ -861,18 +861,31 @@ def _steady_start(mg: MemGraph, prof: MachineProfile, tm: TimingModel, policy: s
     if kept is None:
         kept = tm._steady = {}
     if key not in kept:
-        level = _steady_guess(mg, prof, tm)
-        for _ in range(STEADY_PASSES):
-            s = Simulation(mg, prof, policy, 0, True, tm, None, level, host, link, ordered_sums, None, groups)
-            res = s.run()
-            nxt = s.end_levels(prof.run_gap_ns)
-            moved = max(abs(a - b) for a, b in zip(nxt, level, strict=True))
-            fuller = not s.throttled and all(a >= b for a, b in zip(nxt, level, strict=True))
-            if fuller or moved <= STEADY_TOL * res.makespan_ns:
-                break  # settled: its runs start where this pass started
-            level = nxt
-        kept[key] = level
+        guess = _steady_guess(mg, prof, tm)
+        kept[key] = _settle(mg, prof, policy, 0, True, tm, None, guess, host, link, ordered_sums, groups)[1]
     return list(kept[key])
+
+
+def _settle(mg, prof, policy, seed, mean_only, tm, order, level, host, link, ordered_sums, groups,
+            once: bool = False) -> tuple[SimResult, list[float]]:  # fmt: skip
+    """A run from power bucket ``level``, repeated from where the last left the buckets until the start level
+    settles (``STEADY_TOL``; ``STEADY_PASSES`` at most; a run no kernel of which was slowed and that leaves every
+    bucket fuller is settled: more would change nothing; ``once``: one run). Returns the last run (its
+    ``wall_s`` over every pass) and the level it started at (where the last left them, if none settled)."""
+    wall, draws = 0.0, None
+    for _ in range(STEADY_PASSES):
+        s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level, host, link, ordered_sums, draws, groups)
+        draws = s.draws  # the same seed's: the next pass takes them again
+        res = s.run()
+        wall += res.wall_s
+        nxt = s.end_levels(prof.run_gap_ns)
+        moved = max(abs(a - b) for a, b in zip(nxt, level, strict=True))
+        fuller = not s.throttled and all(a >= b for a, b in zip(nxt, level, strict=True))
+        if once or fuller or moved <= STEADY_TOL * res.makespan_ns:
+            break
+        level = nxt
+    res.wall_s = wall  # every pass
+    return res, level
 
 
 def simulate(
@@ -899,9 +912,7 @@ def simulate(
     Under a power limit the run starts where runs back to back (``prof.run_gap_ns`` apart) leave the power
     bucket: from where the noise-free run settles (``_steady_start``, kept per options; ``det-replay``: a first
     guess, ``_steady_guess``) the run is repeated from where the last left it until the start level settles
-    (``STEADY_TOL``; ``STEADY_PASSES`` at most; a run no kernel of which was slowed and that leaves every bucket
-    fuller is settled: more would change nothing); ``power_full``: the GPUs start rested instead (their bucket
-    full)."""
+    (``_settle``); ``power_full``: the GPUs start rested instead (their bucket full)."""
     if not power_limited(prof):
         return Simulation(
             mg, prof, policy, seed, mean_only, tm, order, host=host, link=link, ordered_sums=ordered_sums,
@@ -914,20 +925,8 @@ def simulate(
         level = _steady_guess(mg, prof, tm)
     else:
         level = _steady_start(mg, prof, tm, policy, host, link, ordered_sums, groups)
-    wall, draws = 0.0, None
-    for _ in range(STEADY_PASSES):
-        s = Simulation(mg, prof, policy, seed, mean_only, tm, order, level, host, link, ordered_sums, draws, groups)
-        draws = s.draws  # the same seed's: the next pass takes them again
-        res = s.run()
-        wall += res.wall_s
-        nxt = s.end_levels(prof.run_gap_ns)
-        moved = max(abs(a - b) for a, b in zip(nxt, level, strict=True))
-        fuller = not s.throttled and all(a >= b for a, b in zip(nxt, level, strict=True))
-        if power_full or fuller or moved <= STEADY_TOL * res.makespan_ns:
-            break
-        level = nxt
-    res.wall_s = wall  # every pass
-    return res
+    return _settle(mg, prof, policy, seed, mean_only, tm, order, level, host, link, ordered_sums, groups,
+                   once=power_full)[0]
 
 
 def fastest_run(
