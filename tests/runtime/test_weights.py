@@ -361,7 +361,8 @@ def _pinned_while_filled(b):
     region.pinned = False
 
     def pin_while_filling(writes):
-        made.append(PiecePinner(region, register_spans(region.nbytes, [o for o, _ in writes], 8), writes))
+        spans = register_spans(region.nbytes, [o for o, _ in writes], 8)
+        made.append(PiecePinner(region, spans, writes, phases=b.load_phases_s))
         return made[-1]
 
     b.pin_while_filling, b.load_phases_s = pin_while_filling, {}

@@ -386,7 +386,7 @@ class CudaBackend:
         if r.pinned or not pin_while_filling_on() or not writes:
             return None
         spans = register_spans(r.nbytes, [off for off, _ in writes], r.nbytes // PIECE_NBYTES)
-        return PiecePinner(r, spans, writes, self.ctx[0]) if len(spans) > 1 else None
+        return PiecePinner(r, spans, writes, self.ctx[0], self.load_phases_s) if len(spans) > 1 else None
 
     def load_resident(self, tensors) -> None:
         """Taskgraph input ``tensors`` have their host copies filled (``host_in``): count them written and copy
@@ -415,17 +415,11 @@ class CudaBackend:
         drv, host = self.drv, self._host_base[HOST_INPUT]
 
         def copy(g: int) -> None:
-            drv.check(drv.cuCtxSetCurrent(self.ctx[g]), f"cuCtxSetCurrent(gpu {g})")
             for v in jobs[g]:
                 drv.check(drv.cuMemcpyHtoD_v2(self.base[g] + lay.out_offset[v], host + lay.host_offset[v],
                                               lay.nbytes[v]), f"loading resident input {mg.label(v)}")  # fmt: skip
 
-        if len(jobs) <= 1:
-            for g in jobs:
-                self._set_ctx(g)
-                copy(g)
-        else:
-            thread_map(copy, sorted(jobs), len(jobs))
+        self._each_gpu(jobs, copy)
         ph = self.load_phases_s
         ph["pin"] = ph.get("pin", 0.0) + t1 - t0
         ph["resident"] = ph.get("resident", 0.0) + time.perf_counter() - t1
@@ -451,22 +445,31 @@ class CudaBackend:
             else:
                 self._set_ctx(self.lay.gpu[o])
                 out[t] = to_host(self.view(o))
-        if jobs:
-            drv, lay = self.drv, self.lay
+        drv, lay = self.drv, self.lay
 
-            def copy(g: int) -> None:
-                drv.check(drv.cuCtxSetCurrent(self.ctx[g]), f"cuCtxSetCurrent(gpu {g})")
-                for o, x in jobs[g]:
-                    drv.check(drv.cuMemcpyDtoH_v2(x.ctypes.data, self.base[g] + lay.out_offset[o], x.nbytes),
-                              f"reading output {self.mg.label(o)}")  # fmt: skip
+        def copy(g: int) -> None:
+            for o, x in jobs[g]:
+                drv.check(drv.cuMemcpyDtoH_v2(x.ctypes.data, self.base[g] + lay.out_offset[o], x.nbytes),
+                          f"reading output {self.mg.label(o)}")  # fmt: skip
 
-            if len(jobs) == 1:  # on this thread, its context as the backend tracks it
-                for g in jobs:
-                    self._set_ctx(g)
-                    copy(g)
-            else:
-                thread_map(copy, sorted(jobs), len(jobs))
+        self._each_gpu(jobs, copy)
         return out
+
+    def _each_gpu(self, jobs: dict, fn) -> None:
+        """``fn(g)`` for every GPU ``g`` of ``jobs``, in that GPU's context: on this thread for one GPU (its
+        context set as the backend tracks it), else on a thread per GPU (the driver's copies release the GIL)."""
+        if len(jobs) <= 1:
+            for g in jobs:
+                self._set_ctx(g)
+                fn(g)
+            return
+        drv = self.drv
+
+        def run(g: int) -> None:
+            drv.check(drv.cuCtxSetCurrent(self.ctx[g]), f"cuCtxSetCurrent(gpu {g})")
+            fn(g)
+
+        thread_map(run, sorted(jobs), len(jobs))
 
     def carry(self, pairs, rows: tuple[int, int] | None = None) -> None:
         """Between runs: each (output tensor, input tensor) pair's output becomes that input's value for the

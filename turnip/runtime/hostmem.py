@@ -92,7 +92,7 @@ class PinnedRegion:
             thread_map(touch, spans, threads)
             r = self.drv.cuMemHostRegister_v2(self.ptr, self.nbytes, REGISTER_PORTABLE)
             self.drv.check(r, f"cuMemHostRegister({self.nbytes} bytes)")
-            self._release = _unregisterer(self.drv, self.ptr)
+            self._release = _unregisterer(self.drv, [self.ptr])
         self.pinned = True
 
     def hand_over(self):
@@ -115,13 +115,9 @@ def _freer(drv, ptr: int):
     return lambda: drv.cuMemFreeHost(ptr)
 
 
-def _unregisterer(drv, ptr: int):
-    """The release of memory registered at ``ptr`` (its owner, the numpy buffer, drops it after)."""
-    return lambda: drv.check(drv.cuMemHostUnregister(ptr), "cuMemHostUnregister")
-
-
-def _unregisterer_all(drv, ptrs: list[int]):
-    """The release of memory registered in pieces at ``ptrs``."""
+def _unregisterer(drv, ptrs: list[int]):
+    """The release of memory registered (in one piece or several) at ``ptrs`` (its owner, the numpy buffer,
+    drops it after)."""
 
     def release():
         for p in ptrs:
@@ -157,10 +153,11 @@ class PiecePinner:
     piece) or, if a registration failed, unregisters the others and raises. The driver registers one piece
     at a time (pieces from several threads were measured no faster than one call), so what this buys is the
     registration running beside the fill instead of after it. ``abandon``: the fill failed; nothing stays
-    registered. ``ctx``: the driver context the thread works in."""
+    registered. ``ctx``: the driver context the thread works in; ``phases``: a dict whose ``"pin"`` adds the
+    seconds ``finish`` waits (the registration's tail, after the fill: a backend's ``load_phases_s``)."""
 
-    def __init__(self, region: PinnedRegion, spans: list[tuple[int, int]], writes, ctx=None):
-        self.region, self.spans, self.ctx = region, spans, ctx
+    def __init__(self, region: PinnedRegion, spans: list[tuple[int, int]], writes, ctx=None, phases=None):
+        self.region, self.spans, self.ctx, self.phases = region, spans, ctx, phases
         self._starts = [i for i, _ in spans]
         self._left = [0] * len(spans)  # bytes announced and not yet written, per piece
         for off, nb in writes:
@@ -170,7 +167,6 @@ class PiecePinner:
         self._done: list[int] = []  # registered pieces' pointers
         self._failed: tuple | None = None  # (answer, start, end) of the piece that failed
         self._error: BaseException | None = None  # what stopped the pinning thread otherwise
-        self.wait_s = 0.0  # the pinning thread's time waiting for writes
         self._thread = threading.Thread(target=self._run, name="turnip-pin", daemon=True)
         self._thread.start()
 
@@ -197,12 +193,10 @@ class PiecePinner:
             drv.check(drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent (pinning a host region)")
         todo = list(range(len(self.spans)))
         while todo:
-            t0 = time.perf_counter()
             with self._cv:
                 while not self._filled and all(self._left[k] > 0 for k in todo):
                     self._cv.wait()
                 k = todo[0] if self._filled else next(k for k in todo if self._left[k] <= 0)
-            self.wait_s += time.perf_counter() - t0
             todo.remove(k)
             i, j = self.spans[k]
             r = drv.cuMemHostRegister_v2(ptr + i, j - i, REGISTER_PORTABLE)
@@ -219,7 +213,10 @@ class PiecePinner:
 
     def finish(self) -> None:
         """The fill is over: the remaining pieces registered; the region pinned, or an error raised."""
+        t0 = time.perf_counter()
         self._stop()
+        if self.phases is not None:
+            self.phases["pin"] = self.phases.get("pin", 0.0) + time.perf_counter() - t0
         drv, r = self.region.drv, self.region
         if self._error is not None:
             self._unregister()
@@ -228,7 +225,7 @@ class PiecePinner:
             self._unregister()
             answer, i, j = self._failed
             drv.check(answer, f"cuMemHostRegister({j - i} bytes at offset {i} of {r.nbytes})")
-        r._release, r.pinned = _unregisterer_all(drv, list(self._done)), True
+        r._release, r.pinned = _unregisterer(drv, list(self._done)), True
 
     def abandon(self) -> None:
         """The fill failed: the thread stopped, every registered piece unregistered (the region stays plain)."""

@@ -629,9 +629,6 @@ def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
             pinner.abandon()
         raise
     if pinner is not None:
-        t0 = time.perf_counter()
         pinner.finish()
-        ph = backend.load_phases_s
-        ph["pin"] = ph.get("pin", 0.0) + time.perf_counter() - t0  # the registration's tail, after the copies
     backend.load_resident(written)
     return sum(int(tg.nbytes[t]) for t in written)

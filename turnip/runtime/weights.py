@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -352,10 +351,7 @@ def write_random_inputs(backend, tg, seed: int = 0, skip=(), threads: int | None
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
     if pinner is not None:
-        t0 = time.perf_counter()
         pinner.finish()
-        ph = backend.load_phases_s
-        ph["pin"] = ph.get("pin", 0.0) + time.perf_counter() - t0  # the registration's tail, after the fill
     backend.load_resident(written)
     return n
 
