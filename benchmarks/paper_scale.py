@@ -169,11 +169,10 @@ def peft_row(a, cfg, seq: int, batch: int) -> dict:
     from peft import get_peft_model
 
     row = {"system": "peft", "workload": "lora", "seq": seq, "batch": batch, "budget": "none", "gpus": a.gpus}
-    t0 = time.perf_counter()
-    try:
-        model, on_cpu, units = random_offloaded_llama(cfg, a.gpus, None, a.seed)
-    except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:
-        return row | {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    acc = AccelerateModel(a, cfg, "none")  # the pipeline without a limit, loaded as the prefill rows' is
+    if acc.error:
+        return row | {"error": acc.error}
+    model, acc.model = acc.model, None
     model.config.use_cache = False
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.enable_input_require_grads()
@@ -182,7 +181,7 @@ def peft_row(a, cfg, seq: int, batch: int) -> dict:
                                                         "down_proj"]))  # fmt: skip
     pm.train()
     opt = torch.optim.Adam([p for p in pm.parameters() if p.requires_grad], lr=1e-4)
-    row |= {"load_s": round(time.perf_counter() - t0, 1), "modules_on_cpu": on_cpu, "modules": units}
+    row |= acc.info
     dev = "cuda:0" if a.gpus else "cpu"
     gen = torch.Generator().manual_seed(a.seed)
     sync = torch.cuda.synchronize if a.gpus else (lambda: None)
