@@ -18,7 +18,6 @@ is used: parameters offloaded to CPU memory, no optimizer).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -66,6 +65,7 @@ def main(argv=None) -> int:
     import deepspeed
     import torch
     from llama_prefill import hf_config
+    from multi_gpu import write_csv
     from transformers import LlamaForCausalLM
 
     from turnip.models import llama_config
@@ -124,10 +124,7 @@ def main(argv=None) -> int:
         rows.append(row)
         if rank == 0:
             print(row, flush=True)
-            with open(a.out, "w", newline="") as f:  # after every prompt: a run stopped at its limit keeps these
-                w = csv.DictWriter(f, fieldnames=list(rows[0]))
-                w.writeheader()
-                w.writerows(rows)
+            write_csv(a.out, rows)  # after every prompt: a run stopped at its limit keeps these
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return 0
