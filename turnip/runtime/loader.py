@@ -572,13 +572,11 @@ def _copy_all(jobs: list, threads: int | None, pinner=None) -> None:
     """``np.copyto(dst, src)`` for every (dst, src) of ``jobs`` on ``threads`` workers (default min(16, cores));
     with a ``pinner`` (``turnip.runtime.hostmem.PiecePinner``) each job is (dst, src, byte offset in the region),
     announced to it once copied."""
-    if pinner is None:
-        thread_map(lambda job: np.copyto(job[0], job[1]), jobs, threads)
-        return
 
     def copy(job):
         np.copyto(job[0], job[1])
-        pinner.written(job[2], job[0].nbytes)
+        if pinner is not None:
+            pinner.written(job[2], job[0].nbytes)
 
     thread_map(copy, jobs, threads)
 
