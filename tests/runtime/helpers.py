@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
 from turnip.compile import build_with_resident
 from turnip.memgraph.interp import evaluate_taskgraph, random_inputs
 from turnip.models import llama_prefill, random_dag
+from turnip.runtime._cudadrv import SUCCESS, Driver
 
 
 def tiny_llama(budget: int = 64 * 1024, dtype: str = "fp32", n_gpus: int = 1, resident: str = "0"):
@@ -45,3 +48,38 @@ def gpus() -> int:
         return 0 if simulating() or not available() else len(cuda().gpus)
     except Exception:
         return 0
+
+
+class FakeDriver:
+    """A stand-in for libcuda's host memory calls (``turnip.runtime.hostmem``): records the calls; pinned
+    allocations are ctypes buffers kept alive here."""
+
+    check = Driver.check
+
+    def __init__(self, register_answer=SUCCESS):
+        self.calls, self.buffers = [], {}
+        self.cuMemHostRegister_v2 = self._f("register", register_answer)
+        self.cuMemHostUnregister = self._f("unregister", SUCCESS)
+        self.cuCtxSetCurrent = self._f("context", SUCCESS)
+
+    def _f(self, name, answer):
+        def f(*args):
+            self.calls.append((name, *args))
+            return answer
+
+        return f
+
+    def host_alloc(self, nbytes, write_combined):
+        buf = (ctypes.c_uint8 * nbytes)()
+        p = ctypes.addressof(buf)
+        self.buffers[p] = buf
+        self.calls.append(("alloc", nbytes, write_combined))
+        return p
+
+    def cuMemFreeHost(self, p):
+        self.calls.append(("free", p))
+        del self.buffers[p]
+        return SUCCESS
+
+    def error_name(self, r):
+        return f"error {r}"

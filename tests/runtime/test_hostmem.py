@@ -2,13 +2,13 @@
 stand-in for libcuda (no GPU needed): what is called, with which pointer, when; bytes kept across pinning; a
 region handed to the next backend released once, by its new owner."""
 
-import ctypes
 import threading
 
 import numpy as np
 import pytest
 
-from turnip.runtime._cudadrv import SUCCESS, CudaError, Driver
+from tests.runtime.helpers import FakeDriver
+from turnip.runtime._cudadrv import CudaError
 from turnip.runtime.hostmem import (
     PAGE,
     REGISTER_PORTABLE,
@@ -21,40 +21,6 @@ from turnip.runtime.hostmem import (
 from turnip.runtime.layout import HostInputs
 
 pytestmark = pytest.mark.unit
-
-
-class FakeDriver:
-    """Records the calls; pinned allocations are ctypes buffers kept alive here."""
-
-    check = Driver.check
-
-    def __init__(self, register_answer=SUCCESS):
-        self.calls, self.buffers = [], {}
-        self.cuMemHostRegister_v2 = self._f("register", register_answer)
-        self.cuMemHostUnregister = self._f("unregister", SUCCESS)
-        self.cuCtxSetCurrent = self._f("context", SUCCESS)
-
-    def _f(self, name, answer):
-        def f(*args):
-            self.calls.append((name, *args))
-            return answer
-
-        return f
-
-    def host_alloc(self, nbytes, write_combined):
-        buf = (ctypes.c_uint8 * nbytes)()
-        p = ctypes.addressof(buf)
-        self.buffers[p] = buf
-        self.calls.append(("alloc", nbytes, write_combined))
-        return p
-
-    def cuMemFreeHost(self, p):
-        self.calls.append(("free", p))
-        del self.buffers[p]
-        return SUCCESS
-
-    def error_name(self, r):
-        return f"error {r}"
 
 
 def test_a_registered_region_is_plain_memory_until_its_first_run_and_keeps_its_bytes():

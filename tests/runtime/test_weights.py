@@ -330,33 +330,14 @@ def test_tile_copies_from_pool_pieces_equal_slices_of_the_whole_tensor():
         np.testing.assert_array_equal(region[8:].view(np.float16).reshape(tshape), want)
 
 
-class _RegisterDriver:
-    """A stand-in driver that registers anything (``PiecePinner``'s calls)."""
-
-    def __init__(self):
-        from turnip.runtime._cudadrv import Driver
-
-        self.check = lambda r, what: Driver.check(self, r, what)
-        self.registered = []
-
-    def cuMemHostRegister_v2(self, p, n, flags):
-        self.registered.append((p, n))
-        return 0
-
-    def cuMemHostUnregister(self, p):
-        return 0
-
-    def error_name(self, r):
-        return f"error {r}"
-
-
 def _pinned_while_filled(b):
     """CPU backend ``b`` given ``pin_while_filling`` as the CUDA backend's with ``TURNIP_PIN_WHILE_FILLING=1``:
-    a ``PiecePinner`` (at most 8 pieces) over its input region, registering with a stand-in driver. Returns
-    (driver, region, the pinners made)."""
+    a ``PiecePinner`` (at most 8 pieces) over its input region, registering with the stand-in driver
+    (``FakeDriver``). Returns (driver, region, the pinners made)."""
+    from tests.runtime.helpers import FakeDriver
     from turnip.runtime.hostmem import PiecePinner, PinnedRegion, register_spans
 
-    drv, made = _RegisterDriver(), []
+    drv, made = FakeDriver(), []
     region = PinnedRegion.adopted(drv, b.host[0], b.host[0].ctypes.data, None)
     region.pinned = False
 
@@ -372,7 +353,8 @@ def _pinned_while_filled(b):
 def _check_pinned(drv, region, made, b):
     (pin,) = made
     assert len(pin.spans) > 1 and all(x == 0 for x in pin._left) and region.pinned
-    assert sorted(drv.registered) == [(region.ptr + i, j - i) for i, j in pin.spans]
+    registered = sorted(c[1:3] for c in drv.calls if c[0] == "register")
+    assert registered == [(region.ptr + i, j - i) for i, j in pin.spans]
     assert "pin" in b.load_phases_s
 
 
