@@ -63,16 +63,18 @@ def test_budget_not_a_multiple_of_256_keeps_the_workspace_aligned():
 @needs_gpu
 @pytest.mark.parametrize("n_gpus", [1, 2])
 def test_registered_host_regions_match_numpy(n_gpus):
-    """``host_register=True``: plain host memory, written, pinned in place at the first run (offloads and
-    reloads through it); the outputs match numpy run after run, and the backend closes cleanly."""
+    """``host_register=True``: plain host memory pinned in place, the input region once its inputs are written
+    (before any is copied), the offload region at the first run (offloads and reloads through it); the outputs
+    match numpy run after run, and the backend closes cleanly."""
     if gpus() < n_gpus:
         pytest.skip(f"needs {n_gpus} CUDA devices")
     tg, mg = tiny_llama((48 if n_gpus == 1 else 24) * 1024, "fp16", n_gpus=n_gpus)
     assert (mg.kind == 3).sum() > 0  # offloads: the offload region is used
     inputs, ref = reference(tg)
     with open_backend("cuda", mg, host_register=True) as be:
+        assert not any(r.pinned for r in be._regions)
         be.write_inputs(inputs)
-        assert not be._regions[0].pinned
+        assert [r.pinned for r in be._regions] == [True, False]
         _assert_runs_correct(mg, be, ref, range(3))
         assert all(r.pinned for r in be._regions)
 
