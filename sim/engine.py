@@ -163,6 +163,8 @@ class Simulation:
         self.bucket = [min(self.power_cap, x) for x in power_level] if power_level else [0.0] * mg.n_gpus
         self.throttled = False  # a kernel of this run was slowed by the power limit
         self.bucket_t = [0] * mg.n_gpus
+        # a kernel's duration under the power model, ``(g, start, dur, v) -> dur`` (None: no power limit)
+        self.power = (self._power_clock() if self.clock else self._power_limited()) if self.limited else None
         self.nbytes = pd.nbytes
         self.launch_ns = pd.launch_ns if launch is tm.launch_ns else launch.tolist()
         if self.members:  # a group's graph: its head's launch and a node's cost per other member
@@ -214,17 +216,16 @@ class Simulation:
     # ------------------------------------------------------------------ driver loop
     def run(self) -> SimResult:
         t0 = time.perf_counter()
-        t = 0
-        for i, v in enumerate(self.core.start_ids(0)):  # issued one after another from 0
-            t += self.launch_ns[v] + self._switch(v)
-            self.issue[v] = t
-            self.order.append(v)
-            heapq.heappush(self._q, (t, i, v << 1))
-        self.host_free, self._seq = t, len(self.order)
+        batch = self.core.start_ids(0)
+        self.order += batch
+        self.host_free = self._issue_times(batch, 0)  # issued one after another from 0
+        for i, v in enumerate(batch):
+            heapq.heappush(self._q, (self.issue[v], i, v << 1))
+        self._seq = len(batch)
         self._loop()
         if not self.core.finished:  # pragma: no cover - the core raises SchedulerStall first
             raise self.core.stall_error()
-        arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+        arr = lambda x: np.fromiter(x, dtype=np.int64, count=len(x))  # noqa: E731
         issue = arr(self.issue)
         return SimResult(
             policy=self.policy,
@@ -265,18 +266,17 @@ class Simulation:
         eng, gpu, src, nbytes, stall = self.eng, self.gpu, self.src, self.nbytes, self.stall
         kernel_ns, f, fc, overlap = self.kernel_ns, self.f, self.fc, self.overlap
         issue, start, end, done, handle = self.issue, self.start, self.end, self.done, self.handle
-        launch, order, complete, members = self.launch_ns, self.order, self.core.complete_ids, self.members
+        order, complete, members, issue_times = self.order, self.core.complete_ids, self.members, self._issue_times
         compute_free, copies_active, ports = self.compute_free, self.copies_active, self.ports
         p2p_active, slow_p2p, slow_p2p_v = self.p2p_active, self.slow_p2p, self.slow_p2p_v
-        switch, switch_ns = self._switch, self.switch_ns
         start_latency, slowdown = prof.kernel_start_latency_ns, prof.kernel_slowdown_with_copies
         p2p_latency, p2p_rate, copy_latency = prof.p2p_latency_ns, prof.p2p_bytes_per_s, prof.copy_latency_ns
         completion, poll, handle_ns, handle_cmd = self.completion_ns, self.poll_ns, self.handle_ns, self.handle_cmd_ns
         rate_solo, rate_shared, caps = self.rate_solo, self.rate_shared, self.caps
-        power = self._power_clock if self.clock else self._power_limited if self.limited else None
+        power = self.power
         kernel, p2p, h2d = ENG_KERNEL, ENG_P2P, ENG_H2D
         host_free, inflight, seq = self.host_free, self.inflight, self._seq
-        interleave, kdone, grp_until = self.interleave, self.kdone, self.grp_until
+        interleave, kdone, grp_until, kq, useq = self.interleave, self.kdone, self.grp_until, self.kq, self.useq
         while q:
             now, _, code = pop(q)
             if code < 0:  # a host link copy's bytes through, if its record still carries this event's token
@@ -324,28 +324,23 @@ class Simulation:
                 # it handles the completion (the longer, the more commands it hands back), then issues them
                 h = handle_ns + handle_cmd * len(batch)
                 handle[v] = h
-                host_free = t = seen + h
+                host_free = seen + h
                 if not batch:
                     continue
                 order += batch
+                host_free = issue_times(batch, host_free)
                 k0 = k = seq  # the batch's issue events are numbered from k0
                 seq += len(batch)
                 popped = False
-            else:  # an issue the heap held back: handled as a batch of one, issued at now
+            else:  # an issue the heap held back: handled as a batch of one
                 batch, popped = (code >> 1,), True
             for v in batch:
-                if popped:
-                    t = now
-                else:
-                    t += launch[v] + (switch(v) if switch_ns else 0)
-                    issue[v] = t
+                t = issue[v]
+                if not popped:
                     if not eager or (q and q[0][0] <= t):  # a pending event comes first: this and the rest wait
-                        push(q, (t, k, v << 1))
-                        for u in batch[k - k0 + 1 :]:
-                            t += launch[u] + (switch(u) if switch_ns else 0)
-                            issue[u] = t
+                        for u in batch[k - k0 :]:
+                            push(q, (issue[u], k, u << 1))
                             k += 1
-                            push(q, (t, k, u << 1))
                         break
                     k += 1
                 inflight += 1  # v is issued at t
@@ -371,8 +366,9 @@ class Simulation:
                             dur = power(g, s, dur, v)
                         start[v] = s
                         end[v] = compute_free[g] = done_at = s + dur
-                        if interleave:
-                            self._queued(g, ready, [[s, done_at, v, v, dur, ready]])
+                        if interleave:  # ``_queued``, inlined
+                            kq[g].append([s, done_at, v, v, dur, ready])
+                            useq[v] = len(useq)
                     if interleave:
                         kdone[v] = done_at + completion
                     push(q, (done_at + completion, seq, (v << 1) | 1))
@@ -413,18 +409,23 @@ class Simulation:
                         seq = self._reschedule(other, t, rate_shared[1 - d], seq)
                         pcie[i] = rec
                         seq = self._reschedule(rec, t, rec[2], seq)
-            if not popped:
-                host_free = t
         self.host_free, self.inflight, self._seq = host_free, inflight, seq
 
-    def _switch(self, v: int) -> int:
-        """The extra issue time of command ``v`` for its GPU after one for another (``gpu_switch_launch_ns``,
-        kernels and launch groups; a copy costs none but moves the host to its GPU too)."""
-        g = self.gpu[v]
-        if g == self.last_gpu:
-            return 0
-        self.last_gpu = g
-        return self.switch_ns if self.eng[v] == ENG_KERNEL else 0
+    def _issue_times(self, batch: list[int], t: int) -> int:
+        """Issue the commands ``batch`` one after another from ``t`` (``issue``): each one its launch cost after
+        the one before, a kernel or launch group for another GPU than the command before it ``switch_ns`` more (a
+        copy costs none but moves the host to its GPU too). The last one's issue time."""
+        issue, launch, gpu, eng = self.issue, self.launch_ns, self.gpu, self.eng
+        switch_ns, last = self.switch_ns, self.last_gpu
+        for v in batch:
+            t += launch[v]
+            if switch_ns and gpu[v] != last:
+                last = gpu[v]
+                if eng[v] == ENG_KERNEL:
+                    t += switch_ns
+            issue[v] = t
+        self.last_gpu = last
+        return t
 
     def _run_group(self, members: list[int], g: int, t: int, ready: int, power) -> int:
         """A launch group issued at ``t`` on GPU ``g``: its kernels one after another (each as a kernel issued at
@@ -439,7 +440,7 @@ class Simulation:
                 prev = s + dur
         self.compute_free[g] = end[members[-1]]
         if self.interleave:
-            self._queued(g, ready, ents)
+            self._queued(g, ents)
             if len(members) > 1:
                 self.grp_until[g] = self.start[members[-1]]
         return self.compute_free[g]
@@ -464,14 +465,14 @@ class Simulation:
             compute_free = s + dur
         return out
 
-    def _queued(self, g: int, now: int, ents: list) -> None:
-        """Add kernel entries to GPU ``g``'s queue, dropping those ended by ``now``."""
-        self._ended(g, now).extend(ents)
-        for e in ents:
-            self.useq.setdefault(e[3], len(self.useq))
+    def _queued(self, g: int, ents: list) -> None:
+        """Add kernel entries, all of one unit, to GPU ``g``'s queue, the unit numbered in issue order (``useq``).
+        Those ended are dropped when the queue is next read (``_ended``)."""
+        self.kq[g].extend(ents)
+        self.useq.setdefault(ents[0][3], len(self.useq))
 
     def _ended(self, g: int, now: int) -> list:
-        """GPU ``g``'s queue without the kernels ended by ``now``."""
+        """GPU ``g``'s queue without the kernels ended by ``now`` (never earlier than the last call's)."""
         kq = self.kq[g]
         i = 0
         while i < len(kq) and kq[i][1] <= now:
@@ -539,41 +540,68 @@ class Simulation:
                 kdone[u] = fin + completion
         return seq
 
-    def _power_limited(self, g: int, start: int, dur: int, v: int) -> int:
-        """Duration of kernel v, ``dur`` ns at full clock, starting at ``start`` on GPU g under the power limit:
-        the bucket refills one token per ns up to its capacity; the kernel spends w per ns (its flop rate over
-        the rate its class sustains at the limit, or the memory-bound weight) and, once the bucket is empty,
-        runs w times slower when w > 1. Kernels start in order on a GPU's engine."""
-        rate = self.pw_rate[v]
-        w = self.pw_flops[v] / (dur * rate) if rate > 0.0 and dur > 0 else self.pw_other
-        level = min(self.power_cap, self.bucket[g] + max(0, start - self.bucket_t[g]) * self.refill)
-        if w <= 1.0:
-            level = min(self.power_cap, level + (1.0 - w) * dur)
-        elif level >= (w - 1.0) * dur:
-            level -= (w - 1.0) * dur
-        else:
-            t_full = level / (w - 1.0)  # at full clock until the bucket is empty, then at the sustained rate
-            dur = int(t_full + (dur - t_full) * w)
-            level = 0.0
-            self.throttled = True
-        self.bucket[g], self.bucket_t[g] = level, start + dur
-        return dur
+    def _power_limited(self):
+        """The duration of kernel v, ``dur`` ns at full clock, starting at ``start`` on GPU g under the power limit
+        (a function of ``(g, start, dur, v)`` over this run's buckets): the bucket refills one token per ns up to
+        its capacity; the kernel spends w per ns (its flop rate over the rate its class sustains at the limit, or
+        the memory-bound weight) and, once the bucket is empty, runs w times slower when w > 1. Kernels start in
+        order on a GPU's engine."""
+        bucket, bucket_t, cap, refill = self.bucket, self.bucket_t, self.power_cap, self.refill
+        pw_rate, pw_flops, other = self.pw_rate, self.pw_flops, self.pw_other
 
-    def _power_clock(self, g: int, start: int, dur: int, v: int) -> int:
-        """Duration of kernel v, ``dur`` ns at full clock, starting at ``start`` on GPU g under the shared-clock
-        model: the GPU's throttle theta (its bucket's debt over the window, held for the kernel) slows it by its
-        class's factor and lowers its draw; the bucket gains the limit less the draw for every ns it runs."""
-        level = min(self.power_cap, self.bucket[g] + max(0, start - self.bucket_t[g]) * self.refill)
-        rate = self.pw_rate[v]
-        w = self.pw_flops[v] / (dur * rate) if rate > 0.0 and dur > 0 else self.pw_other
-        if level < 0.0:
-            theta = min(THETA_MAX, -level / self.window)
-            if rate > 0.0:
-                w *= max(0.0, 1.0 - theta * self.draw_loss)
-            dur = int(dur * (1.0 + theta * (self.pw_slow[v] - 1.0)))
-            self.throttled = True
-        self.bucket[g], self.bucket_t[g] = min(self.power_cap, level + (1.0 - w) * dur), start + dur
-        return dur
+        def power(g: int, start: int, dur: int, v: int) -> int:
+            rate = pw_rate[v]
+            w = pw_flops[v] / (dur * rate) if rate > 0.0 and dur > 0 else other
+            idle = start - bucket_t[g]
+            level = bucket[g] + (idle if idle > 0 else 0) * refill
+            if level > cap:
+                level = cap
+            if w <= 1.0:
+                level += (1.0 - w) * dur
+                if level > cap:
+                    level = cap
+            elif level >= (w - 1.0) * dur:
+                level -= (w - 1.0) * dur
+            else:
+                t_full = level / (w - 1.0)  # at full clock until the bucket is empty, then at the sustained rate
+                dur = int(t_full + (dur - t_full) * w)
+                level = 0.0
+                self.throttled = True
+            bucket[g], bucket_t[g] = level, start + dur
+            return dur
+
+        return power
+
+    def _power_clock(self):
+        """The duration of kernel v, ``dur`` ns at full clock, starting at ``start`` on GPU g under the shared-clock
+        model (a function of ``(g, start, dur, v)`` over this run's buckets): the GPU's throttle theta (its
+        bucket's debt over the window, held for the kernel) slows it by its class's factor and lowers its draw;
+        the bucket gains the limit less the draw for every ns it runs."""
+        bucket, bucket_t, cap, refill = self.bucket, self.bucket_t, self.power_cap, self.refill
+        pw_rate, pw_flops, other, pw_slow = self.pw_rate, self.pw_flops, self.pw_other, self.pw_slow
+        window, draw_loss = self.window, self.draw_loss
+
+        def power(g: int, start: int, dur: int, v: int) -> int:
+            idle = start - bucket_t[g]
+            level = bucket[g] + (idle if idle > 0 else 0) * refill
+            if level > cap:
+                level = cap
+            rate = pw_rate[v]
+            w = pw_flops[v] / (dur * rate) if rate > 0.0 and dur > 0 else other
+            if level < 0.0:
+                theta = -level / window
+                if theta > THETA_MAX:
+                    theta = THETA_MAX
+                if rate > 0.0:
+                    kept = 1.0 - theta * draw_loss
+                    w *= kept if kept > 0.0 else 0.0
+                dur = int(dur * (1.0 + theta * (pw_slow[v] - 1.0)))
+                self.throttled = True
+            level += (1.0 - w) * dur
+            bucket[g], bucket_t[g] = level if level < cap else cap, start + dur
+            return dur
+
+        return power
 
     def end_levels(self, gap_ns: int) -> list[float]:
         """Each GPU's bucket ``gap_ns`` after this run's end: where the next run back to back starts."""
@@ -595,23 +623,39 @@ class Simulation:
 
     def _share(self, now: int, seq: int) -> int:
         """Every active host copy's rate under the host's caps (``_share_rates``); one timer is set (event number
-        ``seq``), for the copy that ends first at these rates. The next event number."""
+        ``seq``), for the copy that ends first at these rates (the first in slot order on a tie). The next event
+        number.
+
+        A copy whose rate changes at ``now`` ends at ``now + max(0, ceil(y))``, y its bytes left over its rate less
+        1e-6; before F exactly when y <= F - now - 1 (ceil(y) < K for an integer K >= 1 iff y <= K - 1), so only a
+        copy that ends first so far has its end worked out (the others' wait, -1, until their rate stays put)."""
         rates = self._shares.get(self._copying)
         if rates is None:
             rates = self._shares[self._copying] = self._share_rates(self._copying)
-        pcie, ceil = self.pcie, math.ceil
-        first, first_ns = None, math.inf
+        pcie, ceil, inf = self.pcie, math.ceil, math.inf
+        first, first_ns, lim = None, inf, inf  # lim: first_ns - now - 1 (-inf while first_ns is now)
         for i, r in rates:
             rec = pcie[i]
-            if r != rec[2]:
-                rec[1] -= rec[2] * (now - rec[3])
-                rec[2], rec[3] = r, now
-                end = ceil(rec[1] / r - 1e-6)
-                rec[5] = end = now + (end if end > 0 else 0)
+            old = rec[2]
+            if r != old:
+                left = rec[1] - old * (now - rec[3])
+                rec[1] = left
+                rec[2] = r
+                rec[3] = now
+                y = left / r - 1e-6
+                if y > lim:
+                    rec[5] = -1
+                    continue
+                rec[5] = end = now + ceil(y) if y > 0 else now
             else:
-                end = rec[5]  # its rate, bytes left and their time as when its end was last worked out
-            if end < first_ns:
-                first, first_ns = rec, end
+                end = rec[5]  # as when its rate last changed, if worked out then
+                if end < 0:
+                    y = rec[1] / r - 1e-6
+                    rec[5] = end = rec[3] + ceil(y) if y > 0 else rec[3]
+                if end >= first_ns:
+                    continue
+            first, first_ns = rec, end
+            lim = end - now - 1 if end > now else -inf
         # one timer, for the copy that ends first (a timer per copy would be set again at every change)
         armed = self._armed
         if first is None or (armed is not None and armed[0] is first and armed[1] == first_ns):
