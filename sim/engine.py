@@ -266,7 +266,7 @@ class Simulation:
         eng, gpu, src, nbytes, stall = self.eng, self.gpu, self.src, self.nbytes, self.stall
         kernel_ns, f, fc, overlap = self.kernel_ns, self.f, self.fc, self.overlap
         issue, start, end, done, handle = self.issue, self.start, self.end, self.done, self.handle
-        order, complete, members, issue_times = self.order, self.core.complete_ids, self.members, self._issue_times
+        launch, order, complete, members = self.launch_ns, self.order, self.core.complete_ids, self.members
         compute_free, copies_active, ports = self.compute_free, self.copies_active, self.ports
         p2p_active, slow_p2p, slow_p2p_v = self.p2p_active, self.slow_p2p, self.slow_p2p_v
         start_latency, slowdown = prof.kernel_start_latency_ns, prof.kernel_slowdown_with_copies
@@ -276,6 +276,7 @@ class Simulation:
         power = self.power
         kernel, p2p, h2d = ENG_KERNEL, ENG_P2P, ENG_H2D
         host_free, inflight, seq = self.host_free, self.inflight, self._seq
+        switch_ns, last_gpu = self.switch_ns, self.last_gpu
         interleave, kdone, grp_until, kq, useq = self.interleave, self.kdone, self.grp_until, self.kq, self.useq
         while q:
             now, _, code = pop(q)
@@ -324,24 +325,30 @@ class Simulation:
                 # it handles the completion (the longer, the more commands it hands back), then issues them
                 h = handle_ns + handle_cmd * len(batch)
                 handle[v] = h
-                host_free = seen + h
+                host_free = t = seen + h
                 if not batch:
                     continue
                 order += batch
-                host_free = issue_times(batch, host_free)
-                k0 = k = seq  # the batch's issue events are numbered from k0
+                k = seq  # the batch's issue events take the next numbers
                 seq += len(batch)
-                popped = False
-            else:  # an issue the heap held back: handled as a batch of one
+                popped, wait = False, not eager
+            else:  # an issue the heap held back: handled as a batch of one, issued at now
                 batch, popped = (code >> 1,), True
             for v in batch:
-                t = issue[v]
-                if not popped:
-                    if not eager or (q and q[0][0] <= t):  # a pending event comes first: this and the rest wait
-                        for u in batch[k - k0 :]:
-                            push(q, (issue[u], k, u << 1))
-                            k += 1
-                        break
+                if popped:
+                    t = now
+                else:  # its issue time (``_issue_times``, inlined)
+                    t += launch[v]
+                    if switch_ns and gpu[v] != last_gpu:
+                        last_gpu = gpu[v]
+                        if eng[v] == kernel:
+                            t += switch_ns
+                    issue[v] = t
+                    if wait or (q and q[0][0] <= t):  # a pending event comes first: this and the rest wait
+                        wait = True
+                        push(q, (t, k, v << 1))
+                        k += 1
+                        continue
                     k += 1
                 inflight += 1  # v is issued at t
                 e = eng[v]
@@ -409,7 +416,9 @@ class Simulation:
                         seq = self._reschedule(other, t, rate_shared[1 - d], seq)
                         pcie[i] = rec
                         seq = self._reschedule(rec, t, rec[2], seq)
-        self.host_free, self.inflight, self._seq = host_free, inflight, seq
+            if not popped:
+                host_free = t
+        self.host_free, self.inflight, self._seq, self.last_gpu = host_free, inflight, seq, last_gpu
 
     def _issue_times(self, batch: list[int], t: int) -> int:
         """Issue the commands ``batch`` one after another from ``t`` (``issue``): each one its launch cost after
