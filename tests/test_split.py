@@ -162,3 +162,45 @@ def test_compile_model_prefills_a_batch():
     tg, mg = compile_model("llama-tiny", seq=64, gpus=2, budget="64MiB", batch=3)
     assert tg.meta["batch"] == 3 and verify(mg, tg) == []
     assert tg.meta["output_blocks"]["out"][0] == (3 * 64, 64)
+
+
+def test_spread_token_tile_gives_every_gpu_a_token_tile_where_the_default_does_not():
+    from turnip.models import SPREAD_MIN_TILE, default_tiles, spread_token_tile
+
+    s, b = LLAMA["65b"], 30 << 30
+    assert default_tiles(s, 16384, 4, "fp16", b)["t"] == 8192  # two token tiles for four GPUs
+    assert spread_token_tile(s, 16384, 4, "fp16", b) == 4096
+    assert spread_token_tile(s, 16384, 2, "fp16", b) is None  # two tiles for two GPUs already
+    assert spread_token_tile(s, 32768, 4, "fp16", b) is None
+    assert spread_token_tile(s, 8192, 4, "fp16", b) is None  # 2048 would be below SPREAD_MIN_TILE
+    assert SPREAD_MIN_TILE == 4096
+    assert spread_token_tile(s, 16384, 4, "fp16", b, {"t": 8192}) is None  # a given tile stays
+    assert spread_token_tile(s, 16384, 1, "fp16", b) is None
+
+
+@pytest.mark.parametrize("slower", ["tensor", "tensor t=16"])
+def test_tile_choice_builds_the_spread_tile_too_and_keeps_the_plan_predicted_faster(monkeypatch, slower):
+    import turnip.compile as tc
+    from turnip.cli.compile_cmds import split_line, split_summary
+
+    monkeypatch.setattr(tc, "spread_token_tile", lambda cfg, seq, gpus, *a: seq // 2)  # tiny models have none
+    assert tc.split_candidates("llama-tiny", 2, "tensor", seq=32) == ["tensor"]  # the switch is off
+    monkeypatch.setenv("TURNIP_TILE_CHOICE", "1")
+    assert tc.split_candidates("llama-tiny", 2, "tensor", seq=32) == ["tensor", "tensor t=16"]
+    assert tc.split_candidates("llama-tiny", 2, "tensor", seq=32, batch=2) == ["tensor"]
+    assert tc.split_candidates("llama-tiny", 2, "tensor", train=True, seq=32) == ["tensor"]
+    assert tc.candidate("tensor t=16") == ("tensor", {"t": 16}) and tc.candidate("data") == ("data", {})
+    real, seen = tc.predict_ms, []
+
+    def predict(mg, prof):
+        seen.append(mg)
+        return real(mg, prof) * (10.0 if ("tensor", "tensor t=16")[len(seen) - 1] == slower else 1.0)
+
+    monkeypatch.setattr(tc, "predict_ms", predict)
+    tg, mg = compile_model("llama-tiny", 32, 2, 1 << 20, dtype="fp32", split="tensor")
+    verify(mg)
+    keep = "tensor t=16" if slower == "tensor" else "tensor"
+    assert tg.meta["split_choice"] == keep and tg.meta["split"] == "tensor"
+    assert set(tg.meta["split_predicted_ms"]) == {"tensor", "tensor t=16"}
+    assert seen[0].n != seen[1].n and mg is seen[("tensor", "tensor t=16").index(keep)]  # tiles of 16 tokens, not 8
+    assert split_line(split_summary(tg)).startswith(f"{keep} (predicted ")

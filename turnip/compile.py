@@ -14,7 +14,16 @@ import numpy as np
 from turnip.memgraph.arena import ALIGN, aligned
 from turnip.memgraph.build import BudgetError, BuildConfig, build_memgraph
 from turnip.memgraph.plan import KIND_INPUT, KIND_OFFLOAD, KIND_RELOAD, MemGraph
-from turnip.models import LLAMA, llama_config, llama_prefill, matmul_example, pack_prompts_on, random_dag
+from turnip.models import (
+    LLAMA,
+    llama_config,
+    llama_prefill,
+    matmul_example,
+    pack_prompts_on,
+    random_dag,
+    spread_token_tile,
+    tile_choice_on,
+)
 from turnip.taskgraph import TaskGraph
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -544,18 +553,34 @@ SPLIT_PROFILE = "h100-calibrated"  # the machine whose predicted makespans pick 
 
 
 def split_candidates(model: str, gpus: int, split: str = "auto", n_layers: int | None = None,
-                     train: bool = False) -> list[str]:  # fmt: skip
-    """The splits to build: the one given, or for ``auto`` each where there is a choice (a LLaMA model on
-    several GPUs: tensor; layers with at least as many layers as GPUs; data: tokens split, weights on every
-    GPU), else the tensor split."""
+                     train: bool = False, seq: int = 0, dtype: str = "fp16", budget_nbytes: int | None = None,
+                     tiles: dict | None = None, batch: int = 1) -> list[str]:  # fmt: skip
+    """The plans to build, by name (``candidate`` reads one): the split given, or for ``auto`` each where there
+    is a choice (a LLaMA model on several GPUs: tensor; layers with at least as many layers as GPUs; data:
+    tokens split, weights on every GPU), else the tensor split. With ``tile_choice_on()``, a prefill of one
+    prompt (``seq`` tokens) under the tensor split also as ``tensor t=N``, N its ``spread_token_tile``."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-    if split != "auto":
-        return [split]
     cfg = llama_config(model)
-    if gpus < 2 or cfg is None:
-        return ["tensor"]
-    return ["tensor"] + (["layers"] if (cfg.n_layers if n_layers is None else n_layers) >= gpus else []) + ["data"]
+    if split != "auto":
+        names = [split]
+    elif gpus < 2 or cfg is None:
+        names = ["tensor"]
+    else:
+        names = ["tensor"] + (["layers"] if (cfg.n_layers if n_layers is None else n_layers) >= gpus else []) + ["data"]
+    spread = None
+    if cfg is not None and "tensor" in names and not train and batch == 1 and seq and tile_choice_on():
+        spread = spread_token_tile(cfg, seq, gpus, dtype, budget_nbytes, tiles)
+    if spread:
+        names.insert(names.index("tensor") + 1, f"tensor t={spread}")
+    return names
+
+
+def candidate(name: str) -> tuple[str, dict]:
+    """The split and the tiles over the given ones of a ``split_candidates`` name: 'tensor t=4096' ->
+    ('tensor', {'t': 4096})."""
+    split, *tiles = name.split()
+    return split, {k: int(v) for k, v in (x.split("=") for x in tiles)}
 
 
 def predict_ms(mg: MemGraph, profile) -> float:
@@ -568,8 +593,9 @@ def predict_ms(mg: MemGraph, profile) -> float:
 def build_split(splits: list[str], lower, build, profile=None) -> tuple[TaskGraph, MemGraph]:
     """The plan of the one split given, or of the split whose plan has the smallest predicted makespan
     (``predict_ms`` on ``profile``, default ``SPLIT_PROFILE``): ``lower(split)`` gives a taskgraph,
-    ``build(tg)`` its memgraph. A split whose plan does not fit the budget is passed over (its message kept
-    in ``tg.meta["split_failed"]``) unless none fits. ``tg.meta["split_predicted_ms"]``: split -> ms."""
+    ``build(tg)`` its memgraph (``splits``: ``split_candidates`` names). A split whose plan does not fit the
+    budget is passed over (its message kept in ``tg.meta["split_failed"]``) unless none fits.
+    ``tg.meta["split_predicted_ms"]``: split -> ms; ``tg.meta["split_choice"]``: the name kept."""
     if len(splits) == 1:
         tg = lower(splits[0])
         return tg, build(tg)
@@ -589,7 +615,8 @@ def build_split(splits: list[str], lower, build, profile=None) -> tuple[TaskGrap
     predicted = {s: round(predict_ms(mg, prof), 3) for s, (_, mg) in plans.items()}
     best = min(predicted, key=predicted.get)
     tg, mg = plans[best]
-    tg.meta.update(split_predicted_ms=predicted, split_profile=name if isinstance(name, str) else prof.name)
+    tg.meta.update(split_predicted_ms=predicted, split_profile=name if isinstance(name, str) else prof.name,
+                   split_choice=best)  # fmt: skip
     if failed:
         tg.meta["split_failed"] = {s: str(e) for s, e in failed.items()}
     return tg, mg
@@ -620,10 +647,15 @@ def compile_model(
     split that applies (``split_candidates``) is built and the one with the smallest predicted makespan on
     ``profile`` (a name or a ``MachineProfile``; default ``SPLIT_PROFILE``) is kept (``build_split``)."""
     b = parse_nbytes(budget) if isinstance(budget, str) else budget
+
+    def lower(name: str) -> TaskGraph:
+        s, more = candidate(name)
+        return make_taskgraph(model, seq, gpus, dtype, (tiles or {}) | more if more else tiles, n_layers=n_layers,
+                              budget_nbytes=b, train=train, split=s, batch=batch, fold=fold)  # fmt: skip
+
     return build_split(
-        split_candidates(model, gpus, split, n_layers, train is not None),
-        lambda s: make_taskgraph(model, seq, gpus, dtype, tiles, n_layers=n_layers, budget_nbytes=b, train=train,
-                                 split=s, batch=batch, fold=fold),
+        split_candidates(model, gpus, split, n_layers, train is not None, seq, dtype, b, tiles, batch),
+        lower,
         lambda tg: build_with_resident(tg, b, config, resident, progress, workspace),
         profile,
     )  # fmt: skip

@@ -272,6 +272,32 @@ def default_tiles(
     return tiles
 
 
+SPREAD_MIN_TILE = 4096  # the tensor split's token tile tried for a long prompt stays at least this
+TILE_CHOICE_SWITCH = "TURNIP_TILE_CHOICE"
+
+
+def tile_choice_on() -> bool:
+    """Whether a compile also builds the tensor split with ``spread_token_tile`` and keeps the plan predicted
+    faster: only with ``TURNIP_TILE_CHOICE=1`` (off until timed)."""
+    return os.environ.get(TILE_CHOICE_SWITCH, "0") == "1"
+
+
+def spread_token_tile(shape: LlamaConfig, seq: int, n_gpus: int, dtype: str, budget_nbytes: int | None,
+                      tiles: dict | None = None) -> int | None:  # fmt: skip
+    """Under the tensor split a token block of the residual stream (its sums of partials, norms and adds) sits on
+    GPU block % n_gpus, so a prompt in fewer token tiles than GPUs leaves that work, and the partials sent to it,
+    on a few GPUs. The largest power-of-two token tile of at least ``SPREAD_MIN_TILE`` that gives every GPU a
+    token tile, where the default tiles (``default_tiles``, ``tiles`` over them) give fewer; else None. Smaller
+    tiles cost more vertices (host time): whether it pays is the simulator's call (``turnip.compile``)."""
+    if n_gpus < 2 or "t" in (tiles or {}) or shape.d_model <= 256:
+        return None
+    t = default_tiles(shape, seq, n_gpus, dtype, budget_nbytes)["t"]
+    if -(-seq // t) >= n_gpus:
+        return None
+    spread = 1 << ((seq // n_gpus).bit_length() - 1)
+    return spread if SPREAD_MIN_TILE <= spread < t else None
+
+
 PACK_PROMPTS_SWITCH = "TURNIP_PACK_PROMPTS"  # "0": one prompt per token tile in a batched prefill
 
 

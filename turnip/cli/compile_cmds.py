@@ -111,13 +111,13 @@ def summary(tg, mg) -> dict:
 def split_summary(tg) -> dict:
     """The split of a plan and, where it was chosen, every split's predicted makespan."""
     meta = tg.meta if tg is not None else {}
-    keys = ("split", "split_predicted_ms", "split_profile", "split_failed")
+    keys = ("split", "split_choice", "split_predicted_ms", "split_profile", "split_failed")
     return {k: meta[k] for k in keys if k in meta}
 
 
 def split_line(d: dict) -> str:
     """'layers (predicted 48.1 ms; tensor 79.0 ms, on h100-calibrated)' from a ``split_summary``."""
-    s, pred = d.get("split", "tensor"), d.get("split_predicted_ms")
+    s, pred = d.get("split_choice", d.get("split", "tensor")), d.get("split_predicted_ms")
     if not pred:
         return s
     others = "; ".join(f"{k} {v:.1f} ms" for k, v in pred.items() if k != s)
@@ -194,18 +194,20 @@ def build_plan(a, tiles, budget, est, config=None, seed: int = 0, label: str = "
     (``announce``: the choice is printed on stderr)."""
     import sys
 
-    from turnip.compile import build_split, build_with_resident, make_taskgraph, split_candidates
+    from turnip.compile import build_split, build_with_resident, candidate, make_taskgraph, split_candidates
     from turnip.memgraph.build import BudgetError
     from turnip.progress import Heartbeat, Progress
 
     splits = split_candidates(a.model, a.gpus, getattr(a, "split", "tensor"), getattr(a, "layers", None),
-                              ck.train_spec(a) is not None)  # fmt: skip
+                              ck.train_spec(a) is not None, a.seq, a.dtype, budget, tiles,
+                              getattr(a, "batch", 1))  # fmt: skip
     which = lambda s: f" ({s} split)" if len(splits) > 1 else ""  # noqa: E731
 
-    def lower(s: str):
-        with Heartbeat(f"{label}: lowering ~{est.vertices:,} vertices{which(s)}", est.lower_s):
-            return make_taskgraph(a.model, a.seq, a.gpus, a.dtype, tiles, seed=seed,
-                                  n_layers=getattr(a, "layers", None), budget_nbytes=budget,
+    def lower(name: str):
+        s, more = candidate(name)
+        with Heartbeat(f"{label}: lowering ~{est.vertices:,} vertices{which(name)}", est.lower_s):
+            return make_taskgraph(a.model, a.seq, a.gpus, a.dtype, (tiles or {}) | more if more else tiles,
+                                  seed=seed, n_layers=getattr(a, "layers", None), budget_nbytes=budget,
                                   head=getattr(a, "logits", None), train=ck.train_spec(a),
                                   batch=getattr(a, "batch", 1), split=s)  # fmt: skip
 
