@@ -10,13 +10,11 @@ import pytest
 from tests.runtime.helpers import FakeDriver
 from turnip.runtime._cudadrv import CudaError
 from turnip.runtime.hostmem import (
-    HUGE_PAGE,
     PAGE,
     REGISTER_PORTABLE,
     PiecePinner,
     PinnedRegion,
     host_register_on,
-    huge_pages_on,
     pin_while_filling_on,
     register_spans,
 )
@@ -25,13 +23,10 @@ from turnip.runtime.layout import HostInputs
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("huge", [False, True], ids=["pages", "huge-pages"])
-def test_a_registered_region_is_plain_memory_until_its_first_run_and_keeps_its_bytes(monkeypatch, huge):
-    monkeypatch.setenv("TURNIP_HUGE_PAGES", "1" if huge else "0")
+def test_a_registered_region_is_plain_memory_until_its_first_run_and_keeps_its_bytes():
     d = FakeDriver()
     r = PinnedRegion(d, 3 * PAGE + 100, write_combined=True, register=True)
-    align = HUGE_PAGE if huge else PAGE
-    assert not r.pinned and r.ptr % align == 0 and r.array.size == 3 * PAGE + 100 and d.calls == []
+    assert not r.pinned and r.ptr % PAGE == 0 and r.array.size == 3 * PAGE + 100 and d.calls == []
     r.array[:] = np.arange(r.array.size) % 251
     want = r.array.copy()
     r.pin()
@@ -88,13 +83,6 @@ def test_the_switch(monkeypatch):
     assert not host_register_on()
     monkeypatch.setenv("TURNIP_HOST_REGISTER", "1")
     assert host_register_on()
-
-
-def test_the_huge_pages_switch(monkeypatch):
-    monkeypatch.delenv("TURNIP_HUGE_PAGES", raising=False)
-    assert not huge_pages_on()
-    monkeypatch.setenv("TURNIP_HUGE_PAGES", "1")
-    assert huge_pages_on()
 
 
 def test_register_spans_cut_at_the_page_multiple_cuts_nearest_even_shares():
@@ -178,9 +166,9 @@ def test_an_error_in_the_pinning_thread_reaches_finish():
 
 def test_the_pin_while_filling_switch(monkeypatch):
     monkeypatch.delenv("TURNIP_PIN_WHILE_FILLING", raising=False)
-    assert not pin_while_filling_on()
-    monkeypatch.setenv("TURNIP_PIN_WHILE_FILLING", "1")
     assert pin_while_filling_on()
+    monkeypatch.setenv("TURNIP_PIN_WHILE_FILLING", "0")
+    assert not pin_while_filling_on()
 
 
 def test_pieces_are_pinned_as_threads_finish_their_tiles_in_any_order():

@@ -331,7 +331,7 @@ def test_tile_copies_from_pool_pieces_equal_slices_of_the_whole_tensor():
 
 
 def _pinned_while_filled(b):
-    """CPU backend ``b`` given ``pin_while_filling`` as the CUDA backend's with ``TURNIP_PIN_WHILE_FILLING=1``:
+    """CPU backend ``b`` given ``pin_while_filling`` as the CUDA backend's (its registered region):
     a ``PiecePinner`` (at most 8 pieces) over its input region, registering with the stand-in driver
     (``FakeDriver``). Returns (driver, region, the pinners made)."""
     from tests.runtime.helpers import FakeDriver
@@ -359,8 +359,8 @@ def _check_pinned(drv, region, made, b):
 
 
 def test_threaded_random_fill_announces_every_tile_to_the_pinner_of_the_region():
-    """A backend that pins its input region while it is filled (``pin_while_filling``, the CUDA backend with
-    ``TURNIP_PIN_WHILE_FILLING=1``) hears of every tile the threads write: every piece's announced bytes are
+    """A backend that pins its input region while it is filled (``pin_while_filling``, the CUDA backend's
+    registered region) hears of every tile the threads write: every piece's announced bytes are
     written, the region ends pinned piece by piece, and its bytes are those of a fill without it."""
     from turnip.compile import compile_model
     from turnip.runtime import open_backend

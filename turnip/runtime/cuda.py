@@ -379,7 +379,7 @@ class CudaBackend:
             self.load_resident(values)
 
     def pin_while_filling(self, writes) -> PiecePinner | None:
-        """With ``TURNIP_PIN_WHILE_FILLING=1`` and a registered input region not yet pinned: a ``PiecePinner``
+        """With a registered input region not yet pinned (unless ``TURNIP_PIN_WHILE_FILLING=0``): a ``PiecePinner``
         that pins it in pieces of about ``PIECE_NBYTES`` (cut where buffers start) while the caller's threads
         write ``writes`` ((byte offset in the region, bytes) each, announced to it as written); else None."""
         r = self._regions[0]

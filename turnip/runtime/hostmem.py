@@ -16,12 +16,14 @@ Copies between host and GPU run asynchronously only from pinned memory. Two ways
   ``benchmarks/results/multi_gpu/README.md``). Registered memory is not write-combined (the host reads the
   offload region anyway; for the input region the difference is the host's writes, cached instead of combined).
 
-With ``TURNIP_PIN_WHILE_FILLING=1`` (off until timed) the input region filled by ``write_random_inputs`` or
-``turnip.runtime.loader.write_arrays`` (checkpoints, a generation's weights) is registered in pieces of about
-``PIECE_NBYTES`` by a thread of its own while the fill runs (``PiecePinner``): a piece once every tile the fill
-announced for it is written, the rest when the fill ends. With ``TURNIP_HUGE_PAGES=1`` (off until timed) a
-registered region is an anonymous mapping advised to take transparent huge pages (2 MiB: fewer faults while it
-is filled, fewer pages for ``cuMemHostRegister`` to pin).
+The input region filled by ``write_random_inputs`` or ``turnip.runtime.loader.write_arrays`` (checkpoints, a
+generation's weights) is registered in pieces of about ``PIECE_NBYTES`` by a thread of its own while the fill
+runs (``PiecePinner``; ``TURNIP_PIN_WHILE_FILLING=0``: one registration after the fill): a piece once every
+tile the fill announced for it is written, the rest when the fill ends. On two H100 quads LLaMA-65B's region
+loaded in 13.3-14.3 s this way (9.1-9.8 GB/s: fill 6.5-7.4 s, then 6.3-7.1 s of registration left) against
+17.8-18.7 s registered after the fill. Transparent huge pages (the region an anonymous mapping advised
+``MADV_HUGEPAGE``) were tried and dropped: on those hosts (defrag ``madvise``) the fill took 36.7 s, not 7, and
+the registration no less.
 
 A region is released as it was made (``cuMemFreeHost``, or ``cuMemHostUnregister`` and the memory dropped) and
 can be handed to the next plan's backend (``turnip.runtime.layout.HostInputs``) with its release.
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import bisect
 import ctypes
-import mmap
 import os
 import threading
 import time
@@ -43,29 +44,10 @@ from turnip.runtime.loader import thread_map
 
 HOST_REGISTER_SWITCH = "TURNIP_HOST_REGISTER"
 PIN_WHILE_FILLING_SWITCH = "TURNIP_PIN_WHILE_FILLING"
-HUGE_PAGES_SWITCH = "TURNIP_HUGE_PAGES"
-HUGE_PAGE = 1 << 21  # a transparent huge page on x86-64
 PIECE_NBYTES = 1 << 30  # a piece of a region pinned while it is filled, about
 PAGE = 4096
 REGISTER_PORTABLE = 1  # CU_MEMHOSTREGISTER_PORTABLE: pinned for every context (several GPUs)
 TOUCH_CHUNK = 1 << 28  # bytes per thread task when touching pages
-
-
-def huge_pages_on() -> bool:
-    """Whether a registered region asks the kernel for transparent huge pages (``TURNIP_HUGE_PAGES=1``; off
-    until timed): 2 MiB pages fault in and pin with 512 times fewer page operations than 4 KiB ones."""
-    return os.environ.get(HUGE_PAGES_SWITCH, "0") == "1"
-
-
-def _plain_memory(nbytes: int, huge: bool) -> np.ndarray:
-    """``nbytes`` of plain memory, no page touched: from numpy, or an anonymous mapping advised to take
-    transparent huge pages (where the kernel has them; plain pages otherwise). The array keeps its memory."""
-    if not huge:
-        return np.empty(nbytes, dtype=np.uint8)
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        m.madvise(mmap.MADV_HUGEPAGE)
-    return np.frombuffer(m, dtype=np.uint8)
 
 
 def host_register_on() -> bool:
@@ -81,9 +63,8 @@ class PinnedRegion:
     def __init__(self, drv, nbytes: int, write_combined: bool = False, register: bool = False):
         self.drv, self.nbytes = drv, int(nbytes)
         if register:
-            align = HUGE_PAGE if huge_pages_on() else PAGE
-            buf = _plain_memory(self.nbytes + align, huge=align == HUGE_PAGE)  # no page touched yet
-            off = -buf.ctypes.data % align
+            buf = np.empty(self.nbytes + PAGE, dtype=np.uint8)  # no page touched yet
+            off = -buf.ctypes.data % PAGE
             self.array = buf[off : off + self.nbytes]
             self.ptr, self.pinned, self._release = int(self.array.ctypes.data), False, None
         else:
@@ -151,8 +132,8 @@ def _unregisterer(drv, ptrs: list[int]):
 
 def pin_while_filling_on() -> bool:
     """Whether a registered input region is pinned in pieces while the writing threads fill it
-    (``PiecePinner``): ``TURNIP_PIN_WHILE_FILLING=1`` (off until timed on a GPU)."""
-    return os.environ.get(PIN_WHILE_FILLING_SWITCH) == "1"
+    (``PiecePinner``): yes unless ``TURNIP_PIN_WHILE_FILLING=0``."""
+    return os.environ.get(PIN_WHILE_FILLING_SWITCH, "1") != "0"
 
 
 def register_spans(nbytes: int, cuts, pieces: int) -> list[tuple[int, int]]:

@@ -312,7 +312,7 @@ def write_random_inputs(backend, tg, seed: int = 0, skip=(), threads: int | None
     embedded rows are written here through ``write_inputs(..., load_resident=False)``; resident inputs are
     loaded to the GPUs at the end, on this thread (``load_resident``). A backend without ``host_in`` gets
     ``write_streaming``. A backend that pins its region while it is filled (``pin_while_filling``: the CUDA
-    backend with ``TURNIP_PIN_WHILE_FILLING=1``) hears of every tile as it is written. Returns bytes written
+    backend's registered region) hears of every tile as it is written. Returns bytes written
     (tiles of skipped names not counted)."""
     from concurrent.futures import ThreadPoolExecutor
 
