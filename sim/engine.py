@@ -497,24 +497,30 @@ class Simulation:
         unit issued first), as a GPU's streams share it. A unit whose end moves earlier gets a new completion
         event; one whose end moves later keeps its event, which waits again when it comes (``kdone``, ``_loop``).
         Returns the next event number."""
-        kq, members = self._ended(g, ready), self.members
+        kq, members, issue, useq = self._ended(g, ready), self.members, self.issue, self.useq
         running = kq[0] if kq and kq[0][0] <= ready else None
         b = running[1] if running is not None else ready
-        pending: dict[int, list] = {}
+        pending: dict[int, list] = {}  # each unit's kernels not yet started, in order
+        old_end: dict[int, int] = {}  # and the end of its last one
         for e in kq[1:] if running is not None else kq:
-            pending.setdefault(e[3], []).append(e)
-        old_end = {u: es[-1][1] for u, es in pending.items()}
+            u = e[3]
+            es = pending.get(u)
+            if es is None:
+                pending[u] = es = []
+            es.append(e)
+            old_end[u] = e[1]
         # the new unit's kernels: durations as they would take queued behind everything issued before (the power
         # model sees them in that order), then placed by turns (a member after the first: ready when the one
         # before it ends)
         mem = members[v] if v in members else [v]
         new = []
-        for i, (u, (_, dur)) in enumerate(zip(mem, self._in_turn(mem, g, ready, power), strict=True)):
-            self.issue[u] = t
-            new.append([0, 0, u, v, dur, ready if i == 0 else -1])
+        for u, (_, dur) in zip(mem, self._in_turn(mem, g, ready, power), strict=True):
+            issue[u] = t
+            new.append([0, 0, u, v, dur, -1])
+        new[0][5] = ready
         pending[v] = new
-        self.useq.setdefault(v, len(self.useq))
-        useq, push, pop = self.useq, heapq.heappush, heapq.heappop
+        useq[v] = len(useq)
+        push, pop = heapq.heappush, heapq.heappop
         hq = [(es[0][5], useq[u], u, 0) for u, es in pending.items()]  # each unit's next kernel: ready, unit
         heapq.heapify(hq)
         cur, out = b, []
@@ -533,7 +539,7 @@ class Simulation:
         last_grp = 0  # the start of the last group member due: a kernel issued before it takes turns
         for e in out:
             start[e[2]], end[e[2]] = e[0], e[1]
-            if e[3] in members and len(members[e[3]]) > 1:
+            if e[3] in members:  # a group (of two or more: ``LaunchGroups.members``)
                 last_grp = e[0]
         self.grp_until[g] = last_grp
         kq[:] = ([running] if running is not None else []) + out
