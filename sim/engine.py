@@ -192,7 +192,7 @@ class Simulation:
         self.interleave = bool(self.members) and self.INTERLEAVE
         self.kq: list[list[list[int]]] = [[] for _ in range(g)]
         self.grp_until = [0] * g
-        self.kdone: dict[int, int] = {}
+        self.kdone = [0] * n if self.interleave else []
         self.useq: dict[int, int] = {}
         self.copies_active = [0] * g
         self.p2p_active = [0] * g  # of which GPU<->GPU copies
@@ -301,8 +301,9 @@ class Simulation:
                 continue
             if code & 1:  # v's completion reaches the host loop
                 v = code >> 1
-                if interleave and eng[v] == kernel:
-                    k = kdone.get(v, now)
+                e = eng[v]
+                if interleave and e == kernel:
+                    k = kdone[v]
                     if k != now:  # rescheduled since (``_interleave``): moved later, it waits again; moved
                         if k > now:  # earlier, its own event came (or comes) first
                             push(q, (k, seq, code))
@@ -313,7 +314,7 @@ class Simulation:
                 seen = host_free if host_free > polled else polled  # and sees it once it is free
                 done[v] = seen
                 inflight -= 1
-                if eng[v] == p2p:
+                if e == p2p:
                     copies_active[src[v]] -= 1
                     copies_active[gpu[v]] -= 1
                     p2p_active[src[v]] -= 1
@@ -323,14 +324,15 @@ class Simulation:
                     for m in members[v]:
                         done[m] = seen
                 # it handles the completion (the longer, the more commands it hands back), then issues them
-                h = handle_ns + handle_cmd * len(batch)
+                n = len(batch)
+                h = handle_ns + handle_cmd * n
                 handle[v] = h
                 host_free = t = seen + h
-                if not batch:
+                if not n:
                     continue
                 order += batch
                 k = seq  # the batch's issue events take the next numbers
-                seq += len(batch)
+                seq += n
                 popped, wait = False, not eager
             else:  # an issue the heap held back: handled as a batch of one, issued at now
                 batch, popped = (code >> 1,), True
