@@ -180,12 +180,14 @@ def test_spread_token_tile_gives_every_gpu_a_token_tile_where_the_default_does_n
 
 @pytest.mark.parametrize("slower", ["tensor", "tensor t=16"])
 def test_tile_choice_builds_the_spread_tile_too_and_keeps_the_plan_predicted_faster(monkeypatch, slower):
+    """Each way round, one plan predicted ten times slower: the other is kept."""
     import turnip.compile as tc
     from turnip.cli.compile_cmds import split_line, split_summary
 
     monkeypatch.setattr(tc, "spread_token_tile", lambda cfg, seq, gpus, *a: seq // 2)  # tiny models have none
-    assert tc.split_candidates("llama-tiny", 2, "tensor", seq=32) == ["tensor"]  # the switch is off
-    monkeypatch.setenv("TURNIP_TILE_CHOICE", "1")
+    monkeypatch.setenv("TURNIP_TILE_CHOICE", "0")
+    assert tc.split_candidates("llama-tiny", 2, "tensor", seq=32) == ["tensor"]
+    monkeypatch.delenv("TURNIP_TILE_CHOICE")
     assert tc.split_candidates("llama-tiny", 2, "tensor", seq=32) == ["tensor", "tensor t=16"]
     assert tc.split_candidates("llama-tiny", 2, "tensor", seq=32, batch=2) == ["tensor"]
     assert tc.split_candidates("llama-tiny", 2, "tensor", train=True, seq=32) == ["tensor"]
@@ -204,3 +206,15 @@ def test_tile_choice_builds_the_spread_tile_too_and_keeps_the_plan_predicted_fas
     assert set(tg.meta["split_predicted_ms"]) == {"tensor", "tensor t=16"}
     assert seen[0].n != seen[1].n and mg is seen[("tensor", "tensor t=16").index(keep)]  # tiles of 16 tokens, not 8
     assert split_line(split_summary(tg)).startswith(f"{keep} (predicted ")
+
+
+@pytest.mark.parametrize("faster, keep", [(0.97, "tensor"), (0.94, "tensor t=16")])
+def test_the_spread_tile_is_kept_only_where_predicted_the_margin_faster(monkeypatch, faster, keep):
+    import turnip.compile as tc
+
+    monkeypatch.setattr(tc, "spread_token_tile", lambda cfg, seq, gpus, *a: seq // 2)
+    spread = tc.compile_model("llama-tiny", 32, 2, 1 << 20, dtype="fp32", split="tensor", tiles={"t": 16})[1].n
+    monkeypatch.setattr(tc, "predict_ms", lambda mg, prof: 100.0 * (faster if mg.n == spread else 1.0))
+    tg, mg = tc.compile_model("llama-tiny", 32, 2, 1 << 20, dtype="fp32", split="tensor")
+    verify(mg)
+    assert tg.meta["split_choice"] == keep and tc.TILE_CHOICE_MARGIN == 0.05

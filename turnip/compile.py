@@ -19,6 +19,7 @@ from turnip.models import (
     llama_config,
     llama_prefill,
     matmul_example,
+    TILE_CHOICE_MARGIN,
     pack_prompts_on,
     random_dag,
     spread_token_tile,
@@ -557,8 +558,9 @@ def split_candidates(model: str, gpus: int, split: str = "auto", n_layers: int |
                      tiles: dict | None = None, batch: int = 1) -> list[str]:  # fmt: skip
     """The plans to build, by name (``candidate`` reads one): the split given, or for ``auto`` each where there
     is a choice (a LLaMA model on several GPUs: tensor; layers with at least as many layers as GPUs; data:
-    tokens split, weights on every GPU), else the tensor split. With ``tile_choice_on()``, a prefill of one
-    prompt (``seq`` tokens) under the tensor split also as ``tensor t=N``, N its ``spread_token_tile``."""
+    tokens split, weights on every GPU), else the tensor split. With ``tile_choice_on()`` (the default), a
+    prefill of one prompt (``seq`` tokens) under the tensor split also as ``tensor t=N``, N its
+    ``spread_token_tile``."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     cfg = llama_config(model)
@@ -595,7 +597,9 @@ def build_split(splits: list[str], lower, build, profile=None) -> tuple[TaskGrap
     (``predict_ms`` on ``profile``, default ``SPLIT_PROFILE``): ``lower(split)`` gives a taskgraph,
     ``build(tg)`` its memgraph (``splits``: ``split_candidates`` names). A split whose plan does not fit the
     budget is passed over (its message kept in ``tg.meta["split_failed"]``) unless none fits.
-    ``tg.meta["split_predicted_ms"]``: split -> ms; ``tg.meta["split_choice"]``: the name kept."""
+    A plan of other tiles than the given ones (``tensor t=N``) counts ``TILE_CHOICE_MARGIN`` slower: kept only
+    where predicted that much faster. ``tg.meta["split_predicted_ms"]``: split -> ms;
+    ``tg.meta["split_choice"]``: the name kept."""
     if len(splits) == 1:
         tg = lower(splits[0])
         return tg, build(tg)
@@ -613,7 +617,7 @@ def build_split(splits: list[str], lower, build, profile=None) -> tuple[TaskGrap
     if not plans:
         raise failed[splits[0]]
     predicted = {s: round(predict_ms(mg, prof), 3) for s, (_, mg) in plans.items()}
-    best = min(predicted, key=predicted.get)
+    best = min(predicted, key=lambda s: predicted[s] * (1 + TILE_CHOICE_MARGIN if candidate(s)[1] else 1))
     tg, mg = plans[best]
     tg.meta.update(split_predicted_ms=predicted, split_profile=name if isinstance(name, str) else prof.name,
                    split_choice=best)  # fmt: skip
