@@ -16,10 +16,10 @@ from turnip.memgraph.build import BudgetError, BuildConfig, build_memgraph
 from turnip.memgraph.plan import KIND_INPUT, KIND_OFFLOAD, KIND_RELOAD, MemGraph
 from turnip.models import (
     LLAMA,
+    TILE_CHOICE_MARGIN,
     llama_config,
     llama_prefill,
     matmul_example,
-    TILE_CHOICE_MARGIN,
     pack_prompts_on,
     random_dag,
     spread_token_tile,
