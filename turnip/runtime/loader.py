@@ -587,7 +587,8 @@ def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
     the resident inputs loaded; no tile array in between. A ``LazyWeights`` is made one array at a time, each
     copied before the next is made. Inputs without a host copy, and a backend without
     ``host_in``, go through ``write_inputs``. A backend that pins its region while it is filled
-    (``pin_while_filling``: the CUDA backend's registered region) hears of every tile as it is written. Returns bytes written."""
+    (``pin_while_filling``: the CUDA backend's registered region) hears of every tile as it is written. Returns
+    bytes written."""
     from turnip.runtime.weights import LazyWeights, compute_dtype, logical_inputs, write_streaming
 
     region = getattr(backend, "host_in", None)
