@@ -258,9 +258,9 @@ class Simulation:
         and each one whose issue comes before every pending event is handled right there (``EAGER``), as the
         heap would pop it next; from the first that does not, the rest of the batch goes through the heap (and
         is handled the same way when popped). A host link copy in flight is a record ``[v, bytes left, rate,
-        their ns, token, end ns, slot]`` in ``pcie[slot]`` (slot 2g + d: GPU g, direction d); one alone on its
-        GPU's link (the common case) is handled here, the rest by ``_reschedule`` and, under the host's caps,
-        ``_share`` (which take and return the next event number)."""
+        their ns, token, end ns (-1: not worked out, ``_share``), slot]`` in ``pcie[slot]`` (slot 2g + d: GPU g,
+        direction d); one alone on its GPU's link (the common case) is handled here, the rest by ``_reschedule``
+        and, under the host's caps, ``_share`` (which take and return the next event number)."""
         q, pop, push, ceil = self._q, heapq.heappop, heapq.heappush, math.ceil
         prof, eager, through, pcie = self.prof, self.EAGER, self._through, self.pcie
         eng, gpu, src, nbytes, stall = self.eng, self.gpu, self.src, self.nbytes, self.stall
