@@ -4,15 +4,16 @@ reproducibility, exit status.
 Prefill rows (``--rows SEQ:BUDGET``, ``none`` = a 60 GiB arena per GPU: every weight resident) run in this
 process, one plan at a time, for each GPU count of ``--gpus``, split of ``--splits`` and policy of
 ``--policies``: random fp16 weights (seeded), ``--warmup`` untimed runs, ``--repeat`` timed runs (median),
-the plan's lower bound on ``--profile``, the host cost per vertex, and whether two nondeterministic runs gave
-bitwise equal outputs. LoRA rows (``--lora BxS:BUDGET``) run `turnip train` in a subprocess per GPU count
+the plan's lower bound on ``--profile`` and its busiest GPU's kernels at the clock the power limit sustains
+(``sustained_ms``, an estimate), the host cost per vertex, and whether two nondeterministic runs gave bitwise
+equal outputs. LoRA rows (``--lora BxS:BUDGET``) run `turnip train` in a subprocess per GPU count
 (its CSV gives the step times; its exit code and stderr are checked: a run that aborts at exit is a failure).
 
     PYTHONPATH=. python benchmarks/multi_gpu.py --gpus 1 2 4 --rows 4096:none 4096:6GiB --out res/
     PYTHONPATH=. python benchmarks/multi_gpu.py --gpus 1 2 4 --rows --lora 8x1024:16GiB --out res/
 
 Results: ``<out>/multi_gpu<tag>.csv`` (one row per configuration) and a table on stdout with each row's time
-over the same row's one-GPU time and over its bound.
+over the same row's one-GPU time, its bound and its sustained kernel time.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 
 def prefill_row(a, seq: int, budget: str, gpus: int, split: str, batch: int = 1) -> list[dict]:
     from turnip.compile import compile_model
-    from turnip.machine.bound import plan_bound
+    from turnip.machine.bound import plan_bound, plan_sustained_ns
     from turnip.runtime import execute, open_loaded
 
     kw = {"split": split} if split != "default" else {}
@@ -42,6 +43,7 @@ def prefill_row(a, seq: int, budget: str, gpus: int, split: str, batch: int = 1)
     tg, mg = compile_model(a.model, seq=seq, gpus=gpus, budget=b, resident="auto", n_layers=a.layers, **kw)
     t_compile = time.perf_counter() - t0
     bound = plan_bound(mg, a.profile)
+    sustained = plan_sustained_ns(mg, a.profile) / 1e6
     t0 = time.perf_counter()
     rows = []
     with open_loaded("cuda", tg, mg, seed=a.seed, graph_events=a.graph_events) as be:
@@ -68,6 +70,7 @@ def prefill_row(a, seq: int, budget: str, gpus: int, split: str, batch: int = 1)
                          "split": tg.meta.get("split", split), "policy": policy, "ms_median": ms[len(ms) // 2],
                          "ms_min": ms[0], "bound_ms": bound["lower_bound_ns"] / 1e6,
                          "bound_parts": ";".join(f"{k}={v / 1e6:.2f}" for k, v in bound.items()),
+                         "sustained_ms": sustained,
                          "vertices": mg.n, "host_us_p50": float(np.median(hc)) / 1e3,
                          "host_ms_per_run": float(hc.sum()) / 1e6 / len(res), "bitwise_repeat": same,
                          "compile_s": round(t_compile, 2), "load_s": round(t_load, 2), "load_phases": phases,
@@ -173,8 +176,8 @@ def main(argv=None) -> int:
                 write_csv(out / f"multi_gpu{a.tag}.csv", rows)
     if not rows:
         return 1
-    print("\n| workload | seq | budget | GPUs | split | policy | ms | / 1 GPU | bound / ms | rc |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| workload | seq | budget | GPUs | split | policy | ms | / 1 GPU | bound / ms | sustained / ms | rc |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     one = {(r["workload"], r["seq"], r["budget"], r.get("batch"), r["policy"]): r["ms_median"] for r in rows
            if r["gpus"] == 1 and r.get("ms_median")}  # fmt: skip
     for r in rows:
@@ -182,8 +185,9 @@ def main(argv=None) -> int:
         ms = r.get("ms_median")
         rel = f"{ms / base:.2f}" if ms and base else "-"
         eff = f"{r['bound_ms'] / ms:.2f}" if ms and r.get("bound_ms") else "-"
+        sus = f"{r['sustained_ms'] / ms:.2f}" if ms and r.get("sustained_ms") else "-"
         print(f"| {r['workload']} | {r['seq']} | {r['budget']} | {r['gpus']} | {str(r['split'])[:30]} | "
-              f"{r['policy']} | {ms if ms is None else round(ms, 1)} | {rel} | {eff} | {r['rc']} |")
+              f"{r['policy']} | {ms if ms is None else round(ms, 1)} | {rel} | {eff} | {sus} | {r['rc']} |")
     return 0
 
 

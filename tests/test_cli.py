@@ -258,3 +258,29 @@ def test_a_runs_host_speed_against_the_profile_and_the_simulate_command_at_it():
     assert "2.50x the h100-calibrated profile's host costs" in line
     assert line.endswith("(simulated at it: turnip simulate p.plan --profile h100-calibrated --host-factor 2.50)")
     assert host_speed_line(mg, "h100-calibrated", Run()).endswith("(simulated at it: --host-factor 2.50)")
+
+
+def test_sustained_kernel_time_is_the_busiest_gpus_kernels_at_the_power_limits_clock():
+    """``sustained_kernel_ns``: per GPU, each kernel's model floor times its class's slowdown at the clock the
+    power limit sustains (a profile with the shared-clock model), else the model floors; the busiest GPU's sum,
+    never below the bound's kernel part."""
+    import numpy as np
+
+    from turnip.compile import compile_model
+    from turnip.machine.bound import lower_bound, plan_sustained_ns, sustained_kernel_ns
+    from turnip.machine.costs import ENG_KERNEL, VertexCosts, cost_class
+    from turnip.machine.profile import load_profile
+
+    mg = compile_model("llama-tiny", seq=64, gpus=2, budget="1MiB", resident="auto")[1]
+    for name in ("h100-calibrated", "h100"):
+        prof = load_profile(name)
+        c = VertexCosts(mg, prof)
+        k = np.flatnonzero(c.eng == ENG_KERNEL)
+        slow = {"gemm": prof.power_slow_gemm, "attention": prof.power_slow_attn, "memory": prof.power_slow_memory}
+        w = [slow[cost_class(mg.op[v])] if prof.power_slow_gemm > 0 else 1.0 for v in k]
+        want = max(sum(f * x for f, x, g in zip(c.floor_ns()[k], w, mg.gpu[k], strict=True) if g == gpu)
+                   for gpu in range(2))  # fmt: skip
+        got = sustained_kernel_ns(c)
+        assert abs(got - want) <= 1 and got == plan_sustained_ns(mg, name)
+        assert got >= lower_bound(c)["kernel_ns"]
+    assert load_profile("h100-calibrated").power_slow_gemm > 1.0  # the clock model is there to apply

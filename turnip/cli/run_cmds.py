@@ -384,7 +384,7 @@ def cmd_run(a) -> int:
                 bar.update(i + 1)
         outs = be.read_outputs()
     _report(rows, bound, res, int(mg.stats.get("resident_input_nbytes", 0)), bool(tg.meta.get("train")),
-            profile=a.profile, on_cpu=a.backend == "cpu")  # fmt: skip
+            profile=a.profile, on_cpu=a.backend == "cpu", sustained_ns=_sustained(mg, a.profile))  # fmt: skip
     if a.backend != "cpu" and rows:
         print(host_speed_line(mg, a.profile, res, a.plan))
     if recorded:
@@ -506,9 +506,17 @@ def _bound(mg, profile: str) -> dict:
     return lower_bound(mg, profile)
 
 
+def _sustained(mg, profile: str) -> int:
+    from turnip.machine.bound import plan_sustained_ns
+
+    return plan_sustained_ns(mg, profile)
+
+
 def _report(rows: list[dict], bound: dict, res, resident_nbytes: int = 0, training: bool = False,
-            profile: str = "h100", on_cpu: bool = False) -> None:  # fmt: skip
-    """Print the run summary; trace byte counts exclude resident inputs (moved when the plan loaded)."""
+            profile: str = "h100", on_cpu: bool = False, sustained_ns: int | None = None) -> None:  # fmt: skip
+    """Print the run summary; trace byte counts exclude resident inputs (moved when the plan loaded).
+    ``sustained_ns``: the busiest GPU's kernels at its power limit's clock (``turnip.machine.bound``), shown
+    beside the bound on a GPU."""
     import numpy as np
 
     if not rows:
@@ -532,6 +540,10 @@ def _report(rows: list[dict], bound: dict, res, resident_nbytes: int = 0, traini
     if not on_cpu:
         print(f"lower bound          {lb:.3f} ms on the {profile} profile ({parts}); "
               f"efficiency {lb / np.median(ms):.3f}")
+        if sustained_ns:
+            s = sustained_ns / 1e6
+            print(f"kernels sustained    {s:.3f} ms: the busiest GPU's kernels at the clock its power limit sustains "
+                  f"(an estimate, not a bound); the run at {s / np.median(ms):.3f} of it")  # fmt: skip
         if ms.min() < lb:
             print(f"warning: a run took {ms.min():.3f} ms, less than its lower bound: the bound or the profile is "
                   "wrong there; please report it with this output")  # fmt: skip
