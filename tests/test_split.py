@@ -218,3 +218,7 @@ def test_the_spread_tile_is_kept_only_where_predicted_the_margin_faster(monkeypa
     tg, mg = tc.compile_model("llama-tiny", 32, 2, 1 << 20, dtype="fp32", split="tensor")
     verify(mg)
     assert tg.meta["split_choice"] == keep and tc.TILE_CHOICE_MARGIN == 0.05
+    from turnip.cli.compile_cmds import split_line, split_summary
+
+    note = "tensor t=16 97.0 ms (not kept: less than 5% faster)"
+    assert (note in split_line(split_summary(tg))) == (keep == "tensor")

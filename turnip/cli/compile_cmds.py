@@ -120,7 +120,10 @@ def split_line(d: dict) -> str:
     s, pred = d.get("split_choice", d.get("split", "tensor")), d.get("split_predicted_ms")
     if not pred:
         return s
-    others = "; ".join(f"{k} {v:.1f} ms" for k, v in pred.items() if k != s)
+    from turnip.models import TILE_CHOICE_MARGIN
+
+    margin = f" (not kept: less than {TILE_CHOICE_MARGIN:.0%} faster)"
+    others = "; ".join(f"{k} {v:.1f} ms{margin if v < pred[s] else ''}" for k, v in pred.items() if k != s)
     failed = "; ".join(f"{k} does not fit the budget" for k in d.get("split_failed", {}))
     rest = "; ".join(x for x in (others, failed) if x)
     return f"{s} (predicted {pred[s]:.1f} ms{'; ' + rest if rest else ''}, on {d['split_profile']})"
