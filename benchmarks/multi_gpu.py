@@ -49,7 +49,7 @@ def prefill_row(a, seq: int, budget: str, gpus: int, split: str, batch: int = 1)
     with open_loaded("cuda", tg, mg, seed=a.seed, graph_events=a.graph_events) as be:
         t_load = time.perf_counter() - t0
         ph = dict(getattr(be, "load_phases_s", {}))
-        ph = {"fill": t_load - sum(ph.values()), **ph}  # fill: the writing threads, the rest timed by the backend
+        ph = {"fill": t_load - sum(ph.values()), **ph}  # the writing threads; alloc, open, pin, resident: the backend
         phases = " ".join(f"{k}={v:.2f}" for k, v in ph.items())
         outs = {}
         for policy in a.policies:

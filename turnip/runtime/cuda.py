@@ -95,6 +95,7 @@ class CudaBackend:
         from cuda_kernels._numba import cuda as numba_cuda
         from cuda_kernels.launch import driver as launch_driver
 
+        t_open = time.perf_counter()
         self.cuda = cuda = numba_cuda()
         self.drv = drv = Driver()
         self._cu_launch = launch_driver().cuLaunchKernel
@@ -122,7 +123,8 @@ class CudaBackend:
         self._closed = False
         self.host_register = host_register_on() if host_register is None else bool(host_register)
         self._regions: list = []  # PinnedRegion: the input region, then the offload region
-        self.load_phases_s: dict[str, float] = {}  # seconds: host regions made ("alloc"), pinned, resident copies
+        self.load_phases_s: dict[str, float] = {}  # seconds: host regions made ("alloc"), the rest of the plan's
+        # open ("open": contexts, arenas, events, launches bound and captured), pinning ("pin"), resident copies
         self._events: list[int] = []
         self.ctx, self.arenas, self.base, self.streams, self.hstreams = [], [], [], [], []
         self._device_ptrs: list[tuple[int, int]] = []  # (context, pointer) of the arenas, freed at close
@@ -205,6 +207,7 @@ class CudaBackend:
         self._track = self._in_flight.append if self._fl is None else self._fl.add
         self._inputs = input_vertices(mg)
         self._written: set[int] = set()
+        self.load_phases_s["open"] = time.perf_counter() - t_open - self.load_phases_s["alloc"]
 
     # ------------------------------------------------------------------ plan load
     def _ws_ptr(self, g: int, slot: int) -> int:
