@@ -273,10 +273,8 @@ def default_tiles(
 
 
 SPREAD_MIN_TILE = 4096  # the tensor split's token tile tried for a long prompt stays at least this
-TILE_CHOICE_SWITCH = "TURNIP_TILE_CHOICE"
-
-
 TILE_CHOICE_MARGIN = 0.05  # the spread tile's plan is kept only where predicted this much faster
+TILE_CHOICE_SWITCH = "TURNIP_TILE_CHOICE"
 
 
 def tile_choice_on() -> bool:
@@ -294,8 +292,8 @@ def spread_token_tile(shape: LlamaConfig, seq: int, n_gpus: int, dtype: str, bud
     """Under the tensor split a token block of the residual stream (its sums of partials, norms and adds) sits on
     GPU block % n_gpus, so a prompt in fewer token tiles than GPUs leaves that work, and the partials sent to it,
     on a few GPUs. The largest power-of-two token tile of at least ``SPREAD_MIN_TILE`` that gives every GPU a
-    token tile, where the default tiles (``default_tiles``, ``tiles`` over them) give fewer; else None. Smaller
-    tiles cost more vertices (host time): whether it pays is the simulator's call (``turnip.compile``)."""
+    token tile, where the default one (``default_tiles``) gives fewer and ``tiles`` gives none; else None.
+    Smaller tiles cost more vertices (host time): whether it pays is the simulator's call (``turnip.compile``)."""
     if n_gpus < 2 or "t" in (tiles or {}) or shape.d_model <= 256:
         return None
     t = default_tiles(shape, seq, n_gpus, dtype, budget_nbytes)["t"]
