@@ -51,6 +51,7 @@ def prefill_row(a, seq: int, budget: str, gpus: int, split: str, batch: int = 1)
         ph = dict(getattr(be, "load_phases_s", {}))
         ph = {"fill": t_load - sum(ph.values()), **ph}  # the writing threads; alloc, open, pin, resident: the backend
         phases = " ".join(f"{k}={v:.2f}" for k, v in ph.items())
+        opened = " ".join(f"{k}={v:.2f}" for k, v in getattr(be, "open_phases_s", {}).items())
         outs = {}
         for policy in a.policies:
             for i in range(a.warmup):
@@ -74,6 +75,7 @@ def prefill_row(a, seq: int, budget: str, gpus: int, split: str, batch: int = 1)
                          "vertices": mg.n, "host_us_p50": float(np.median(hc)) / 1e3,
                          "host_ms_per_run": float(hc.sum()) / 1e6 / len(res), "bitwise_repeat": same,
                          "compile_s": round(t_compile, 2), "load_s": round(t_load, 2), "load_phases": phases,
+                         "open_phases": opened,
                          "load_gb_per_s": round(be.lay.host_input_nbytes / 1e9 / t_load, 2), "rc": 0})  # fmt: skip
             print(_fmt(rows[-1]), flush=True)
     return rows
@@ -112,7 +114,7 @@ def _fmt(r: dict) -> str:
     extra = f" bound {r['bound_ms']:.1f} host {r['host_us_p50']:.1f} us x {r['vertices']}" if "bound_ms" in r else ""
     rep = f" bitwise {r['bitwise_repeat']}" if r.get("bitwise_repeat") is not None else ""
     if r.get("load_phases"):
-        rep += f" load {r['load_s']} s ({r['load_gb_per_s']} GB/s: {r['load_phases']})"
+        rep += f" load {r['load_s']} s ({r['load_gb_per_s']} GB/s: {r['load_phases']}; open: {r.get('open_phases')})"
     return (f"{r['workload']:7s} {r['seq']:6d} {r['budget']:>6s} {r['gpus']} GPU {str(r['split'])[:40]:12s} "
             f"{r['policy']:8s} {ms}{extra}{rep} rc {r['rc']}")  # fmt: skip
 

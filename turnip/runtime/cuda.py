@@ -114,6 +114,10 @@ class CudaBackend:
             raise BackendError(f"the plan reserves workspace for {slots} stream slots per GPU; run it with at most "
                                f"{slots} streams (asked {streams_per_gpu}) or recompile it")  # fmt: skip
         self.lay = lay = plan_layout(mg, host_first, host_reserve)
+        self.open_phases_s = {}  # the open's parts: the plan's layout ("layout"), contexts, arenas, streams and
+        # peer access ("devices"), an end event per vertex ("events"), each vertex bound and captured ("vertices"),
+        # launch groups captured ("groups"), graph uploads waited for ("uploads")
+        t_layout = self._open_phase("layout", t_open)
         G = mg.n_gpus
         self.devices = list(devices) if devices is not None else list(range(G))
         if len(cuda.gpus) < max(self.devices) + 1:
@@ -124,7 +128,7 @@ class CudaBackend:
         self.host_register = host_register_on() if host_register is None else bool(host_register)
         self._regions: list = []  # PinnedRegion: the input region, then the offload region
         self.load_phases_s: dict[str, float] = {}  # seconds: host regions made ("alloc"), the rest of the plan's
-        # open ("open": contexts, arenas, events, launches bound and captured), pinning ("pin"), resident copies
+        # open ("open", in parts in ``open_phases_s``), pinning ("pin"), resident copies ("resident")
         self._events: list[int] = []
         self.ctx, self.arenas, self.base, self.streams, self.hstreams = [], [], [], [], []
         self._device_ptrs: list[tuple[int, int]] = []  # (context, pointer) of the arenas, freed at close
@@ -152,6 +156,7 @@ class CudaBackend:
         self.cur = -1
         self._set_ctx(0)
         t_alloc = time.perf_counter()
+        self.open_phases_s["devices"] = t_alloc - t_layout
         self.host_key = tuple(host_key)  # adopted: tensors whose host copies came with a handed-over region
         self.adopted = [] if host_inputs is None else host_inputs.adopt(self.host_key, lay, host_first or (), True)
         if self.adopted:  # a filled region of an earlier plan: its prefix kept, released by us as it was made
@@ -165,6 +170,7 @@ class CudaBackend:
         self._views: dict[int, object] = {}
         self._launchers: dict = {}
         n = mg.n
+        t = time.perf_counter()
         self.owner = [lay.src_gpu[v] if lay.kind[v] == KIND_TRANSFER else lay.gpu[v] for v in range(n)]
         self.ev0, self.ev1 = [0] * n, [0] * n
         for v in range(n):
@@ -183,7 +189,9 @@ class CudaBackend:
             for g in range(G):
                 self._set_ctx(g)
                 self._cap_streams.append(capture_stream())
+        t = self._open_phase("events", t)
         self._work = [self._prepare(v) for v in range(n)]
+        t = self._open_phase("vertices", t)
         self._pev = list(self.ev1)  # the event a vertex's completion is polled on (a group: its last member's)
         self.groups = None
         self.group_events = group_events_on(mg) if group_events is None else group_events
@@ -193,9 +201,11 @@ class CudaBackend:
             for h, members in self.groups.members.items():
                 self._work[h] = self._prepare_group(members)
                 self._pev[h] = self.ev1[members[-1]]
+        t = self._open_phase("groups", t)
         for g, cs in enumerate(self._cap_streams):  # graph uploads done before the first run
             self._set_ctx(g)
             drv.check(drv.cuStreamSynchronize(cs), "synchronizing graph uploads")
+        self._open_phase("uploads", t)
         self._ref_host_ns = [0] * G
         self._in_flight: list[int] = []
         self._fl = None
@@ -210,6 +220,12 @@ class CudaBackend:
         self.load_phases_s["open"] = time.perf_counter() - t_open - self.load_phases_s["alloc"]
 
     # ------------------------------------------------------------------ plan load
+    def _open_phase(self, name: str, since: float) -> float:
+        """Count the seconds from ``since`` to now as the open's part ``name`` (``open_phases_s``); now."""
+        now = time.perf_counter()
+        self.open_phases_s[name] = now - since
+        return now
+
     def _ws_ptr(self, g: int, slot: int) -> int:
         """Slot ``slot``'s workspace on GPU ``g``: the top of the arena, one ``ws_slot`` range per slot, 256-byte
         aligned whatever the budget (cuBLASLt refuses a misaligned workspace: CUBLAS_STATUS_INVALID_VALUE)."""
