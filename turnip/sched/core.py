@@ -172,9 +172,16 @@ class Scheduler:
         self._lane_of = np.where(is_fixed, lane, -1).tolist()
         self._gpu_lanes = [[i for i in range(n_lanes) if self._lanes[i] and owner[self._lanes[i][0]] == gg]
                            for gg in range(g)]  # fmt: skip
-        # a GPU whose every vertex is in one lane (``det``: nothing enters its heap) dispatches that lane alone
-        only = (not (~is_fixed & ~mg.preloaded()).any()) and n_lanes == g
+        # a GPU whose every vertex is in one lane or launched by its group's head (``det``: nothing enters its
+        # heap) dispatches that lane alone
+        only = (not (~is_fixed & ~mg.preloaded() & ~grouped).any()) and n_lanes == g
         self._one_lane = [ln[0] if only and len(ln) == 1 else -1 for ln in self._gpu_lanes]
+        # each GPU's dispatch, a function of (scheduler, GPU, list the launched vertices are appended to): its
+        # heap alone, its one lane alone, or its lanes and heap together (``_dispatch_lanes``)
+        self._dispatch_of = [
+            Scheduler._dispatch_lane if one >= 0 else Scheduler._dispatch_lanes if ln else Scheduler._dispatch_heap
+            for ln, one in zip(self._gpu_lanes, self._one_lane, strict=True)
+        ]
         # ordered sums: each sum-into lock in compile order (det-replay: the recorded order), the topological
         # order the lanes follow too, so the first member not yet launched never waits on a later one
         self.ordered_sums = ordered_sums or policy == "det-replay"
@@ -323,12 +330,7 @@ class Scheduler:
                 dl.append(g)
             return self._dispatch_dirty()
         out: list[int] = []  # ``_dispatch_dirty`` of g alone, inlined
-        if not self._gpu_lanes[g]:
-            self._dispatch_heap(g, out)
-        elif self._one_lane[g] >= 0:
-            self._dispatch_lane(g, self._one_lane[g], out)
-        else:
-            self._dispatch(g, out)
+        self._dispatch_of[g](self, g, out)
         if not out and self.n_running == 0 and self.n_done < self.n:
             raise self.stall_error()
         return out
@@ -405,12 +407,12 @@ class Scheduler:
 
     def _dispatch_dirty(self) -> list[int]:
         out: list[int] = []
-        dl = self._dirty_list
+        dl, dirty, dispatch = self._dirty_list, self._dirty, self._dispatch_of
         if len(dl) > 1:
             dl.sort()
         for g in dl:
-            self._dirty[g] = 0
-            self._dispatch(g, out)
+            dirty[g] = 0
+            dispatch[g](self, g, out)
         dl.clear()
         if not self.started:
             return out
@@ -418,13 +420,9 @@ class Scheduler:
             raise self.stall_error()
         return out
 
-    def _dispatch(self, g: int, out: list[int]) -> None:
-        """Launch on GPU ``g`` what its free stream slots, engines and locks allow, best rank first; append the
-        launched vertices to ``out``."""
-        if not self._gpu_lanes[g]:
-            return self._dispatch_heap(g, out)
-        if self._one_lane[g] >= 0:
-            return self._dispatch_lane(g, self._one_lane[g], out)
+    def _dispatch_lanes(self, g: int, out: list[int]) -> None:
+        """Launch on GPU ``g`` what its free stream slots, engines and locks allow, best rank first (of its fixed
+        lanes' heads and its heap); append the launched vertices to ``out``."""
         streams = self.free_streams[g]
         if not streams:
             return
@@ -479,8 +477,10 @@ class Scheduler:
             out.append(v)
         self.n_running += launched
 
-    def _dispatch_lane(self, g: int, ln: int, out: list[int]) -> None:
-        """``_dispatch`` of a GPU whose every vertex is in lane ``ln``: its head while it can launch."""
+    def _dispatch_lane(self, g: int, out: list[int]) -> None:
+        """``_dispatch_lanes`` of a GPU whose every vertex is in one lane (``_one_lane``): its head while it can
+        launch."""
+        ln = self._one_lane[g]
         streams, lane, p = self.free_streams[g], self._lanes[ln], self._ptr[ln]
         holder, engine, lock, status = self.engine_holder, self.engine, self.lock, self.status
         launched = 0
@@ -510,7 +510,7 @@ class Scheduler:
         self.n_running += launched
 
     def _dispatch_heap(self, g: int, out: list[int]) -> None:
-        """``_dispatch`` of a GPU without fixed-order lanes: its heap alone."""
+        """``_dispatch_lanes`` of a GPU without fixed-order lanes: its heap alone."""
         streams, heap = self.free_streams[g], self.heaps[g]
         if not (streams and heap):
             return
