@@ -187,8 +187,9 @@ class Simulation:
         self.host_free = 0
         self.compute_free = [0] * g
         # with launch groups: each GPU's kernels not yet ended, [start, end, v, unit (its group's head), dur,
-        # ready], in start order; when the last group member due to start on it does; each unit's expected
-        # completion (-1 once seen: its other events are stale) and issue number
+        # ready], in start order (those ended are dropped when ``_interleave`` reads it); when the last group
+        # member due to start on it does; each unit's expected completion (-1 once seen: its other events are
+        # stale) and issue number
         self.interleave = bool(self.members) and self.INTERLEAVE
         self.kq: list[list[list[int]]] = [[] for _ in range(g)]
         self.grp_until = [0] * g
@@ -375,7 +376,7 @@ class Simulation:
                             dur = power(g, s, dur, v)
                         start[v] = s
                         end[v] = compute_free[g] = done_at = s + dur
-                        if interleave:  # ``_queued``, inlined
+                        if interleave:  # queued, its unit numbered in issue order
                             kq[g].append([s, done_at, v, v, dur, ready])
                             useq[v] = len(useq)
                     if interleave:
@@ -440,21 +441,21 @@ class Simulation:
 
     def _run_group(self, members: list[int], g: int, t: int, ready: int, power) -> int:
         """A launch group issued at ``t`` on GPU ``g``: its kernels one after another (each as a kernel issued at
-        ``t`` would run); the last one's end."""
-        issue, start, end = self.issue, self.start, self.end
-        prev, ents = ready, []
+        ``t`` would run), queued with the group numbered in issue order (``kq``, ``useq``); the last one's end."""
+        issue, start, end, head = self.issue, self.start, self.end, members[0]
+        kq = self.kq[g] if self.interleave else None
+        prev = ready
         for u, (s, dur) in zip(members, self._in_turn(members, g, ready, power), strict=True):
             issue[u], start[u] = t, s
-            end[u] = s + dur
-            if self.interleave:
-                ents.append([s, s + dur, u, members[0], dur, prev])
-                prev = s + dur
-        self.compute_free[g] = end[members[-1]]
-        if self.interleave:
-            self._queued(g, ents)
-            if len(members) > 1:
-                self.grp_until[g] = self.start[members[-1]]
-        return self.compute_free[g]
+            end[u] = fin = s + dur
+            if kq is not None:
+                kq.append([s, fin, u, head, dur, prev])
+                prev = fin
+        if kq is not None:
+            self.useq[head] = len(self.useq)
+            self.grp_until[g] = s
+        self.compute_free[g] = fin
+        return fin
 
     def _in_turn(self, members: list[int], g: int, ready: int, power) -> list[tuple[int, int]]:
         """(start, duration) of ``members`` run one after another on GPU ``g`` behind its queue, ready at
@@ -476,22 +477,6 @@ class Simulation:
             compute_free = s + dur
         return out
 
-    def _queued(self, g: int, ents: list) -> None:
-        """Add kernel entries, all of one unit, to GPU ``g``'s queue, the unit numbered in issue order (``useq``).
-        Those ended are dropped when the queue is next read (``_ended``)."""
-        self.kq[g].extend(ents)
-        self.useq.setdefault(ents[0][3], len(self.useq))
-
-    def _ended(self, g: int, now: int) -> list:
-        """GPU ``g``'s queue without the kernels ended by ``now`` (never earlier than the last call's)."""
-        kq = self.kq[g]
-        i = 0
-        while i < len(kq) and kq[i][1] <= now:
-            i += 1
-        if i:
-            del kq[:i]
-        return kq
-
     def _interleave(self, v: int, g: int, t: int, ready: int, power, seq: int) -> int:
         """Issue kernel or group ``v`` on GPU ``g`` while a launch group has members still to start: from the
         next kernel boundary, every unit (a group, or a kernel alone) runs its kernels in order, and the kernel
@@ -499,7 +484,12 @@ class Simulation:
         unit issued first), as a GPU's streams share it. A unit whose end moves earlier gets a new completion
         event; one whose end moves later keeps its event, which waits again when it comes (``kdone``, ``_loop``).
         Returns the next event number."""
-        kq, members, issue, useq = self._ended(g, ready), self.members, self.issue, self.useq
+        kq, members, issue, useq = self.kq[g], self.members, self.issue, self.useq
+        i, queued = 0, len(kq)
+        while i < queued and kq[i][1] <= ready:  # the kernels ended by ``ready`` (no earlier than the last call's)
+            i += 1
+        if i:
+            del kq[:i]
         running = kq[0] if kq and kq[0][0] <= ready else None
         b = running[1] if running is not None else ready
         pending: dict[int, list] = {}  # each unit's kernels not yet started, in order
@@ -682,7 +672,7 @@ class Simulation:
         first[4] = token = len(self._through)
         self._through.append(first)
         self._armed = (first, first_ns)
-        heapq.heappush(self._q, (now + max(0, first_ns - now), seq, -token))
+        heapq.heappush(self._q, (first_ns if first_ns > now else now, seq, -token))
         return seq + 1
 
     def _share_rates(self, copying: int) -> tuple[tuple[int, float], ...]:
