@@ -227,12 +227,12 @@ class Simulation:
         if not self.core.finished:  # pragma: no cover - the core raises SchedulerStall first
             raise self.core.stall_error()
         arr = lambda x: np.fromiter(x, dtype=np.int64, count=len(x))  # noqa: E731
-        issue = arr(self.issue)
+        issue, done = arr(self.issue), arr(self.done)
         return SimResult(
             policy=self.policy,
             seed=self.seed,
             mean_only=self.mean_only,
-            makespan_ns=max(self.done, default=0),
+            makespan_ns=int(done.max()) if len(done) else 0,
             bound=plan_bound(self.tm, self.host_factor, self.link_factor),
             host_factor=self.host_factor,
             link_factor=self.link_factor,
@@ -241,7 +241,7 @@ class Simulation:
             issue_ns=issue,
             start_ns=arr(self.start),
             end_ns=arr(self.end),
-            done_ns=arr(self.done),
+            done_ns=done,
             stream=arr(self.core.stream_of),  # each vertex's slot, -1 for the resident inputs
             host_start_ns=issue - arr(self.launch_ns),
             handle_ns=arr(self.handle),
@@ -610,9 +610,9 @@ class Simulation:
 
         return power
 
-    def end_levels(self, gap_ns: int) -> list[float]:
-        """Each GPU's bucket ``gap_ns`` after this run's end: where the next run back to back starts."""
-        end = max(self.done, default=0)
+    def end_levels(self, gap_ns: int, end: int) -> list[float]:
+        """Each GPU's bucket ``gap_ns`` after this run's end ``end`` (its makespan): where the next run back to back
+        starts."""
         bt = zip(self.bucket, self.bucket_t, strict=True)
         return [min(self.power_cap, b + (max(0, end - t) + gap_ns) * self.refill) for b, t in bt]
 
@@ -929,7 +929,7 @@ def _settle(mg, prof, policy, seed, mean_only, tm, order, level, host, link, ord
         draws = s.draws  # the same seed's: the next pass takes them again
         res = s.run()
         wall += res.wall_s
-        nxt = s.end_levels(prof.run_gap_ns)
+        nxt = s.end_levels(prof.run_gap_ns, res.makespan_ns)
         moved = max(abs(a - b) for a, b in zip(nxt, level, strict=True))
         fuller = not s.throttled and all(a >= b for a, b in zip(nxt, level, strict=True))
         if once or fuller or moved <= STEADY_TOL * res.makespan_ns:

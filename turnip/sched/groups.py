@@ -65,11 +65,26 @@ def launch_groups_on(n_gpus: int) -> bool:
 @dataclass(frozen=True, slots=True)
 class LaunchGroups:
     """``members``: head -> its members in launch order (the head first), groups of two or more only;
-    ``head``: per vertex, its group's head (itself when it heads a group or is in none)."""
+    ``head``: per vertex, its group's head (itself when it heads a group or is in none); ``units``: what
+    ``expand`` puts in place of each vertex, ``units[1][units[0][v]:units[0][v + 1]]`` (a group's members for its
+    head, the vertex alone when it is in no group, nothing for another member), built with the groups."""
 
     head: np.ndarray
     members: dict[int, list[int]]
     extra: dict[int, list[int]] = field(default_factory=dict)  # head -> what it waits for besides its own deps
+    units: tuple[np.ndarray, np.ndarray] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        head, get, idx = self.head.tolist(), self.members.get, []
+        ptr = [0]
+        for v in range(len(head)):
+            m = get(v)
+            if m is not None:
+                idx += m
+            elif head[v] == v:
+                idx.append(v)
+            ptr.append(len(idx))
+        object.__setattr__(self, "units", (np.asarray(ptr, dtype=np.int64), np.asarray(idx, dtype=np.int64)))
 
     @property
     def n_units(self) -> int:
@@ -80,17 +95,11 @@ class LaunchGroups:
         """An issue order of units (heads and ungrouped vertices) as one of vertices: each head followed by its
         other members (what ``det-replay`` and ``turnip.sched.replay.check_order`` take); members already in
         ``order`` are dropped and put back behind their head, so an expanded order expands to itself."""
-        out: list[int] = []
-        head, get = self.head.tolist(), self.members.get
-        for v in order.tolist() if isinstance(order, np.ndarray) else order:
-            if head[v] != v:
-                continue
-            m = get(v)
-            if m is None:
-                out.append(v)
-            else:
-                out.extend(m)
-        return out
+        ptr, idx = self.units
+        o = np.asarray(order, dtype=np.int64)
+        first, n = ptr[o], ptr[o + 1] - ptr[o]  # each one's run in idx
+        at = np.repeat(first - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+        return idx[at].tolist()
 
 
 def training_step(mg: MemGraph) -> bool:
