@@ -43,35 +43,68 @@ def lower_bound(costs: VertexCosts, host: float = 1.0, link: float = 1.0) -> dic
     handling all commands at the profile's host costs: reported, not in ``lower_bound_ns``). ``costs`` is a
     ``VertexCosts`` (the simulator's ``TimingModel`` is one); ``host``: a run's host speed factor, which scales
     ``host_ns``; ``link``: its host link time factor (host<->GPU copies push their bytes ``link`` times
-    slower)."""
-    mg, p = costs.mg, costs.prof
-    e, g = costs.eng, mg.gpu.astype(np.int64)
-    gpus = max(mg.n_gpus, 1)
-    floor = bound_floor_ns(costs, link)
-    kern = np.bincount(g[e == ENG_KERNEL], floor[e == ENG_KERNEL], minlength=gpus)
-    nb = np.minimum(np.asarray(costs.link_nbytes, dtype=np.float64), costs.nbytes)
-    h2d = np.bincount(g[e == ENG_H2D], nb[e == ENG_H2D], minlength=gpus)
-    d2h = np.bincount(g[e == ENG_D2H], nb[e == ENG_D2H], minlength=gpus)
-    r_h, r_d, r_all = host_rates(p, 1)
-    per_gpu = np.maximum.reduce([h2d / r_h, d2h / r_d, (h2d + d2h) / r_all])
-    r_h, r_d, r_all = host_rates(p, gpus)
-    host_wide = max(h2d.sum() / r_h, d2h.sum() / r_d, (h2d.sum() + d2h.sum()) / r_all)
-    alone = costs.alone_ns()  # GPU<->GPU: each pair's copies one after another, at their floors as today
-    sel = e == ENG_P2P
-    pair = mg.src_gpu.astype(np.int64) * gpus + g
-    p2p = np.bincount(pair[sel], alone[sel].astype(np.float64), minlength=gpus * gpus)
-    if p.p2p_ports_serial:  # a GPU sends one copy at a time and takes one at a time
-        ports = (np.bincount(mg.src_gpu[sel].astype(np.int64), alone[sel], minlength=gpus),
-                 np.bincount(g[sel], alone[sel], minlength=gpus))  # fmt: skip
-        p2p = np.concatenate([p2p, *ports])
+    slower). What no factor changes is worked out once per ``costs`` (``_fixed``)."""
+    f = _fixed(costs)
     parts = {
-        "critical_path_ns": int(critical_path_ns(mg, floor).max(initial=0)),
-        "kernel_ns": int(kern.max(initial=0)),
-        "link_ns": int(max(max(per_gpu.max(initial=0), host_wide) * 1e9 * link, p2p.max(initial=0))),
+        "critical_path_ns": int(critical_path_ns(costs.mg, bound_floor_ns(costs, link)).max(initial=0)),
+        "kernel_ns": f.kernel_ns,
+        "link_ns": int(max(f.host_link_s * 1e9 * link, f.p2p_ns)),
         "host_ns": host_ns(costs, host),
     }
     parts["lower_bound_ns"] = max(parts["critical_path_ns"], parts["kernel_ns"], parts["link_ns"])
     return parts
+
+
+class _Fixed:
+    """The parts of a plan's bound that no run's factors change (``_fixed``): ``floor`` each vertex's bound floor
+    (float ns) but a host copy's; the host copies (``copies``, not resident inputs), their bytes (``copy_nbytes``:
+    ``link_nbytes`` where fewer) and their direction's rate (``copy_rate``); ``kernel_ns`` the busiest GPU's
+    kernel floors; ``host_link_s`` the busiest host link, or the host's links together, at the links' peak
+    rates (s, times ``link``); ``p2p_ns`` the busiest GPU<->GPU link (or port)."""
+
+    __slots__ = ("floor", "copies", "copy_nbytes", "copy_rate", "kernel_ns", "host_link_s", "p2p_ns")
+
+    def __init__(self, costs: VertexCosts):
+        mg, p, e = costs.mg, costs.prof, costs.eng
+        g, gpus = mg.gpu.astype(np.int64), max(mg.n_gpus, 1)
+        peak = np.array([p.peak_fp32_flops_per_s if d == "fp32" else p.peak_fp16_flops_per_s for d in mg.dtype])
+        roof = np.maximum(np.asarray(mg.flops, dtype=np.float64) / peak, mg.io_nbytes() / p.peak_hbm_bytes_per_s)
+        out = np.minimum(costs.alone_ns() * np.minimum(costs.overlap, 1.0), roof * 1e9)
+        p2p = np.minimum(costs.nbytes * 1e9 / p.p2p_bytes_per_s, costs.copy_floor_ns)
+        out = np.where(e == ENG_P2P, p2p, out)
+        nb = np.minimum(np.asarray(costs.link_nbytes, dtype=np.float64), costs.nbytes)
+        host_copy = (e == ENG_H2D) | (e == ENG_D2H)
+        out[host_copy | costs.preloaded] = 0.0
+        self.floor, self.copies = out, np.flatnonzero(host_copy & ~costs.preloaded)
+        self.copy_nbytes = nb[self.copies]
+        self.copy_rate = np.where(e[self.copies] == ENG_H2D, p.h2d_bytes_per_s, p.d2h_bytes_per_s)
+        kern = e == ENG_KERNEL
+        self.kernel_ns = int(np.bincount(g[kern], np.floor(np.maximum(out[kern], 0.0)).astype(np.int64),
+                                         minlength=gpus).max(initial=0))  # fmt: skip
+        h2d = np.bincount(g[e == ENG_H2D], nb[e == ENG_H2D], minlength=gpus)
+        d2h = np.bincount(g[e == ENG_D2H], nb[e == ENG_D2H], minlength=gpus)
+        r_h, r_d, r_all = host_rates(p, 1)
+        per_gpu = np.maximum.reduce([h2d / r_h, d2h / r_d, (h2d + d2h) / r_all])
+        r_h, r_d, r_all = host_rates(p, gpus)
+        host_wide = max(h2d.sum() / r_h, d2h.sum() / r_d, (h2d.sum() + d2h.sum()) / r_all)
+        self.host_link_s = max(per_gpu.max(initial=0), host_wide)
+        alone = costs.alone_ns()  # GPU<->GPU: each pair's copies one after another, at their floors as today
+        sel = e == ENG_P2P
+        pair = mg.src_gpu.astype(np.int64) * gpus + g
+        links = np.bincount(pair[sel], alone[sel].astype(np.float64), minlength=gpus * gpus)
+        if p.p2p_ports_serial:  # a GPU sends one copy at a time and takes one at a time
+            ports = (np.bincount(mg.src_gpu[sel].astype(np.int64), alone[sel], minlength=gpus),
+                     np.bincount(g[sel], alone[sel], minlength=gpus))  # fmt: skip
+            links = np.concatenate([links, *ports])
+        self.p2p_ns = links.max(initial=0)
+
+
+def _fixed(costs: VertexCosts) -> _Fixed:
+    """``costs``' ``_Fixed``, worked out on first use and kept on it."""
+    f = getattr(costs, "_bound_fixed", None)
+    if f is None:
+        f = costs._bound_fixed = _Fixed(costs)
+    return f
 
 
 def bound_floor_ns(costs: VertexCosts, link: float = 1.0) -> np.ndarray:
@@ -79,17 +112,9 @@ def bound_floor_ns(costs: VertexCosts, link: float = 1.0) -> np.ndarray:
     floor (``VertexCosts.floor_ns``) and its datasheet roofline; a host copy its bytes (``link_nbytes`` where
     fewer) at its direction's rate, ``link`` times slower; a GPU<->GPU copy its bytes at ``p2p_bytes_per_s``
     or its measured floor where less; a resident input 0. No latencies."""
-    mg, p, e = costs.mg, costs.prof, costs.eng
-    peak = np.array([p.peak_fp32_flops_per_s if d == "fp32" else p.peak_fp16_flops_per_s for d in mg.dtype])
-    roof = np.maximum(np.asarray(mg.flops, dtype=np.float64) / peak, mg.io_nbytes() / p.peak_hbm_bytes_per_s) * 1e9
-    model = costs.alone_ns() * np.minimum(costs.overlap, 1.0)
-    out = np.minimum(model, roof)
-    nb = np.minimum(np.asarray(costs.link_nbytes, dtype=np.float64), costs.nbytes)
-    out = np.where(e == ENG_H2D, nb * 1e9 * link / p.h2d_bytes_per_s, out)
-    out = np.where(e == ENG_D2H, nb * 1e9 * link / p.d2h_bytes_per_s, out)
-    p2p = np.minimum(costs.nbytes * 1e9 / p.p2p_bytes_per_s, costs.copy_floor_ns)
-    out = np.where(e == ENG_P2P, p2p, out)
-    out[costs.preloaded] = 0.0
+    f = _fixed(costs)
+    out = f.floor.copy()
+    out[f.copies] = f.copy_nbytes * 1e9 * link / f.copy_rate
     return np.floor(np.maximum(out, 0.0)).astype(np.int64)
 
 
