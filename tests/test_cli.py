@@ -284,3 +284,27 @@ def test_sustained_kernel_time_is_the_busiest_gpus_kernels_at_the_power_limits_c
         assert abs(got - want) <= 1 and got == plan_sustained_ns(mg, name)
         assert got >= lower_bound(c)["kernel_ns"]
     assert load_profile("h100-calibrated").power_slow_gemm > 1.0  # the clock model is there to apply
+
+
+def test_a_gpu_runs_report_shows_the_bound_and_the_sustained_kernel_time(capsys):
+    """``turnip run``'s summary on a GPU: the bound with the run's efficiency, then the busiest GPU's kernels at the
+    clock the power limit sustains and the run's share of it, then a run faster than its bound flagged."""
+    import numpy as np
+
+    from turnip.cli.run_cmds import _report
+
+    class Res:
+        def command_host_cost_ns(self):
+            return np.array([10_000.0, 20_000.0])
+
+    row = {"input_nbytes": 1 << 30, "reload_nbytes": 0, "offload_nbytes": 0, "transfer_nbytes": 0, "gpu_busy_frac": 0.9}
+    rows = [row | {"makespan_ns": ms * 1_000_000} for ms in (1000, 1200, 1100)]
+    bound = {"critical_path_ns": 400_000_000, "kernel_ns": 700_000_000, "link_ns": 500_000_000, "host_ns": 80_000_000,
+             "lower_bound_ns": 700_000_000}  # fmt: skip
+    _report(rows, bound, Res(), profile="h100-calibrated", sustained_ns=990_000_000)
+    out = capsys.readouterr().out
+    assert "lower bound          700.000 ms on the h100-calibrated profile" in out and "efficiency 0.636" in out
+    assert "kernels sustained    990.000 ms" in out and "the run at 0.900 of it" in out
+    assert "warning" not in out
+    _report([row | {"makespan_ns": 600_000_000}], bound, Res(), sustained_ns=990_000_000)
+    assert "less than its lower bound" in capsys.readouterr().out
