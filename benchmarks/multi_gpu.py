@@ -68,7 +68,8 @@ def prefill_row(a, seq: int, budget: str, gpus: int, split: str, batch: int = 1)
                 same = all(np.array_equal(got[t], again[t]) for t in got)
             rows.append({"workload": "prefill", "model": a.model, "seq": seq, "batch": batch, "budget": budget,
                          "gpus": gpus,
-                         "split": tg.meta.get("split", split), "policy": policy, "ms_median": ms[len(ms) // 2],
+                         "split": tg.meta.get("split_choice", tg.meta.get("split", split)), "policy": policy,
+                         "ms_median": ms[len(ms) // 2],
                          "ms_min": ms[0], "bound_ms": bound["lower_bound_ns"] / 1e6,
                          "bound_parts": ";".join(f"{k}={v / 1e6:.2f}" for k, v in bound.items()),
                          "sustained_ms": sustained,
