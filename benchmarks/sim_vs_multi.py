@@ -33,12 +33,15 @@ def simulate_row(r: dict, prof, runs: int, cache: dict, at_host: bool = False) -
     thread issues and handles for as long, ``turnip.machine.costs.host_factor_for``)."""
     from sim.engine import simulate
     from sim.timing import TimingModel
-    from turnip.compile import compile_model
+    from turnip.compile import candidate, compile_model
 
     budget = "60GiB" if r["budget"] == "none" else r["budget"]
     key = (r["model"], r["seq"], r.get("batch", "1") or "1", r["gpus"], budget, r["split"])
     if key not in cache:
-        kw = {"split": r["split"]} if r["split"] not in ("", "default") else {}
+        kw = {}
+        if r["split"] not in ("", "default"):  # a split, or the tile choice's plan: 'tensor t=4096'
+            kw["split"], tiles = candidate(r["split"])
+            kw |= {"tiles": tiles} if tiles else {}
         if int(key[2]) > 1:
             kw["batch"] = int(key[2])
         mg = compile_model(r["model"], seq=int(r["seq"]), gpus=int(r["gpus"]), budget=budget, resident="auto", **kw)[1]

@@ -89,3 +89,23 @@ def test_a_row_whose_plan_changed_since_is_not_compared(tmp_path, capsys):
         w.writerow({"workload": "prefill", "model": "llama-tiny", "seq": 64, "batch": 1, "budget": "1MiB", "gpus": 2,
                     "split": "tensor", "policy": "nondet", "ms_median": 1.0, "vertices": 7})  # fmt: skip
     assert mod.main([str(only), "--runs", "1"]) == 1
+
+
+def test_a_row_of_the_tile_choices_plan_is_compiled_with_its_tiles(tmp_path, capsys):
+    """A row whose split names the tile choice's plan ('tensor t=16', as ``benchmarks/multi_gpu.py`` writes it) is
+    simulated on the plan of those tiles: its vertex count is that plan's, not the default tiles'."""
+    from turnip.compile import compile_model
+
+    n = {t: compile_model("llama-tiny", seq=64, gpus=2, budget="1MiB", resident="auto", split="tensor",
+                          tiles={"t": t})[1].n for t in (16, 32)}  # fmt: skip
+    assert n[16] != n[32]
+    rows = tmp_path / "rows.csv"
+    with open(rows, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["workload", "model", "seq", "batch", "budget", "gpus", "split", "policy",
+                                          "ms_median", "vertices"])  # fmt: skip
+        w.writeheader()
+        w.writerow({"workload": "prefill", "model": "llama-tiny", "seq": 64, "batch": 1, "budget": "1MiB", "gpus": 2,
+                    "split": "tensor t=16", "policy": "nondet", "ms_median": 1.0, "vertices": n[16]})  # fmt: skip
+    mod = load_script("sim_vs_multi")
+    assert mod.main([str(rows), "--runs", "1"]) == 0
+    assert "| tensor t=16 |" in capsys.readouterr().out
