@@ -10,17 +10,25 @@ import pytest
 from tests.benchscripts import load_script
 
 pytestmark = pytest.mark.unit
+FIELDS = ["workload", "model", "seq", "batch", "budget", "gpus", "split", "policy", "ms_median", "vertices"]
+
+
+def write_rows(path, rows: list[dict]) -> str:
+    """A measured CSV as ``benchmarks/multi_gpu.py`` writes it: tiny prefill rows on 2 GPUs at 1 MiB, each row's
+    own fields over those."""
+    base = {"workload": "prefill", "model": "llama-tiny", "seq": 64, "batch": 1, "budget": "1MiB", "gpus": 2,
+            "split": "tensor", "vertices": ""}  # fmt: skip
+    rows = [base | r for r in rows]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(FIELDS + [k for r in rows for k in r])))
+        w.writeheader()
+        w.writerows(rows)
+    return str(path)
 
 
 def test_links_file_with_ports_and_relay_rates(tmp_path, capsys):
-    rows = tmp_path / "rows.csv"
-    with open(rows, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["workload", "model", "seq", "batch", "budget", "gpus", "split", "policy",
-                                          "ms_median", "vertices"])  # fmt: skip
-        w.writeheader()
-        for policy, ms in (("nondet", 1.0), ("det", 1.2)):
-            w.writerow({"workload": "prefill", "model": "llama-tiny", "seq": 64, "batch": 1, "budget": "1MiB",
-                        "gpus": 2, "split": "tensor", "policy": policy, "ms_median": ms, "vertices": ""})  # fmt: skip
+    measured = [{"policy": "nondet", "ms_median": 1.0}, {"policy": "det", "ms_median": 1.2}]
+    rows = write_rows(tmp_path / "rows.csv", measured)
     links = tmp_path / "links.json"
     links.write_text(json.dumps({"host_h2d_total_bytes_per_s": [50e9, 90e9], "host_d2h_total_bytes_per_s": [50e9, 90e9],
                                  "host_both_total_bytes_per_s": [80e9, 120e9], "p2p_ports_serial": True,
@@ -28,7 +36,7 @@ def test_links_file_with_ports_and_relay_rates(tmp_path, capsys):
                                  "relay_staged_bytes_per_s": 90e9}))  # fmt: skip
     out = tmp_path / "sim.csv"
     mod = load_script("sim_vs_multi")
-    assert mod.main([str(rows), "--profile", "h100-calibrated", "--links", str(links), "--runs", "1",
+    assert mod.main([rows, "--profile", "h100-calibrated", "--links", str(links), "--runs", "1",
                      "--out", str(out)]) == 0  # fmt: skip
     text = capsys.readouterr().out
     assert "| 0K | 1MiB | 2 | tensor |" in text and "links " + str(links) in text
@@ -46,18 +54,11 @@ def test_at_its_own_host_time_a_slower_host_is_simulated_slower(tmp_path, capsys
 
     mg = compile_model("llama-tiny", seq=64, gpus=2, budget="1MiB", resident="auto", split="tensor")[1]
     base = host_busy_ns(TimingModel(mg, load_profile("h100-calibrated")), 1.0) / 1e6
-    rows = tmp_path / "rows.csv"
-    with open(rows, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["workload", "model", "seq", "batch", "budget", "gpus", "split", "policy",
-                                          "ms_median", "vertices", "host_ms_per_run"])  # fmt: skip
-        w.writeheader()
-        for policy, host in (("nondet", base), ("det", 10 * base)):
-            w.writerow({"workload": "prefill", "model": "llama-tiny", "seq": 64, "batch": 1, "budget": "1MiB",
-                        "gpus": 2, "split": "tensor", "policy": policy, "ms_median": 1.0, "vertices": mg.n,
-                        "host_ms_per_run": host})  # fmt: skip
+    rows = write_rows(tmp_path / "rows.csv", [{"policy": p, "ms_median": 1.0, "vertices": mg.n, "host_ms_per_run": h}
+                                               for p, h in (("nondet", base), ("det", 10 * base))])  # fmt: skip
     out = tmp_path / "sim.csv"
     mod = load_script("sim_vs_multi")
-    args = [str(rows), "--profile", "h100-calibrated", "--runs", "1", "--at-host-time", "--out", str(out)]
+    args = [rows, "--profile", "h100-calibrated", "--runs", "1", "--at-host-time", "--out", str(out)]
     assert mod.main(args) == 0
     assert "at each row's own host time:" in capsys.readouterr().out
     nondet, det = list(csv.DictReader(open(out)))
@@ -67,28 +68,15 @@ def test_at_its_own_host_time_a_slower_host_is_simulated_slower(tmp_path, capsys
 def test_a_row_whose_plan_changed_since_is_not_compared(tmp_path, capsys):
     """A measured row whose vertex count the compiler no longer gives is named and left out; the others are
     compared; with none left the script fails."""
-    rows = tmp_path / "rows.csv"
-    with open(rows, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["workload", "model", "seq", "batch", "budget", "gpus", "split", "policy",
-                                          "ms_median", "vertices"])  # fmt: skip
-        w.writeheader()
-        for policy, vertices in (("nondet", ""), ("det", 7)):
-            w.writerow({"workload": "prefill", "model": "llama-tiny", "seq": 64, "batch": 1, "budget": "1MiB",
-                        "gpus": 2, "split": "tensor", "policy": policy, "ms_median": 1.0,
-                        "vertices": vertices})  # fmt: skip
+    rows = write_rows(tmp_path / "rows.csv", [{"policy": "nondet", "ms_median": 1.0, "vertices": ""},
+                                               {"policy": "det", "ms_median": 1.0, "vertices": 7}])  # fmt: skip
     mod = load_script("sim_vs_multi")
-    assert mod.main([str(rows), "--runs", "1"]) == 0
+    assert mod.main([rows, "--runs", "1"]) == 0
     text = capsys.readouterr().out
     assert "not compared: llama-tiny 64 x 1 at 1MiB on 2 GPUs (tensor, det)" in text
     assert "the measured plan had 7" in text and re.search(r"\d of 1 cells within", text) and "1 not compared" in text
-    only = tmp_path / "only.csv"
-    with open(only, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["workload", "model", "seq", "batch", "budget", "gpus", "split", "policy",
-                                          "ms_median", "vertices"])  # fmt: skip
-        w.writeheader()
-        w.writerow({"workload": "prefill", "model": "llama-tiny", "seq": 64, "batch": 1, "budget": "1MiB", "gpus": 2,
-                    "split": "tensor", "policy": "nondet", "ms_median": 1.0, "vertices": 7})  # fmt: skip
-    assert mod.main([str(only), "--runs", "1"]) == 1
+    only = write_rows(tmp_path / "only.csv", [{"policy": "nondet", "ms_median": 1.0, "vertices": 7}])
+    assert mod.main([only, "--runs", "1"]) == 1
 
 
 def test_a_row_of_the_tile_choices_plan_is_compiled_with_its_tiles(tmp_path, capsys):
@@ -99,13 +87,8 @@ def test_a_row_of_the_tile_choices_plan_is_compiled_with_its_tiles(tmp_path, cap
     n = {t: compile_model("llama-tiny", seq=64, gpus=2, budget="1MiB", resident="auto", split="tensor",
                           tiles={"t": t})[1].n for t in (16, 32)}  # fmt: skip
     assert n[16] != n[32]
-    rows = tmp_path / "rows.csv"
-    with open(rows, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["workload", "model", "seq", "batch", "budget", "gpus", "split", "policy",
-                                          "ms_median", "vertices"])  # fmt: skip
-        w.writeheader()
-        w.writerow({"workload": "prefill", "model": "llama-tiny", "seq": 64, "batch": 1, "budget": "1MiB", "gpus": 2,
-                    "split": "tensor t=16", "policy": "nondet", "ms_median": 1.0, "vertices": n[16]})  # fmt: skip
+    rows = write_rows(tmp_path / "rows.csv", [{"split": "tensor t=16", "policy": "nondet", "ms_median": 1.0,
+                                               "vertices": n[16]}])  # fmt: skip
     mod = load_script("sim_vs_multi")
-    assert mod.main([str(rows), "--runs", "1"]) == 0
+    assert mod.main([rows, "--runs", "1"]) == 0
     assert "| tensor t=16 |" in capsys.readouterr().out
