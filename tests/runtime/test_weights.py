@@ -395,3 +395,34 @@ def test_written_arrays_are_announced_to_the_pinner_of_the_region():
             assert write_arrays(b, tg, make(), threads=3) == n
             _check_pinned(drv, region, made, b)
             np.testing.assert_array_equal(a.host[0], b.host[0])
+
+
+def test_a_fill_that_fails_abandons_its_pinner_and_one_that_ends_finishes_it():
+    """``pinned_while_filled``: the backend's pinner for the fill's writes, finished when the block ends, abandoned
+    (and the error raised) when it fails; None for a backend that pins nothing while it is filled."""
+    from turnip.runtime.weights import pinned_while_filled
+
+    class Pinner:
+        def __init__(self, writes):
+            self.writes, self.ended = writes, []
+
+        def finish(self):
+            self.ended.append("finish")
+
+        def abandon(self):
+            self.ended.append("abandon")
+
+    class Backend:
+        def pin_while_filling(self, writes):
+            self.pinner = Pinner(writes)
+            return self.pinner
+
+    b = Backend()
+    with pinned_while_filled(b, [(0, 8)]) as p:
+        assert p is b.pinner and p.writes == [(0, 8)] and p.ended == []
+    assert p.ended == ["finish"]
+    with pytest.raises(RuntimeError, match="fill failed"), pinned_while_filled(b, [(0, 8)]) as p:
+        raise RuntimeError("fill failed")
+    assert p.ended == ["abandon"]
+    with pinned_while_filled(object(), [(0, 8)]) as p:
+        assert p is None

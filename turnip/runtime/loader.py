@@ -589,7 +589,7 @@ def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
     ``host_in``, go through ``write_inputs``. A backend that pins its region while it is filled
     (``pin_while_filling``: the CUDA backend's registered region) hears of every tile as it is written. Returns
     bytes written."""
-    from turnip.runtime.weights import LazyWeights, compute_dtype, logical_inputs, write_streaming
+    from turnip.runtime.weights import LazyWeights, compute_dtype, logical_inputs, pinned_while_filled, write_streaming
 
     region = getattr(backend, "host_in", None)
     if region is None:
@@ -597,9 +597,8 @@ def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
     offs, lg = input_offsets(backend), logical_inputs(tg)
     jobs, rest, written = [], {}, []
     writes = [(offs[int(t)], int(tg.nbytes[int(t)])) for name in arrays for _, t in lg[name][1] if int(t) in offs]
-    pinner = backend.pin_while_filling(writes) if hasattr(backend, "pin_while_filling") else None
     lazy = isinstance(arrays, LazyWeights)  # one array made at a time: its tiles copied before the next is made
-    try:
+    with pinned_while_filled(backend, writes) as pinner:
         for name in arrays:
             if lazy:
                 _copy_all(jobs, threads, pinner)
@@ -622,11 +621,5 @@ def write_arrays(backend, tg, arrays: dict, threads: int | None = None) -> int:
                     if t in offs:
                         pinner.written(offs[t], int(tg.nbytes[t]))
         _copy_all(jobs, threads, pinner)
-    except BaseException:
-        if pinner is not None:
-            pinner.abandon()
-        raise
-    if pinner is not None:
-        pinner.finish()
     backend.load_resident(written)
     return sum(int(tg.nbytes[t]) for t in written)

@@ -40,6 +40,7 @@ Compute dtypes (``tg.dtype`` of an input vertex): fp16, bf16 (``ml_dtypes.bfloat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -329,31 +330,42 @@ def write_random_inputs(backend, tg, seed: int = 0, skip=(), threads: int | None
     fills = {r[0]: [(starts, tuple(tg.shape[t]), host[t]) for starts, t in lg[r[0]][1] if t in host]
              for r in recipes if r[2] is None}  # fmt: skip
     writes = [(host[t], int(tg.nbytes[t])) for name in fills for _, t in lg[name][1] if t in host]
-    pinner = backend.pin_while_filling(writes) if hasattr(backend, "pin_while_filling") else None
-    ex = ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1), thread_name_prefix="turnip-fill")
-    try:
-        for i, (name, shape, x, pool, offs) in enumerate(recipes):
-            recipes[i] = None  # a made array is dropped once written
-            blocks = [(starts, int(t)) for starts, t in lg[name][1]]
-            if x is not None:
-                backend.write_inputs(tile_inputs(tg, {name: x}), load_resident=False)
-            else:
-                futures.append(ex.submit(_fill_tiles, region, fills[name], shape, pool, offs, pool_elems, pinner))
-            written += [t for _, t in blocks]
-            n += sum(int(tg.nbytes[t]) for _, t in blocks)
-        for f in futures:
-            f.result()
-    except BaseException:
-        if pinner is not None:
+    with pinned_while_filled(backend, writes) as pinner:
+        ex = ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1), thread_name_prefix="turnip-fill")
+        try:
+            for i, (name, shape, x, pool, offs) in enumerate(recipes):
+                recipes[i] = None  # a made array is dropped once written
+                blocks = [(starts, int(t)) for starts, t in lg[name][1]]
+                if x is not None:
+                    backend.write_inputs(tile_inputs(tg, {name: x}), load_resident=False)
+                else:
+                    futures.append(ex.submit(_fill_tiles, region, fills[name], shape, pool, offs, pool_elems, pinner))
+                written += [t for _, t in blocks]
+                n += sum(int(tg.nbytes[t]) for _, t in blocks)
+            for f in futures:
+                f.result()
+        finally:  # no thread writes on once the fill ends or fails (before the pinner finishes or is abandoned)
             ex.shutdown(wait=True, cancel_futures=True)
-            pinner.abandon()
-        raise
-    finally:
-        ex.shutdown(wait=True, cancel_futures=True)
-    if pinner is not None:
-        pinner.finish()
     backend.load_resident(written)
     return n
+
+
+@contextlib.contextmanager
+def pinned_while_filled(backend, writes: list):
+    """A fill of ``writes`` ((byte offset in the host input region, bytes) each) into ``backend``: the backend's
+    ``PiecePinner`` (``turnip.runtime.hostmem``; None for a backend that pins no region while it is filled),
+    told of each write by the block, finished when the block ends, abandoned (nothing left registered) if it
+    raises."""
+    pinner = backend.pin_while_filling(writes) if hasattr(backend, "pin_while_filling") else None
+    if pinner is None:
+        yield None
+        return
+    try:
+        yield pinner
+    except BaseException:
+        pinner.abandon()
+        raise
+    pinner.finish()
 
 
 def _fill_tiles(region: np.ndarray, tiles: list, shape: tuple, pool: np.ndarray, offs: list, pool_elems: int,
