@@ -40,8 +40,7 @@ def simulate_row(r: dict, prof, runs: int, cache: dict, at_host: bool = False) -
     if key not in cache:
         kw = {}
         if r["split"] not in ("", "default"):  # a split, or the tile choice's plan: 'tensor t=4096'
-            kw["split"], tiles = candidate(r["split"])
-            kw |= {"tiles": tiles} if tiles else {}
+            kw["split"], kw["tiles"] = candidate(r["split"])
         if int(key[2]) > 1:
             kw["batch"] = int(key[2])
         mg = compile_model(r["model"], seq=int(r["seq"]), gpus=int(r["gpus"]), budget=budget, resident="auto", **kw)[1]

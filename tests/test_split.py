@@ -191,7 +191,9 @@ def test_tile_choice_builds_the_spread_tile_too_and_keeps_the_plan_predicted_fas
     assert tc.split_candidates("llama-tiny", 2, "tensor", seq=32) == ["tensor", "tensor t=16"]
     assert tc.split_candidates("llama-tiny", 2, "tensor", seq=32, batch=2) == ["tensor"]
     assert tc.split_candidates("llama-tiny", 2, "tensor", train=True, seq=32) == ["tensor"]
-    assert tc.candidate("tensor t=16") == ("tensor", {"t": 16}) and tc.candidate("data") == ("data", {})
+    assert tc.candidate("tensor t=16") == ("tensor", {"t": 16}) and tc.candidate("data") == ("data", None)
+    assert tc.candidate("tensor t=16", {"h": 2, "t": 8}) == ("tensor", {"h": 2, "t": 16})
+    assert tc.candidate("data", {"h": 2}) == ("data", {"h": 2})
     real, seen = tc.predict_ms, []
 
     def predict(mg, prof):

@@ -578,11 +578,12 @@ def split_candidates(model: str, gpus: int, split: str = "auto", n_layers: int |
     return names
 
 
-def candidate(name: str) -> tuple[str, dict]:
-    """The split and the tiles over the given ones of a ``split_candidates`` name: 'tensor t=4096' ->
-    ('tensor', {'t': 4096})."""
-    split, *tiles = name.split()
-    return split, {k: int(v) for k, v in (x.split("=") for x in tiles)}
+def candidate(name: str, tiles: dict | None = None) -> tuple[str, dict | None]:
+    """The split of a ``split_candidates`` name and its tiles: those it names over the given ``tiles``, or
+    ``tiles`` where it names none ('tensor t=4096' -> ('tensor', {**tiles, 't': 4096}))."""
+    split, *named = name.split()
+    more = {k: int(v) for k, v in (x.split("=") for x in named)}
+    return split, (tiles or {}) | more if more else tiles
 
 
 def predict_ms(mg: MemGraph, profile) -> float:
@@ -653,9 +654,9 @@ def compile_model(
     b = parse_nbytes(budget) if isinstance(budget, str) else budget
 
     def lower(name: str) -> TaskGraph:
-        s, more = candidate(name)
-        return make_taskgraph(model, seq, gpus, dtype, (tiles or {}) | more if more else tiles, n_layers=n_layers,
-                              budget_nbytes=b, train=train, split=s, batch=batch, fold=fold)  # fmt: skip
+        s, t = candidate(name, tiles)
+        return make_taskgraph(model, seq, gpus, dtype, t, n_layers=n_layers, budget_nbytes=b, train=train, split=s,
+                              batch=batch, fold=fold)  # fmt: skip
 
     return build_split(
         split_candidates(model, gpus, split, n_layers, train is not None, seq, dtype, b, tiles, batch),

@@ -207,10 +207,10 @@ def build_plan(a, tiles, budget, est, config=None, seed: int = 0, label: str = "
     which = lambda s: f" ({s} split)" if len(splits) > 1 else ""  # noqa: E731
 
     def lower(name: str):
-        s, more = candidate(name)
+        s, t = candidate(name, tiles)
         with Heartbeat(f"{label}: lowering ~{est.vertices:,} vertices{which(name)}", est.lower_s):
-            return make_taskgraph(a.model, a.seq, a.gpus, a.dtype, (tiles or {}) | more if more else tiles,
-                                  seed=seed, n_layers=getattr(a, "layers", None), budget_nbytes=budget,
+            return make_taskgraph(a.model, a.seq, a.gpus, a.dtype, t, seed=seed,
+                                  n_layers=getattr(a, "layers", None), budget_nbytes=budget,
                                   head=getattr(a, "logits", None), train=ck.train_spec(a),
                                   batch=getattr(a, "batch", 1), split=s)  # fmt: skip
 
