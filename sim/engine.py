@@ -863,7 +863,7 @@ class PowerModel:
 
 def power_model(mg: MemGraph, prof: MachineProfile, tm: TimingModel) -> PowerModel:
     """``prof``'s power limit for ``mg`` (cached on ``tm``, built for the same profile)."""
-    from turnip.machine.costs import cost_class
+    from turnip.machine.costs import clock_slowdowns, cost_class
 
     if getattr(tm, "_power", None) is not None:
         return tm._power
@@ -879,8 +879,8 @@ def power_model(mg: MemGraph, prof: MachineProfile, tm: TimingModel) -> PowerMod
     per = np.where(r[kern] > 0.0, flops[kern] / np.where(r[kern] > 0.0, r[kern], 1.0),
                    other * tm.kernel_ns[kern].astype(np.float64))  # fmt: skip
     energy = np.bincount(mg.gpu[kern], per, minlength=mg.n_gpus).tolist()
-    slows = {"gemm": prof.power_slow_gemm, "attention": prof.power_slow_attn, "memory": prof.power_slow_memory}
-    slow = [slows[c] if c and prof.power_slow_gemm > 0.0 else 1.0 for c in classes]
+    slows = clock_slowdowns(prof)
+    slow = [slows[c] if c else 1.0 for c in classes]
     tm._power = PowerModel(flops.tolist(), rate, other, prof.power_burst_s * 1e9, energy, slow)
     return tm._power
 

@@ -29,6 +29,7 @@ from turnip.machine.costs import (
     ENG_KERNEL,
     ENG_P2P,
     VertexCosts,
+    clock_slowdowns,
     cost_class,
     host_busy_ns,
     host_costs,
@@ -184,12 +185,10 @@ def sustained_kernel_ns(costs: VertexCosts) -> int:
     ``power_slow_memory``: the shared-clock model), or its model floor where the profile models no clock. An
     estimate of what a long run's kernels take, not a bound: a GPU runs at full clock while its power allows
     (``power_burst_s``), and kernels beat their model floors."""
-    mg, p, e = costs.mg, costs.prof, costs.eng
-    kern = np.flatnonzero(e == ENG_KERNEL)
-    floor = costs.floor_ns()[kern].astype(np.float64)
-    if p.power_slow_gemm > 0.0:
-        slow = {"gemm": p.power_slow_gemm, "attention": p.power_slow_attn, "memory": p.power_slow_memory}
-        floor = floor * np.array([slow[cost_class(mg.op[v])] for v in kern.tolist()])
+    mg = costs.mg
+    kern = np.flatnonzero(costs.eng == ENG_KERNEL)
+    slow = clock_slowdowns(costs.prof)
+    floor = costs.floor_ns()[kern] * np.array([slow[cost_class(mg.op[v])] for v in kern.tolist()])
     per_gpu = np.bincount(mg.gpu[kern].astype(np.int64), floor, minlength=max(mg.n_gpus, 1))
     return int(per_gpu.max(initial=0))
 

@@ -39,6 +39,15 @@ COST_CLASS = {"einsum": "gemm", "sdpa": "attention", "sdpa_bwd": "attention"}
 WORK_FLOPS = tuple(COST_CLASS)  # ops whose work is flops; the others: bytes read plus written
 
 
+def clock_slowdowns(prof: MachineProfile) -> dict[str, float]:
+    """Per cost class (``cost_class``), how many times slower its kernels run at the clock the power limit
+    sustains (throttle 1 of the shared-clock model: ``power_slow_gemm``, ``power_slow_attn``,
+    ``power_slow_memory``); 1.0 each where the profile models no clock."""
+    if prof.power_slow_gemm <= 0.0:
+        return {"gemm": 1.0, "attention": 1.0, "memory": 1.0}
+    return {"gemm": prof.power_slow_gemm, "attention": prof.power_slow_attn, "memory": prof.power_slow_memory}
+
+
 def cost_class(op: str) -> str:
     """``gemm`` (einsum), ``attention`` (sdpa, sdpa_bwd) or ``memory`` (every other op): whose measurements
     an op without its own borrows, and which host launch cost it pays."""
