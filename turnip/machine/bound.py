@@ -195,15 +195,15 @@ def sustained_kernel_ns(costs: VertexCosts) -> int:
 
 def plan_bound(mg, profile="h100") -> dict[str, int]:
     """``lower_bound`` of ``mg`` on a profile (a ``MachineProfile``, or a name or path for ``load_profile``)."""
-    from turnip.machine.profile import load_profile
-
-    prof = profile if isinstance(profile, MachineProfile) else load_profile(profile)
-    return lower_bound(VertexCosts(mg, prof))
+    return lower_bound(_costs(mg, profile))
 
 
 def plan_sustained_ns(mg, profile="h100") -> int:
     """``sustained_kernel_ns`` of ``mg`` on a profile (as ``plan_bound``)."""
+    return sustained_kernel_ns(_costs(mg, profile))
+
+
+def _costs(mg, profile) -> VertexCosts:
     from turnip.machine.profile import load_profile
 
-    prof = profile if isinstance(profile, MachineProfile) else load_profile(profile)
-    return sustained_kernel_ns(VertexCosts(mg, prof))
+    return VertexCosts(mg, profile if isinstance(profile, MachineProfile) else load_profile(profile))
