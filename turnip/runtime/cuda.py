@@ -155,8 +155,7 @@ class CudaBackend:
         ]  # fmt: skip
         self.cur = -1
         self._set_ctx(0)
-        t_alloc = time.perf_counter()
-        self.open_phases_s["devices"] = t_alloc - t_layout
+        t_alloc = self._open_phase("devices", t_layout)
         self.host_key = tuple(host_key)  # adopted: tensors whose host copies came with a handed-over region
         self.adopted = [] if host_inputs is None else host_inputs.adopt(self.host_key, lay, host_first or (), True)
         if self.adopted:  # a filled region of an earlier plan: its prefix kept, released by us as it was made
