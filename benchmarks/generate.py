@@ -172,7 +172,8 @@ def main(argv=None) -> int:
         for vals in itertools.product(*(vs for _, vs in axes)):
             env = {var: val for (var, _), val in zip(axes, vals, strict=True) if val is not None}
             os.environ.update(env)
-            for key in [k for k in plans.plans if k[0] == "prefill"]:  # built again under this variant's switches
+            for key in [k for k in plans.plans if k[0].startswith("prefill")]:  # built again under this
+                # variant's switches
                 del plans.plans[key]
             r = generate(m, prompts, N, b, profile=a.profile, **kw)
             more = {k: v for k, v in env.items() if k not in ("TURNIP_KEEP_WEIGHTS", "TURNIP_KEEP_CACHE")}

@@ -74,12 +74,80 @@ def test_greedy_tokens_equal_transformers(hf, tmp_path, batch, gpus, budget):
         assert (cache & ~mg.preloaded()).any()
 
 
+@pytest.fixture(scope="module")
+def hf_scores(hf):
+    """Per prompt, HF's fp32 greedy logits (32 steps, vocab) along its own tokens."""
+    import torch
+
+    _, model, prompts, _ = hf
+    out = []
+    for p in prompts:
+        with torch.no_grad():
+            r = model.generate(torch.tensor(p)[None], max_new_tokens=32, do_sample=False, pad_token_id=0,
+                               eos_token_id=None, output_scores=True, return_dict_in_generate=True)  # fmt: skip
+        out.append(torch.stack(r.scores)[:, 0].numpy())
+    return out
+
+
+NEAR_TIE = {"fp16": 0.01, "bf16": 0.15}  # of the largest |logit|: a margin half precision may not resolve
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_half_precision_keeps_the_first_greedy_tokens(hf, dtype):
-    """fp16 and bf16 caches (the mask's -BIG exact in both) give HF's fp32 tokens on this model for a while."""
+def test_half_precision_follows_the_greedy_tokens_up_to_a_near_tie(hf, hf_scores, dtype):
+    """fp16 and bf16 caches (the mask's -BIG exact in both) give HF's fp32 tokens until a step where HF's own
+    logits of its token and ours lie within ``NEAR_TIE`` of each other (rounding there picks either; seen on
+    random models at 0.3% in fp16 and 10% in bf16 of the largest logit): every prompt, 32 tokens. In fp16
+    the first 16 tokens of the first two prompts are HF's."""
     d, _, prompts, want = hf
-    got = generate(load_model(str(d), dtype), prompts[:2], 16, 1 << 20, block=8, eos=()).ids
-    assert [g[:16] for g in got] == [w[:16] for w in want[:2]]
+    got = generate(load_model(str(d), dtype), prompts, 32, 1 << 20, block=8, eos=()).ids
+    for b, (g, w, s) in enumerate(zip(got, want, hf_scores, strict=True)):
+        i = next((i for i, (x, y) in enumerate(zip(g, w[:32], strict=False)) if x != y), None)
+        if i is not None:
+            margin = float(s[i, w[i]] - s[i, g[i]])
+            assert margin <= NEAR_TIE[dtype] * float(np.abs(s[i]).max()), (b, i, margin)
+    if dtype == "fp16":
+        assert [g[:16] for g in got[:2]] == [w[:16] for w in want[:2]]
+
+
+@pytest.mark.parametrize("gpus,budget", [(1, 40_000), (2, 24_000)])
+def test_the_prefill_gives_the_first_token(hf, monkeypatch, gpus, budget):
+    """``TURNIP_PREFILL_TOKEN=1``: the prefill runs every prompt token and its logits give the first new token
+    (prompts of four lengths in one batch, the cache spilling to the host): HF's 64 fp32 greedy tokens; every
+    plan verified, the first decode plan's cache starting at the longest prompt's length."""
+    monkeypatch.setenv("TURNIP_PREFILL_TOKEN", "1")
+    d, _, prompts, want = hf
+    m = load_model(str(d), "fp32")
+    plans = PlanCache(m.cfg, budget, gpus, "fp32", BLOCK, verify=True)
+    res = generate(m, prompts, NEW, budget, gpus, plans=plans, block=BLOCK, eos=(), seed=3)
+    assert res.ids == want
+    assert [k[0] for k in plans.plans].count("prefill+logits") == 1 and "prefill" not in [k[0] for k in plans.plans]
+    first = min(k[2] for k in plans.plans if k[0] == "decode")
+    assert first == max(LENS) // BLOCK + 1 and res.stats["steps"] == NEW
+
+
+def test_a_prompt_filling_its_blocks_needs_no_plan_for_one_step(monkeypatch):
+    """A prompt as long as two blocks: decoding from its last token (the prefill without logits) runs that token
+    in the two-block plan and then loads the three-block one; with ``TURNIP_PREFILL_TOKEN=1`` the prefill gives
+    the first token and one plan serves every step. Same tokens, chaos on both."""
+    m = load_model("llama-tiny", "fp32", seed=2)
+    prompt = [[(7 * i) % 90 + 3 for i in range(8)]]
+    got, decode = {}, {}
+    for on in ("0", "1"):
+        monkeypatch.setenv("TURNIP_PREFILL_TOKEN", on)
+        plans = PlanCache(m.cfg, 48_000, 1, "fp32", 4, verify=True)
+        r = generate(m, prompt, 4, 48_000, block=4, plans=plans, eos=(), chaos=0.3, seed=1)
+        got[on], decode[on] = r.ids, sorted(k[2] for k in plans.plans if k[0] == "decode")
+    assert got["0"] == got["1"]
+    assert decode == {"0": [2, 3], "1": [3]}
+
+
+def test_last_token_rows_pick_each_prompts_last_position():
+    from turnip.decode import last_token_rows
+
+    sel = last_token_rows([3, 1], 4, "fp32")
+    assert sel.shape == (2, 8) and sel.sum() == 2 and sel[0, 2] == 1 and sel[1, 4] == 1
+    with pytest.raises(ValueError, match=r"\[1, 4\]"):
+        last_token_rows([5], 4, "fp32")
 
 
 def test_chaos_runs_give_identical_tokens():
@@ -567,7 +635,7 @@ def test_a_prefill_tiled_as_the_decode_steps_hands_its_weights_to_the_first_deco
         r = generate(m, prompts, max_new_tokens=7, budget=1 << 20, dtype="fp32", block=4, plans=plans, chaos=0.2,
                      seed=1)  # fmt: skip
         got[on], stats[on] = r.ids, r.stats
-        pre = next(k for k in plans.plans if k[0] == "prefill")
+        pre = next(k for k in plans.plans if k[0].startswith("prefill"))
         first = min(k for k in plans.plans if k[0] == "decode")
         share = shared_weights(m, plans.plans[pre][0], plans.plans[first][0])
         assert (share > 0.5) == (on == "1"), share

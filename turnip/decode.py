@@ -319,12 +319,16 @@ def cache_nbytes(tg: TaskGraph) -> int:
 
 def prefill_kv(
     cfg: LlamaConfig, seq: int, batch: int = 1, n_gpus: int = 1, dtype: str = "fp16",
-    budget_nbytes: int | None = None, tiles: dict | None = None,
+    budget_nbytes: int | None = None, tiles: dict | None = None, logits: bool = False,
 ) -> TaskGraph:  # fmt: skip
     """A prefill of ``batch`` prompts of ``seq`` tokens (one after another in the token dim) whose outputs
     are every layer's rotated keys ``L{i}.kr`` and values ``L{i}.v`` (tokens, Hk, dh): what the cache holds.
     Nodes that reach no output (the last layer's FFN, the final norm) are dropped. ``tiles``: given tiles over
-    the prefill's defaults (``decode_weight_tiles``: the weights tiled as the decode steps tile them)."""
+    the prefill's defaults (``decode_weight_tiles``: the weights tiled as the decode steps tile them).
+    ``logits``: also the LM head's logits (batch, vocab) of one position per prompt, its last token's: the
+    input ``Sel`` (batch, batch * seq) is one-hot at each prompt's last position (``last_token_rows``), an
+    einsum over tokens picks those rows of the final norm's output (one product per sum: exact), so prompts
+    of different lengths share the plan and the prefill gives each sequence its first new token."""
     check_decodable(cfg)
     t = llama_tiles(cfg, seq, n_gpus, dtype, tiles, None, budget_nbytes, "none", "tensor")
     t = batch_tiles(cfg, seq, batch, n_gpus, dtype, budget_nbytes, t, tiles)
@@ -333,17 +337,39 @@ def prefill_kv(
     for n in g.nodes:
         if n.op == "attention":
             outs += [n.inputs[1], n.inputs[2]]
+    if logits:
+        hn = g.outputs[0]  # the final norm over every token
+        with g.layer_scope(-1):
+            sel = g.input("Sel", "st", (batch, batch * seq))
+        with g.layer_scope(cfg.n_layers):
+            w = g.input("tok_embed" if cfg.tie_embeddings else "lm_head", "vd", (cfg.vocab, cfg.d_model))
+            last = g.einsum("st,td->sd", sel, hn, name="last")
+            outs.append(g.einsum("sd,vd->sv", last, w, name="logits"))
     g.outputs = outs
     g = prune(g)
     for n in g.nodes:  # the cache's names, whatever the graph called them
-        if n.op != "input" and n.out.id in g.outputs:
+        if n.op != "input" and n.out.id in g.outputs and n.out.name != "logits":
             i = g.outputs.index(n.out.id)
             n.out = dataclasses.replace(n.out, name=f"L{i // 2}.{'kv'[i % 2]}cache")
     tg = lower(g, split_tiling(t, n_gpus, "tensor", cfg.n_layers, "hftv"))
     embed = {"input": "x0", "table": "model.embed_tokens.weight"}
-    tg.meta.update(model=cfg.name or "llama", seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype, head="kv",
+    tg.meta.update(model=cfg.name or "llama", seq=seq, batch=batch, n_gpus=n_gpus, dtype=dtype,
+                   head="kv+logits" if logits else "kv",
                    split="tensor", embed=embed, arch=cfg.arch)  # fmt: skip
     return tg
+
+
+def last_token_rows(lens, seq: int, dtype: str) -> np.ndarray:
+    """``Sel`` of a ``prefill_kv`` with logits: (batch, batch * seq), one-hot at prompt b's last token, row
+    b * seq + lens[b] - 1."""
+    from turnip.reference import _np_dtype
+
+    lens = np.asarray(lens, dtype=np.int64)
+    if lens.min() < 1 or lens.max() > seq:
+        raise ValueError(f"prompt lengths {lens.tolist()} must lie in [1, {seq}]")
+    out = np.zeros((len(lens), len(lens) * seq), dtype=_np_dtype(dtype))
+    out[np.arange(len(lens)), np.arange(len(lens)) * seq + lens - 1] = 1
+    return out
 
 
 def prune(g: Graph) -> Graph:
@@ -364,4 +390,4 @@ def prune(g: Graph) -> Graph:
 
 __all__ = ["BIG", "DEFAULT_BLOCK", "PAD", "DecodeShape", "TilingError", "cache_nbytes", "carry_pairs",
            "check_decodable", "context_blocks", "decode_graph", "decode_step", "decode_vertices",
-           "prefill_kv", "prune", "state_inputs", "width"]  # fmt: skip
+           "last_token_rows", "prefill_kv", "prune", "state_inputs", "width"]  # fmt: skip

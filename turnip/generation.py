@@ -23,7 +23,7 @@ from turnip.kvcache import HostCache, constants, merge_inputs, rotations, slot_o
 from turnip.models import LlamaConfig
 from turnip.plancache import PlanCache
 
-STEP_INPUTS = ("x0", "rot", "W", "Eq", "Ek", "Pv")  # the decode plan's inputs that are not weights
+STEP_INPUTS = ("x0", "rot", "W", "Eq", "Ek", "Pv", "Sel")  # the plans' inputs that are not weights
 PREFILL_ROUND = 16  # prefill plans per prompt length rounded up to this many tokens
 CARRY_ROWS_SWITCH = "TURNIP_CARRY_ROWS"  # "0": a decode step carries its written blocks whole (the old way)
 
@@ -47,6 +47,18 @@ def keep_weights_on() -> bool:
     ms a step against 210.2-216.3 (two bucket switches 0.7-1.0 s against 5.6-6.4 s), time to first token
     6.3-7.0 s against 10.3-11.4 (``benchmarks/results/generate/generate_keep_b1_h100.md``)."""
     return os.environ.get(KEEP_WEIGHTS_SWITCH) != "0"
+
+
+PREFILL_TOKEN_SWITCH = "TURNIP_PREFILL_TOKEN"  # "1": the prefill runs every prompt token and gives the first new one
+
+
+def prefill_token_on() -> bool:
+    """Whether the prefill runs the prompts' last tokens too and gives each sequence its first new token
+    (``prefill_kv`` with logits), so the first decode step writes slot P (the longest prompt's length) instead
+    of P - 1: where P is a multiple of the block size (a prompt of 512, blocks of 256), the decode plan of the
+    block holding slot P - 1 otherwise serves one step before the next bucket's plan is loaded. Off until timed
+    on a GPU (``TURNIP_PREFILL_TOKEN=1``)."""
+    return os.environ.get(PREFILL_TOKEN_SWITCH) == "1"
 
 
 KEEP_CACHE_SWITCH = "TURNIP_KEEP_CACHE"  # "1": kept host regions carry the cache blocks too
@@ -409,7 +421,10 @@ def generate(
     opts = ({"chaos": chaos} if backend == "cpu" and chaos else {}) | dict(options or {})
     lens = [len(x) for x in ids]
     P = max(lens)
-    plans.prefetch("decode", B, -(-P // block))  # the first decode step writes slot P - 1
+    first = prefill_token_on()  # the prefill gives the first new token: decoding starts at slot P
+    k0 = 1 if first else 0  # the first step a decode plan runs
+    if k0 < max_new_tokens:
+        plans.prefetch("decode", B, (P - 1 + k0) // block + 1)  # the first decode step writes slot P - 1 + k0
     cache = HostCache(m.cfg, B, block, dtype)
     last_nb = (P + max_new_tokens - 2) // block + 1  # the last step's bucket
     spare = lambda nb: cache.nbytes(last_nb) - cache.nbytes(nb) + (64 << 20)  # noqa: E731  # the next plans' cache
@@ -421,14 +436,21 @@ def generate(
     cur = np.array([x[-1] for x in ids], dtype=np.int64)
     runner, ttft, t_dec, switch_s, kept, kept_nbytes, open_s = None, None, None, 0.0, 0, 0, []
     switch_phases: dict = {}  # seconds over all bucket switches: the written blocks read, taken, the plan closed
+    steps, stopped, last_mg = 0, False, None  # last_mg: the last decode plan's memgraph
     try:  # whatever fails, the plan open and the region held now are released below
-        if P > 1:
-            nxt = plans.get("decode", B, (P - 1) // block + 1)[0] if keep_weights_on() else None  # first decode plan
+        if P > 1 or first:
+            nxt = (plans.get("decode", B, (P - 1 + k0) // block + 1)[0]  # the first decode plan
+                   if keep_weights_on() and k0 < max_new_tokens else None)  # fmt: skip
             t_pre = time.perf_counter()
             run = (backend, streams, opts, policy, seed)
-            host, prefill_phases, session_kept = _prefill(m, ids, plans, cache, run, spare(0), nxt, host)
+            host, prefill_phases, session_kept, logits = _prefill(m, ids, plans, cache, run, spare(0), nxt, host,
+                                                                  first)  # fmt: skip
             prefill_s = time.perf_counter() - t_pre
-        for k in range(max_new_tokens):
+            if first:
+                cur = sample(logits, sampling, rng)
+                ttft, t_dec, steps = time.perf_counter() - t0, time.perf_counter(), 1
+                stopped = out.add(cur)
+        for k in range(k0, 0 if stopped else max_new_tokens):
             slot = P - 1 + k
             nb = slot // block + 1
             if runner is None or runner.tg.meta["decode"]["n_blocks"] != nb:
@@ -451,6 +473,7 @@ def generate(
                 runner, host = _Runner(*plans.get("decode", B, nb), m, cache, backend, streams, opts, host,
                                        spare(nb)), None  # fmt: skip
                 open_s.append(time.perf_counter() - t_open)
+                last_mg = runner.mg
                 if P <= 1 and len(open_s) == 1:  # no prefill: the first decode plan took the session's region
                     session_kept = runner.kept_nbytes
                 kept += bool(runner.be.adopted)
@@ -464,12 +487,14 @@ def generate(
             logits = runner.run(inputs, policy, streams, None if seed is None else seed + k, ["logits"])["logits"]
             runner.be.carry(carry_pairs(runner.tg), rows=(slot % block, 1) if carry_rows_on() else None)
             cur = sample(logits, sampling, rng)
+            steps = k + 1
             if ttft is None:
                 ttft, t_dec = time.perf_counter() - t0, time.perf_counter()
             if out.add(cur):
                 break
         t_end = time.perf_counter()
-        if session is not None and keep_weights_on():  # the last plan's region, weights in place, for the next call
+        if session is not None and keep_weights_on() and runner is not None:  # the last plan's region, weights
+            # in place, for the next call
             session.keep(_weights_only(runner.be.detach_host_inputs(), runner.tg, m))
     finally:
         if runner is not None:
@@ -483,10 +508,11 @@ def generate(
     dec_s = t_end - t_dec
     stats = {"ttft_s": ttft, "tokens_per_s": (n_new - B) / dec_s if dec_s > 0 and n_new > B else None,
              "decode_s": dec_s, "switch_s": switch_s, "weights_kept": kept, "kept_nbytes": kept_nbytes,
-             "steps": k + 1, "new_tokens": n_new, "prefill_s": prefill_s,
+             "steps": steps, "new_tokens": n_new, "prefill_s": prefill_s,
              "prefill_phases_s": prefill_phases, "open_s": open_s, "switch_phases_s": switch_phases,
-             "link_nbytes_per_token": run_link_nbytes(runner.mg) / B,
-             "bound_ms": lower_bound(runner.mg, profile)["lower_bound_ns"] / 1e6 if profile else None,
+             "link_nbytes_per_token": run_link_nbytes(last_mg) / B if last_mg is not None else None,
+             "bound_ms": (lower_bound(last_mg, profile)["lower_bound_ns"] / 1e6
+                          if profile and last_mg is not None else None),
              "profile": profile, "plans_built": list(plans.built), "plans_loaded": list(plans.loaded),
              "session_kept_nbytes": session_kept, "total_s": time.perf_counter() - t0}  # fmt: skip
     return Result(out.ids, out.texts if m.tokenizer is not None else [None] * B, stats)
@@ -504,21 +530,24 @@ def _weights_only(host, tg, m: Model):
 
 
 def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple, reserve: int = 0, nxt=None,
-             host=None):  # fmt: skip
-    """The prompts but their last tokens through the prefill plan (right-padded with id 0 to a multiple of
-    ``PREFILL_ROUND`` tokens: no prompt token sees a pad, token tiles divide the length, and prompts of
-    similar lengths share a plan), their keys and values into ``cache``. ``run``: (backend, streams,
+             host=None, first: bool = False):  # fmt: skip
+    """The prompts but their last tokens (``first``: every token) through the prefill plan (right-padded with id
+    0 to a multiple of ``PREFILL_ROUND`` tokens: no prompt token sees a pad, token tiles divide the length, and
+    prompts of similar lengths share a plan), their keys and values into ``cache``. ``run``: (backend, streams,
     options, policy, seed). ``nxt``: the first decode plan's taskgraph, where the region is to pass on: the
     prefill's host input region (with ``reserve`` spare bytes for that plan's cache) is returned for it when
     at least half of its weights' bytes would be found in place (``shared_weights``), else None; the seconds
     of its phases (the plan opened and its weights written, run, outputs read and assembled, closed, the cache
-    filled); and the bytes the plan found in place in ``host`` (a region handed to it, or None)."""
+    filled); the bytes the plan found in place in ``host`` (a region handed to it, or None); and with
+    ``first`` the logits (batch, vocab) of each prompt's last token, else None."""
     backend, streams, opts, policy, seed = run
-    seq = -(-(max(len(x) for x in ids) - 1) // PREFILL_ROUND) * PREFILL_ROUND
-    tg, mg = plans.get("prefill", len(ids), seq)
+    lens = [len(x) if first else len(x) - 1 for x in ids]  # the tokens each prompt runs through the prefill
+    seq = -(-max(lens) // PREFILL_ROUND) * PREFILL_ROUND
+    tg, mg = plans.get("prefill+logits" if first else "prefill", len(ids), seq)
     padded = np.zeros((len(ids), seq), dtype=np.int64)
     for b, x in enumerate(ids):
-        padded[b, : len(x) - 1] = x[:-1]
+        padded[b, : lens[b]] = x[: lens[b]]
+    from turnip.decode import last_token_rows
     from turnip.runtime.weights import logical_inputs, weight_nbytes
 
     lg = logical_inputs(tg)
@@ -528,18 +557,22 @@ def _prefill(m: Model, ids: list, plans: PlanCache, cache: HostCache, run: tuple
     t0 = time.perf_counter()
     r = _Runner(tg, mg, m, None, backend, streams, opts, host=host, reserve=reserve)
     phases = {"open": time.perf_counter() - t0}
+    inputs = {"x0": m.embed(padded.reshape(-1))}
+    if first:
+        inputs["Sel"] = last_token_rows(lens, seq, m.dtype)
     try:
-        kv = r.run({"x0": m.embed(padded.reshape(-1))}, policy, streams, seed, list(tg.meta["output_blocks"]))
+        kv = r.run(inputs, policy, streams, seed, list(tg.meta["output_blocks"]))
         phases |= r.phases
         host = r.be.detach_host_inputs() if hand else None
     finally:
         t1 = time.perf_counter()
         r.be.close()
         phases["close"] = time.perf_counter() - t1
+    logits = kv.pop("logits", None)
     t1 = time.perf_counter()
-    cache.fill(kv, seq, [len(x) - 1 for x in ids])
+    cache.fill(kv, seq, lens)
     phases["fill"] = time.perf_counter() - t1
-    return host, phases, r.kept_nbytes
+    return host, phases, r.kept_nbytes, logits
 
 
 class _Outputs:

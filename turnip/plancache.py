@@ -2,10 +2,10 @@
 GPU count, dtype and block size in memory and on disk, and builds the next one in a background thread.
 
 State: ``plans`` (key -> (taskgraph, memgraph)), ``pending`` (key -> the thread building it), ``errors`` (key
--> the exception a background build raised, handed to ``get``). A key is (``"prefill"``, batch, tokens per
-prompt) or (``"decode"``, batch, cache blocks). Invariant: a key is in at most one of ``plans`` and
-``errors``; files on disk are named by a hash of everything that shapes the plan (``path``), so a file
-never serves a plan built from other settings or other code.
+-> the exception a background build raised, handed to ``get``). A key is (``"prefill"`` or
+``"prefill+logits"`` (``prefill_kv`` with logits), batch, tokens per prompt) or (``"decode"``, batch, cache
+blocks). Invariant: a key is in at most one of ``plans`` and ``errors``; files on disk are named by a hash of
+everything that shapes the plan (``path``), so a file never serves a plan built from other settings or other code.
 """
 
 from __future__ import annotations
@@ -99,11 +99,11 @@ class PlanCache:
             return None
         what = {"cfg": dataclasses.asdict(self.cfg), "key": list(key), "budget": self.budget, "gpus": self.n_gpus,
                 "dtype": self.dtype, "block": self.block, "fingerprint": plan_fingerprint(),
-                "prefill_decode_tiles": key[0] == "prefill" and prefill_decode_tiles_on(),
+                "prefill_decode_tiles": key[0].startswith("prefill") and prefill_decode_tiles_on(),
                 "decode_split": (self.decode or decode_split()) if key[0] == "decode" else None}  # fmt: skip
         h = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
         name = "".join(c if c.isalnum() or c in "-_" else "_" for c in (self.cfg.name or "llama"))
-        return self.dir / f"{name}-{key[0]}-b{key[1]}-n{key[2]}-{h}.plan"
+        return self.dir / f"{name}-{key[0].replace('+', '_')}-b{key[1]}-n{key[2]}-{h}.plan"
 
     def get(self, kind: str, batch: int, n: int):
         """(taskgraph, memgraph) of a ``prefill`` of ``n`` tokens per prompt or a ``decode`` step over ``n``
@@ -202,10 +202,10 @@ class PlanCache:
         from turnip.compile import build_with_resident
         from turnip.memgraph.build import BuildConfig
 
-        if kind == "prefill":
+        if kind in ("prefill", "prefill+logits"):
             on = prefill_decode_tiles_on()
             tiles = decode_weight_tiles(self.cfg, self.n_gpus, self.dtype, self.budget) if on else None
-            tg = prefill_kv(self.cfg, n, batch, self.n_gpus, self.dtype, self.budget, tiles)
+            tg = prefill_kv(self.cfg, n, batch, self.n_gpus, self.dtype, self.budget, tiles, kind != "prefill")
             mg = build_with_resident(tg, self.budget, BuildConfig(), resident="auto")
         else:
             tg, mg = self._decode(batch, n)
