@@ -63,12 +63,13 @@ def test_a_handed_over_region_is_released_once_by_the_backend_that_adopts_it(reg
     d = FakeDriver()
     r = PinnedRegion(d, 2 * PAGE, register=register)
     r.array[:5] = [1, 2, 3, 4, 5]
-    array, ptr, release = r.hand_over()
+    array, ptr, release, pieces = r.hand_over()
+    assert pieces == ([(0, 2 * PAGE)] if register else None)
     n = len(d.calls)
     r.release()
     assert len(d.calls) == n and r.array is None  # nothing left to release
-    h = HostInputs(array, ("w",), ptr, release)
-    new = PinnedRegion.adopted(d, h.array, h.ptr, h.take())
+    h = HostInputs(array, ("w",), ptr, release, pieces)
+    new = PinnedRegion.adopted(d, h.array, h.ptr, h.take(), h.pieces)
     h.free()  # the holder releases nothing once taken
     assert len(d.calls) == n and list(new.array[:5]) == [1, 2, 3, 4, 5] and new.pinned
     new.release()
@@ -213,3 +214,29 @@ def test_pieces_are_pinned_as_threads_finish_their_tiles_in_any_order():
     p = r.ptr
     r.release()
     assert sorted(c[1] - p for c in d.calls if c[0] == "unregister") == [i for i, _ in spans]
+
+
+def test_a_handed_over_region_is_registered_again_where_the_new_plans_buffers_span_its_pieces():
+    """A region pinned in pieces (cut where the plan before had buffers) and handed over keeps its pieces;
+    ``mend`` joins the pieces a buffer of the adopting plan spans (a copy must lie inside one registration),
+    leaves the others, and the release unregisters the pieces as they then are."""
+    d = FakeDriver()
+    r = PinnedRegion(d, 8 * PAGE, register=True)
+    spans = register_spans(r.nbytes, [2 * PAGE, 4 * PAGE, 6 * PAGE], 4)
+    pin = PiecePinner(r, spans, [])
+    pin.finish()
+    array, ptr, release, pieces = r.hand_over()
+    assert pieces == [(0, 2 * PAGE), (2 * PAGE, 4 * PAGE), (4 * PAGE, 6 * PAGE), (6 * PAGE, 8 * PAGE)]
+    a = PinnedRegion.adopted(d, array, ptr, release, pieces)
+    assert a.mend([(0, 2 * PAGE), (6 * PAGE, PAGE)]) == 0  # each inside a piece
+    d.calls.clear()
+    assert a.mend([(3 * PAGE, 2 * PAGE), (5 * PAGE, 10)]) == 4 * PAGE  # spans pieces 1 and 2
+    assert [(c[0], c[1] - ptr) for c in d.calls] == [("unregister", 2 * PAGE), ("unregister", 4 * PAGE),
+                                                     ("register", 2 * PAGE)]  # fmt: skip
+    assert d.calls[-1][2] == 4 * PAGE and a.pieces == [(0, 2 * PAGE), (2 * PAGE, 6 * PAGE), (6 * PAGE, 8 * PAGE)]
+    assert a.mend([(PAGE, 7 * PAGE)]) == 8 * PAGE and a.pieces == [(0, 8 * PAGE)]  # every piece: one
+    d.calls.clear()
+    a.release()
+    assert [(c[0], c[1] - ptr) for c in d.calls] == [("unregister", 0)]
+    b = PinnedRegion(d, 4 * PAGE)  # allocated pinned: one allocation, nothing to mend
+    assert b.pieces is None and b.mend([(0, 4 * PAGE)]) == 0

@@ -159,8 +159,14 @@ class CudaBackend:
         self.host_key = tuple(host_key)  # adopted: tensors whose host copies came with a handed-over region
         self.adopted = [] if host_inputs is None else host_inputs.adopt(self.host_key, lay, host_first or (), True)
         if self.adopted:  # a filled region of an earlier plan: its prefix kept, released by us as it was made
-            self._regions.append(PinnedRegion.adopted(drv, host_inputs.array, host_inputs.ptr, host_inputs.take()))
+            region = PinnedRegion.adopted(drv, host_inputs.array, host_inputs.ptr, host_inputs.take(),
+                                          host_inputs.pieces)  # fmt: skip
+            self._regions.append(region)
             self.host_in = host_inputs.array
+            t_mend = time.perf_counter()  # no buffer of ours may span two of its registered pieces
+            spans = {(lay.host_offset[v], lay.nbytes[v]) for v in range(mg.n) if lay.host_region[v] == HOST_INPUT}
+            if region.mend(spans):
+                self.load_phases_s["mend"] = time.perf_counter() - t_mend
         else:
             self.host_in = self._host_alloc(lay.host_input_nbytes, write_combined=True)
         self.host_off = self._host_alloc(lay.host_offload_nbytes, write_combined=False)
@@ -396,6 +402,17 @@ class CudaBackend:
         if load_resident:
             self.load_resident(values)
 
+    def _copy_where(self, v: int) -> str:
+        """For a failed copy's message: its bytes and host span (region, offset, the region's size and pieces)."""
+        lay = self.lay
+        r = lay.host_region[v]
+        if r < 0 or r >= len(self._regions):
+            return f" ({lay.nbytes[v]} bytes)"
+        reg = self._regions[r]
+        pieces = getattr(reg, "pieces", None)
+        return (f" ({lay.nbytes[v]} bytes at byte {lay.host_offset[v]} of the host {'input' if r == 0 else 'offload'}"
+                f" region of {reg.nbytes}, registered in {len(pieces) if pieces else 1} piece(s))")  # fmt: skip
+
     def pin_while_filling(self, writes) -> PiecePinner | None:
         """With a registered input region not yet pinned (unless ``TURNIP_PIN_WHILE_FILLING=0``): a ``PiecePinner``
         that pins it in pieces of about ``PIECE_NBYTES`` (cut where buffers start) while the caller's threads
@@ -616,7 +633,7 @@ class CudaBackend:
             elif tag == "p2p":
                 r = drv.cuMemcpyPeerAsync(w[1], w[2], w[3], w[4], w[5], h)
             if r != SUCCESS:
-                raise VertexFailed(v, self.mg.label(v), CudaError(drv.error_name(r)))
+                raise VertexFailed(v, self.mg.label(v) + self._copy_where(v), CudaError(drv.error_name(r)))
         if r == SUCCESS:
             r = drv.cuEventRecord(self.ev1[v], h)
         if r != SUCCESS:
@@ -768,9 +785,9 @@ class CudaBackend:
         from turnip.runtime.layout import HostInputs
 
         self.abort()
-        array, ptr, release = self._regions[0].hand_over()
+        array, ptr, release, pieces = self._regions[0].hand_over()
         self.host_in = None
-        return HostInputs(array, self.host_key, ptr, release)
+        return HostInputs(array, self.host_key, ptr, release, pieces)
 
     def __enter__(self):
         return self

@@ -62,6 +62,8 @@ class PinnedRegion:
 
     def __init__(self, drv, nbytes: int, write_combined: bool = False, register: bool = False):
         self.drv, self.nbytes = drv, int(nbytes)
+        self.pieces: list[tuple[int, int]] | None = None  # registered: the [start, end) spans registered apart
+        # (a copy must lie inside one); None for allocated pinned memory (one allocation)
         if register:
             buf = np.empty(self.nbytes + PAGE, dtype=np.uint8)  # no page touched yet
             off = -buf.ctypes.data % PAGE
@@ -73,11 +75,50 @@ class PinnedRegion:
             self.pinned, self._release = True, _freer(drv, self.ptr)
 
     @classmethod
-    def adopted(cls, drv, array: np.ndarray, ptr: int, release) -> PinnedRegion:
-        """A pinned region handed over by another backend (``HostInputs``), released by ``release``."""
+    def adopted(cls, drv, array: np.ndarray, ptr: int, release, pieces=None) -> PinnedRegion:
+        """A pinned region handed over by another backend (``HostInputs``), released by ``release``; ``pieces``:
+        its registered spans (None: allocated pinned memory)."""
         r = object.__new__(cls)
         r.drv, r.nbytes, r.array, r.ptr, r.pinned, r._release = drv, len(array), array, int(ptr), True, release
+        r.pieces = None if pieces is None else [(int(i), int(j)) for i, j in pieces]
         return r
+
+    def mend(self, buffers) -> int:
+        """Make every buffer of ``buffers`` ((byte offset, bytes) each) lie inside one registered piece: a copy
+        whose host range spans two registrations fails (CUDA_ERROR_INVALID_VALUE). Pieces that a buffer spans
+        are unregistered and registered again as one (a region handed to a plan that lays out its other inputs
+        where the plan before had pieces cut at its own buffers). Returns the bytes registered again."""
+        if not self.pieces or len(self.pieces) < 2 or not self.pinned:
+            return 0
+        starts = [i for i, _ in self.pieces]
+        joined = [False] * len(self.pieces)  # piece k joins piece k - 1: a buffer spans the boundary between them
+        for off, nb in buffers:
+            if nb > 0:
+                a = bisect.bisect_right(starts, int(off)) - 1
+                b = bisect.bisect_right(starts, int(off) + int(nb) - 1) - 1
+                for k in range(a + 1, b + 1):
+                    joined[k] = True
+        if not any(joined):
+            return 0
+        groups: list[list[int]] = []
+        for k, j in enumerate(joined):
+            if j:
+                groups[-1].append(k)
+            else:
+                groups.append([k])
+        drv, again, new = self.drv, 0, []
+        for ks in groups:
+            i, j = self.pieces[ks[0]][0], self.pieces[ks[-1]][1]
+            if len(ks) > 1:
+                for k in ks:
+                    drv.check(drv.cuMemHostUnregister(self.ptr + self.pieces[k][0]), "cuMemHostUnregister")
+                drv.check(drv.cuMemHostRegister_v2(self.ptr + i, j - i, REGISTER_PORTABLE),
+                          f"cuMemHostRegister({j - i} bytes at offset {i} of {self.nbytes})")  # fmt: skip
+                again += j - i
+            new.append((i, j))
+        self.pieces = new
+        self._release = _unregisterer(drv, [self.ptr + i for i, _ in new])
+        return again
 
     def pin(self, threads: int | None = None) -> None:
         """Pin a registered region in place (nothing for one already pinned): its untouched pages touched by
@@ -97,13 +138,15 @@ class PinnedRegion:
             r = self.drv.cuMemHostRegister_v2(self.ptr, self.nbytes, REGISTER_PORTABLE)
             self.drv.check(r, f"cuMemHostRegister({self.nbytes} bytes)")
             self._release = _unregisterer(self.drv, [self.ptr])
+            self.pieces = [(0, self.nbytes)]
         self.pinned = True
 
     def hand_over(self):
-        """(array, ptr, release) for the next backend (``HostInputs``), pinned first; this region forgets them."""
+        """(array, ptr, release, pieces) for the next backend (``HostInputs``), pinned first; this region forgets
+        them."""
         self.pin()
-        out = (self.array, self.ptr, self._release)
-        self.array, self.ptr, self._release = None, 0, None
+        out = (self.array, self.ptr, self._release, self.pieces)
+        self.array, self.ptr, self._release, self.pieces = None, 0, None, None
         return out
 
     def release(self) -> None:
@@ -229,7 +272,7 @@ class PiecePinner:
             self._unregister()
             answer, i, j = self._failed
             drv.check(answer, f"cuMemHostRegister({j - i} bytes at offset {i} of {r.nbytes})")
-        r._release, r.pinned = _unregisterer(drv, list(self._done)), True
+        r._release, r.pinned, r.pieces = _unregisterer(drv, list(self._done)), True, list(self.spans)
 
     def abandon(self) -> None:
         """The fill failed: the thread stopped, every registered piece unregistered (the region stays plain)."""

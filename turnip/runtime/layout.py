@@ -122,6 +122,7 @@ class HostInputs:
     key: tuple
     ptr: int = 0
     release: object = None  # callable freeing the memory (pinned host memory), or None
+    pieces: list | None = None  # registered memory: the [start, end) spans registered apart (None: allocated)
 
     def free(self) -> None:
         if self.release is not None:
