@@ -108,6 +108,9 @@ def main(argv=None) -> int:
     p.add_argument("--session", action="store_true",
                    help="the warm-up and timed runs of a row as calls of one generation Session (each call's first "
                         "plan takes over the host weights the call before left)")  # fmt: skip
+    p.add_argument("--trace", action="store_true",
+                   help="write each timed generation's last decode step as a Chrome trace into --out (device "
+                        "times; trace_<tag>_b<batch>_<n>.json)")  # fmt: skip
     p.add_argument("--tag", default=platform.node())
     p.add_argument("--out", default="benchmarks/results")
     a = p.parse_args(argv)
@@ -175,7 +178,8 @@ def main(argv=None) -> int:
             for key in [k for k in plans.plans if k[0].startswith("prefill")]:  # built again under this
                 # variant's switches
                 del plans.plans[key]
-            r = generate(m, prompts, N, b, profile=a.profile, **kw)
+            tr = os.path.join(a.out, f"trace_{a.tag}_b{B}_{len(results)}.json") if a.trace else None
+            r = generate(m, prompts, N, b, profile=a.profile, trace=tr, **kw)
             more = {k: v for k, v in env.items() if k not in ("TURNIP_KEEP_WEIGHTS", "TURNIP_KEEP_CACHE")}
             row = turnip_row(r.stats, B, P, N, budget, vals[0]) | {"keep_cache": vals[1], "gpus": a.gpus} | more
             progress(f"batch {B}: timed ({', '.join(f'{k}={v}' for k, v in env.items()) or 'defaults'})")

@@ -669,3 +669,17 @@ def test_decode_steps_split_by_layers_give_the_same_tokens(monkeypatch, budget, 
     monkeypatch.setenv("TURNIP_DECODE_SPLIT", "rows")
     with pytest.raises(ValueError, match="TURNIP_DECODE_SPLIT='rows'"):
         PlanCache(m.cfg, budget, 2, "fp32", 4).get("decode", 2, 3)
+
+
+def test_the_last_step_is_traced_where_asked(tmp_path):
+    """``trace``: the last new token's decode step written as a Chrome trace, one event per vertex of its plan at
+    least; the tokens are those of an untraced generation."""
+    import json
+
+    m = load_model("llama-tiny", "fp32", seed=1)
+    base = generate(m, [[3, 4, 5, 6]], 5, 48_000, block=4, eos=())
+    path = tmp_path / "step.json"
+    got = generate(m, [[3, 4, 5, 6]], 5, 48_000, block=4, eos=(), trace=str(path))
+    assert got.ids == base.ids
+    events = json.loads(path.read_text())["traceEvents"]
+    assert sum(1 for e in events if e.get("ph") == "X") >= got.stats["steps"] > 0

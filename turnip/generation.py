@@ -299,7 +299,10 @@ class _Runner:
             self.be.close()
             raise
 
-    def run(self, inputs: dict, policy: str, streams: int, seed: int | None, read: list[str]) -> dict:
+    def run(self, inputs: dict, policy: str, streams: int, seed: int | None, read: list[str],
+            trace: str | None = None) -> dict:  # fmt: skip
+        """Write ``inputs``, run the plan once, read the outputs ``read``; ``trace``: the run with its device times,
+        written there as a Chrome trace (``turnip.trace``)."""
         from turnip.memgraph.interp import assemble
         from turnip.runtime import execute
         from turnip.runtime.loader import thread_map
@@ -307,7 +310,10 @@ class _Runner:
 
         t = [time.perf_counter()]
         self.be.write_inputs(tile_inputs(self.tg, inputs))
-        execute(self.mg, self.be, policy, streams, seed=seed, device_times=False)
+        res = execute(self.mg, self.be, policy, streams, seed=seed, device_times=trace is not None)
+        if trace is not None:
+            meta = {"plan": self.tg.meta.get("head"), "batch": self.tg.meta.get("batch")}
+            res.trace(self.mg, meta).write_chrome(trace)
         t.append(time.perf_counter())
         blocks = self.tg.meta["output_blocks"]
         outs = self.be.read_outputs(only={int(v) for k in read for _, v in blocks[k][1]}, views=True)
@@ -380,7 +386,7 @@ def generate(
     block: int = DEFAULT_BLOCK, plans: PlanCache | None = None, plan_dir: str | Path | None = None,
     policy: str = "nondet", streams: int = 3, chaos: float = 0.0, seed: int = 0, on_token=None,
     eos: tuple | None = None, profile: str | None = "h100", options: dict | None = None,
-    session: Session | None = None,
+    session: Session | None = None, trace: str | None = None,
 ) -> Result:  # fmt: skip
     """Generate up to ``max_new_tokens`` per prompt (``prompts``: token id lists or strings, strings needing the
     model's tokenizer). A sequence stops at an end-of-sequence id (``eos``; default the model's) or when its
@@ -400,7 +406,9 @@ def generate(
     session_kept_nbytes (the bytes the first plan found in place from the call before, ``session``).
     ``session`` (``Session``; with ``keep_weights_on``): the first plan takes over the host input region the
     session's last call left (the weights written there, pinned on a GPU) where its layout starts alike, and
-    the last plan's region is left to the session for the next call."""
+    the last plan's region is left to the session for the next call. ``trace``: the decode step of the last new
+    token (if the generation gets there) run with its device times and written to this path as a Chrome trace
+    (``turnip.trace``; the other steps run untimed)."""
     from turnip.compile import parse_nbytes
 
     t0 = time.perf_counter()
@@ -484,7 +492,8 @@ def generate(
                     switch_s += time.perf_counter() - t_switch
             inputs = {"x0": m.embed(cur), "rot": rotations(m.cfg, [n - 1 + k for n in lens], dtype),
                       "W": slot_onehot(block, slot, dtype)}  # fmt: skip
-            logits = runner.run(inputs, policy, streams, None if seed is None else seed + k, ["logits"])["logits"]
+            logits = runner.run(inputs, policy, streams, None if seed is None else seed + k, ["logits"],
+                                trace if k == max_new_tokens - 1 else None)["logits"]  # fmt: skip
             runner.be.carry(carry_pairs(runner.tg), rows=(slot % block, 1) if carry_rows_on() else None)
             cur = sample(logits, sampling, rng)
             steps = k + 1

@@ -73,6 +73,8 @@ def register(sub) -> None:
         action="store_true",
         help="a model directory without safetensors weights: seeded random weights",
     )
+    p.add_argument("--trace", metavar="OUT.json",
+                   help="write the last new token's decode step, with its device times, as a Chrome/Perfetto trace")
     p.add_argument("--policy", default="nondet", choices=POLICIES, help="dispatch policy")
     p.add_argument("--streams", type=ck.int_in(1, 64), default=5, help="stream slots per GPU (1..64)")
     p.add_argument(
@@ -128,6 +130,8 @@ def cmd_generate(a) -> int:
     a.profile = machine_profile(a.profile, a.backend)
     ck.load_profile(a.profile)
     budget = ck.nbytes(a.budget, "--budget", minimum=1)
+    if a.trace:
+        ck.output_file(a.trace, "--trace")
     if a.chaos and a.backend != "cpu":
         raise ck.CliError("--chaos applies to --backend cpu", ck.USAGE)
     t0 = time.perf_counter()
@@ -150,7 +154,7 @@ def cmd_generate(a) -> int:
         res = generate(m, prompts, a.max_new_tokens, budget, a.gpus, a.dtype, a.backend,
                        Sampling(a.temperature, a.top_k, a.top_p, a.seed), tuple(a.stop), a.block, plan_dir=plan_dir,
                        policy=a.policy, streams=a.streams, chaos=a.chaos, on_token=on_token,
-                       profile=a.profile)  # fmt: skip
+                       profile=a.profile, trace=a.trace)  # fmt: skip
     except GenerateError as e:
         raise ck.CliError(str(e), ck.USAGE) from None
     if stream:
@@ -167,8 +171,9 @@ def cmd_generate(a) -> int:
         kept = f"; {s['weights_kept']} took the plan before's host weights" if s.get("weights_kept") else ""
         print(f"cache buckets        {s['switch_s']:.2f} s of that loading the next bucket's plan (longer cache)"
               f"{kept}", file=sys.stderr)  # fmt: skip
-    print(f"bytes moved / token  {format_nbytes(s['link_nbytes_per_token'])} (host<->GPU, last decode plan)",
-          file=sys.stderr)  # fmt: skip
+    if s["link_nbytes_per_token"] is not None:  # (none when the prefill gave every token)
+        print(f"bytes moved / token  {format_nbytes(s['link_nbytes_per_token'])} (host<->GPU, last decode plan)",
+              file=sys.stderr)  # fmt: skip
     if s["bound_ms"] is not None:
         print(f"decode step bound    {s['bound_ms']:.3f} ms on {a.profile} (per step of batch {len(res.ids)})",
               file=sys.stderr)  # fmt: skip
@@ -177,4 +182,6 @@ def cmd_generate(a) -> int:
         f"{f' from {plan_dir}' if plan_dir else ''}; total {time.perf_counter() - t0:.2f} s",
         file=sys.stderr,
     )
+    if a.trace:
+        print(f"trace                {a.trace} (the last step; open in https://ui.perfetto.dev)", file=sys.stderr)
     return 0
