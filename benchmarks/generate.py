@@ -40,6 +40,8 @@ def turnip_row(st: dict, B: int, P: int, N: int, budget: str, keep) -> dict:
            "switch_s": st["switch_s"], "prefill_s": st["prefill_s"],
            "prefill_phases": " ".join(f"{k}={v:.2f}" for k, v in st["prefill_phases_s"].items()),
            "switch_phases": " ".join(f"{k}={v:.2f}" for k, v in st["switch_phases_s"].items()),
+           "step_phases_ms": " ".join(f"{k}={1e3 * v / max(st['decode_steps'], 1):.2f}"
+                                      for k, v in st["step_phases_s"].items()),  # fmt: skip
            "open_s": " ".join(f"{x:.2f}" for x in st["open_s"]),
            "ms_per_step_in_bucket": (st["decode_s"] - st["switch_s"]) / max(1, st["steps"] - 1) * 1e3,
            "bound_ms": st["bound_ms"], "link_nbytes_per_token": st["link_nbytes_per_token"],

@@ -310,6 +310,7 @@ class _Runner:
 
         t = [time.perf_counter()]
         self.be.write_inputs(tile_inputs(self.tg, inputs))
+        t.append(time.perf_counter())
         res = execute(self.mg, self.be, policy, streams, seed=seed, device_times=trace is not None)
         if trace is not None:
             meta = {"plan": self.tg.meta.get("head"), "batch": self.tg.meta.get("batch")}
@@ -321,7 +322,7 @@ class _Runner:
         out = dict(zip(read, thread_map(lambda k: assemble(self.tg, outs, k), read), strict=True))  # copies: the
         # views into the backend's region are gone once it runs again or closes
         t.append(time.perf_counter())
-        self.phases = dict(zip(("run", "read", "assemble"), np.diff(t).tolist(), strict=True))
+        self.phases = dict(zip(("write", "run", "read", "assemble"), np.diff(t).tolist(), strict=True))
         return out
 
 
@@ -399,10 +400,12 @@ def generate(
     switch_s (the part of decode_s spent loading the next cache bucket's plan), weights_kept (decode plans
     that took over the host weights of the plan before: ``keep_weights_on``), kept_nbytes (the bytes they
     found in place, weights and, with ``keep_cache_on``, cache blocks), prefill_s (the prompts' prefill: its plan
-    loaded, written, run, the cache taken from it) and prefill_phases_s (its parts: open, run, read, assemble,
-    close, fill), open_s (per decode plan loaded: loading it and writing its
+    loaded, written, run, the cache taken from it) and prefill_phases_s (its parts: open, write, run, read,
+    assemble, close, fill), open_s (per decode plan loaded: loading it and writing its
     weights and cache blocks, in seconds), switch_phases_s (over the bucket switches: the written blocks read
     from the plan, taken into the host cache, the plan closed; with open_s after the first, switch_s),
+    decode_steps (steps a decode plan ran), step_phases_s (over those: their inputs made, written, the plan run,
+    the logits read and assembled, the written cache rows carried, the next tokens sampled),
     session_kept_nbytes (the bytes the first plan found in place from the call before, ``session``).
     ``session`` (``Session``; with ``keep_weights_on``): the first plan takes over the host input region the
     session's last call left (the weights written there, pinned on a GPU) where its layout starts alike, and
@@ -445,6 +448,7 @@ def generate(
     runner, ttft, t_dec, switch_s, kept, kept_nbytes, open_s = None, None, None, 0.0, 0, 0, []
     switch_phases: dict = {}  # seconds over all bucket switches: the written blocks read, taken, the plan closed
     steps, stopped, last_mg = 0, False, None  # last_mg: the last decode plan's memgraph
+    step_phases: dict = {}  # seconds over the decode steps: inputs made, written, run, read, assembled, carried
     try:  # whatever fails, the plan open and the region held now are released below
         if P > 1 or first:
             nxt = (plans.get("decode", B, (P - 1 + k0) // block + 1)[0]  # the first decode plan
@@ -490,12 +494,19 @@ def generate(
                     plans.prefetch("decode", B, nb + 1)
                 if ttft is not None:  # a bucket's plan loaded while decoding
                     switch_s += time.perf_counter() - t_switch
+            t_step = time.perf_counter()
             inputs = {"x0": m.embed(cur), "rot": rotations(m.cfg, [n - 1 + k for n in lens], dtype),
                       "W": slot_onehot(block, slot, dtype)}  # fmt: skip
+            t_in = time.perf_counter()
             logits = runner.run(inputs, policy, streams, None if seed is None else seed + k, ["logits"],
                                 trace if k == max_new_tokens - 1 else None)["logits"]  # fmt: skip
+            t_run = time.perf_counter()
             runner.be.carry(carry_pairs(runner.tg), rows=(slot % block, 1) if carry_rows_on() else None)
+            t_carry = time.perf_counter()
             cur = sample(logits, sampling, rng)
+            more = {"inputs": t_in - t_step, "carry": t_carry - t_run, "sample": time.perf_counter() - t_carry}
+            for name, sec in (runner.phases | more).items():
+                step_phases[name] = step_phases.get(name, 0.0) + sec
             steps = k + 1
             if ttft is None:
                 ttft, t_dec = time.perf_counter() - t0, time.perf_counter()
@@ -519,6 +530,7 @@ def generate(
              "decode_s": dec_s, "switch_s": switch_s, "weights_kept": kept, "kept_nbytes": kept_nbytes,
              "steps": steps, "new_tokens": n_new, "prefill_s": prefill_s,
              "prefill_phases_s": prefill_phases, "open_s": open_s, "switch_phases_s": switch_phases,
+             "step_phases_s": step_phases, "decode_steps": steps - k0 if steps > k0 else 0,
              "link_nbytes_per_token": run_link_nbytes(last_mg) / B if last_mg is not None else None,
              "bound_ms": (lower_bound(last_mg, profile)["lower_bound_ns"] / 1e6
                           if profile and last_mg is not None else None),
