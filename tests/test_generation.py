@@ -466,11 +466,14 @@ def test_kept_weights_keep_the_tokens(monkeypatch, budget, dtype):
         assert n_decode >= 3 and r.stats["weights_kept"] >= (n_decode - 1 if on == "1" else 0), r.stats
         assert on == "1" or r.stats["weights_kept"] == 0
         ph = r.stats["prefill_phases_s"]  # the time to first token's parts
-        assert set(ph) == {"open", "run", "read", "assemble", "close", "fill"}, ph
+        assert set(ph) == {"open", "write", "run", "read", "assemble", "close", "fill"}, ph
         assert 0 < sum(ph.values()) <= r.stats["prefill_s"] and len(r.stats["open_s"]) == n_decode
         sw = r.stats["switch_phases_s"]  # and the bucket switches' parts
         assert set(sw) == {"read", "take", "close"} and sum(sw.values()) + sum(r.stats["open_s"][1:]) <= r.stats[
             "switch_s"] + 1e-3, (sw, r.stats)
+        st = r.stats["step_phases_s"]  # and the decode steps' parts, within the decode time
+        assert set(st) == {"inputs", "write", "run", "read", "assemble", "carry", "sample"}, st
+        assert r.stats["decode_steps"] == 11 and 0 < sum(st.values()) <= r.stats["total_s"]
     assert got["0"] == got["1"]
 
 
