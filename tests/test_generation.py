@@ -125,6 +125,40 @@ def test_the_prefill_gives_the_first_token(hf, monkeypatch, gpus, budget):
     assert first == max(LENS) // BLOCK + 1 and res.stats["steps"] == NEW
 
 
+@pytest.mark.parametrize("gpus,budget,first", [(1, 40_000, "0"), (2, 24_000, "1"), (1, 1 << 20, "1")])
+def test_steps_with_new_rows_as_outputs_give_the_greedy_tokens(hf, monkeypatch, gpus, budget, first):
+    """``TURNIP_DECODE_ROWS=1``: every cache block read-only in a step, the new rows its outputs, copied into the
+    host cache and their block between steps: HF's 64 fp32 greedy tokens for four prompts of different lengths
+    (the cache spilling to the host under the small budgets, kept on the GPU under 1 MiB), with and without
+    the prefill's first token; every plan verified, no decode plan makes a block."""
+    monkeypatch.setenv("TURNIP_DECODE_ROWS", "1")
+    monkeypatch.setenv("TURNIP_PREFILL_TOKEN", first)
+    d, _, prompts, want = hf
+    m = load_model(str(d), "fp32")
+    plans = PlanCache(m.cfg, budget, gpus, "fp32", BLOCK, verify=True)
+    res = generate(m, prompts, NEW, budget, gpus, plans=plans, block=BLOCK, eos=(), seed=3)
+    assert res.ids == want
+    for k, (tg, _) in plans.plans.items():
+        if k[0] == "decode":
+            assert tg.meta["decode"]["rows"]
+            outs = [c["output"] for c in tg.meta["kv"] if c["output"] >= 0]
+            assert outs and all(tg.shape[o][0] == 1 for o in outs)
+
+
+def test_new_rows_as_outputs_survive_chaos_and_poison(monkeypatch):
+    """With ``TURNIP_DECODE_ROWS=1`` random delays change no token, nor arenas filled with NaN before every
+    step (every byte a step reads was written in it or carried into it)."""
+    monkeypatch.setenv("TURNIP_DECODE_ROWS", "1")
+    m = load_model("llama-tiny", "fp32", seed=5)
+    prompts = [[3, 9, 27, 17, 2], [40, 41]]
+    monkeypatch.setenv("TURNIP_DECODE_ROWS", "0")
+    base = generate(m, prompts, 8, 48_000, block=4, eos=())
+    monkeypatch.setenv("TURNIP_DECODE_ROWS", "1")
+    for s in (1, 2):
+        assert generate(m, prompts, 8, 48_000, block=4, eos=(), chaos=0.5, seed=s).ids == base.ids
+    assert generate(m, prompts, 8, 48_000, block=4, eos=(), options={"poison": True}).ids == base.ids
+
+
 def test_a_prompt_filling_its_blocks_needs_no_plan_for_one_step(monkeypatch):
     """A prompt as long as two blocks: decoding from its last token (the prefill without logits) runs that token
     in the two-block plan and then loads the three-block one; with ``TURNIP_PREFILL_TOKEN=1`` the prefill gives
@@ -374,14 +408,17 @@ def test_tokens_do_not_depend_on_the_block_size():
         assert generate(m, prompts, 6, 1 << 20, block=block, eos=()).ids == want
 
 
-def test_carry_of_one_row_copies_that_row_alone():
-    """``backend.carry(pairs, rows=...)`` (a decode step's written slot): those rows of the output reach the
-    input, the input's other rows stay as they were; rows outside the tensor are refused."""
+@pytest.mark.parametrize("rows_out", ["0", "1"])
+def test_carry_of_one_row_copies_that_row_alone(monkeypatch, rows_out):
+    """``backend.carry(pairs, rows=...)`` (a decode step's written slot): those rows of the output (or, from a
+    step whose outputs are the new rows, ``TURNIP_DECODE_ROWS=1``, the whole output) reach the input, the
+    input's other rows stay as they were; rows outside the tensor are refused."""
     from turnip.decode import carry_pairs
     from turnip.models import LLAMA
     from turnip.runtime import execute, open_backend
     from turnip.runtime.layout import row_range
 
+    monkeypatch.setenv("TURNIP_DECODE_ROWS", rows_out)
     tg, mg = PlanCache(LLAMA["tiny"], 1 << 20, 1, "fp32", 4, None).get("decode", 2, 1)
     pairs = carry_pairs(tg)
     assert pairs
@@ -394,7 +431,8 @@ def test_carry_of_one_row_copies_that_row_alone():
         be.carry(pairs, rows=(2, 1))
         for o, i in pairs:
             after = be._host_view(be._inputs[i][0])
-            np.testing.assert_array_equal(after[2], out[o][2])
+            np.testing.assert_array_equal(after[2], out[o][0 if rows_out == "1" else 2])
+            assert (out[o].shape[0] == 1) == (rows_out == "1")
             np.testing.assert_array_equal(np.delete(after, 2, axis=0), np.delete(before[i], 2, axis=0))
     assert row_range((4, 3), 48, (1, 2)) == (12, 24) and row_range((4, 3), 48, None) == (0, 48)
     with pytest.raises(ValueError, match="outside a tensor of 4 rows"):

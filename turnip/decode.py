@@ -42,6 +42,20 @@ BIG = 16384.0  # the mask magnitude: exact in fp16 and bf16, exp(-BIG * scale) i
 DEFAULT_BLOCK = 256  # cache slots per block
 
 
+ROWS_SWITCH = "TURNIP_DECODE_ROWS"  # "1": a decode step outputs its new key and value rows, not the written block
+
+
+def decode_rows_on() -> bool:
+    """Whether decode steps output the new key and value rows alone (``TURNIP_DECODE_ROWS=1``; off until timed
+    on a GPU): every cache block is then read-only in the step, the new rows get an ``sdpa`` of their own (one
+    slot) merged by ``attn_combine`` with the blocks', and the caller copies the rows into the block between
+    steps (``backend.carry`` with ``rows``). The step no longer makes a new last block per (layer, head block,
+    K or V): at batch 64 (7B, blocks of 256) those are 9.1 GB a step, offloaded to the host under 6 GiB."""
+    import os
+
+    return os.environ.get(ROWS_SWITCH) == "1"
+
+
 def check_decodable(cfg: LlamaConfig) -> None:
     """``ValueError`` naming what decode plans do not run: they take plain LLaMA layers (GQA, rope scaling
     and tied embeddings included)."""
@@ -99,8 +113,10 @@ def decode_weight_tiles(cfg: LlamaConfig, n_gpus: int, dtype: str, budget_nbytes
     return {k: t[k] for k in ("h", "f")}
 
 
-def decode_graph(cfg: LlamaConfig, shape: DecodeShape, dtype: str = "fp16") -> Graph:
-    """The logical decode step (module doc); weights named as ``turnip.models.llama_graph``'s."""
+def decode_graph(cfg: LlamaConfig, shape: DecodeShape, dtype: str = "fp16", rows: bool = False) -> Graph:
+    """The logical decode step (module doc); weights named as ``turnip.models.llama_graph``'s. ``rows``: the
+    step outputs its new rows instead of writing them into the last block (``decode_rows_on``): no ``W`` input,
+    and new keys keep 0 in their mask column (no ``Ek``), so a row attends as a written slot."""
     check_decodable(cfg)
     B, s = shape.batch, cfg
     H, Hk, r, e, d, F = s.n_heads, s.kv_heads, s.group, s.dh, s.d_model, width(cfg)
@@ -108,7 +124,7 @@ def decode_graph(cfg: LlamaConfig, shape: DecodeShape, dtype: str = "fp16") -> G
     with g.layer_scope(-1):
         x = g.input("x0", "td", (B, d))
         rot = g.input("rot", "tae", (B, F, e))
-        w = g.input("W", "cx", (shape.block, 1))
+        w = None if rows else g.input("W", "cx", (shape.block, 1))
     if r == 1:
         q_sub, q_w, o_sub, o_w = "td,hed->the", ("hed", (H, e, d)), "the,dhe->td", ("dhe", (d, H, e))
         qd, qs = "the", (B, H, e)
@@ -118,7 +134,7 @@ def decode_graph(cfg: LlamaConfig, shape: DecodeShape, dtype: str = "fp16") -> G
     qa = qd[:-1] + "a"
     with g.layer_scope(-1):  # the mask constants span every dim but the batch (kernels merge trailing dims)
         eq = g.input("Eq", qa[1:], (*qs[1:-1], F))
-        ek = g.input("Ek", "ha", (Hk, F))
+        ek = None if rows else g.input("Ek", "ha", (Hk, F))
         pv = g.input("Pv", "ae", (F, e))
     for i in range(s.n_layers):
         g.layer = i
@@ -129,11 +145,13 @@ def decode_graph(cfg: LlamaConfig, shape: DecodeShape, dtype: str = "fp16") -> G
         v = g.einsum("td,hed->the", h, g.input(p + "wv", "hed", (Hk, e, d)), name=p + "v")
         qr = g.einsum(f"{qd},tae->{qa}", q, rot, name=p + "qr")
         qm = g.map("add_n", qr, eq, name=p + "qm")
-        km = g.map("add_n", g.einsum("the,tae->tha", k, rot, name=p + "kr"), ek, name=p + "km")
+        km = g.einsum("the,tae->tha", k, rot, name=p + "kr")
+        if ek is not None:
+            km = g.map("add_n", km, ek, name=p + "km")
         vm = g.einsum("the,ae->tha", v, pv, name=p + "vm")
-        att = g._new("cache_attention", (qm, km, vm, w), qa, (*qs[:-1], F),
-                     {"scale": 1.0 / float(np.sqrt(e)), "n_blocks": shape.n_blocks, "block": shape.block},
-                     name=p + "attn")  # fmt: skip
+        att = g._new("cache_attention", (qm, km, vm) if rows else (qm, km, vm, w), qa, (*qs[:-1], F),
+                     {"scale": 1.0 / float(np.sqrt(e)), "n_blocks": shape.n_blocks, "block": shape.block,
+                      "rows": rows}, name=p + "attn")  # fmt: skip
         a = g.cols(att, 0, e, qd, qs, name=p + "a")
         x = g.map("add_n", x, g.einsum(o_sub, a, g.input(p + "wo", *o_w), name=p + "o"), name=p + "x1")
         h2 = g.rmsnorm(x, g.input(p + "ffn_norm", "d", (d,)), eps=s.eps, name=p + "h2")
@@ -175,7 +193,8 @@ class _DecodeLowering(_BaseLowering):
 
     def _cache_attention(self, node) -> None:
         b, T = self.b, self.T
-        q, k, v, w = node.inputs
+        rows_out = node.params.get("rows", False)  # the new rows are outputs, every block read-only
+        q, k, v, w = (*node.inputs, None) if rows_out else node.inputs
         t = node.out
         qt = self.g.t(q)
         B, F = self.batch, t.shape[-1]
@@ -196,28 +215,37 @@ class _DecodeLowering(_BaseLowering):
             msub = {"subscripts": "xgth,tha->xga"}
             rows = [b.kernel("einsum", [S, self.block(x, coords, gpu)], (1, G, F), t.dtype, gpu, msub,
                              name=f"{name}.{c}new") for x, c in ((k, "k"), (v, "v"))]  # fmt: skip
-            wv = self.block(w, {}, gpu)
+            wv = None if rows_out else self.block(w, {}, gpu)
             parts = []
+            split = nb > 1 or rows_out  # partial results merged by attn_combine
             for j in range(nb):
                 kv = []
                 for which, row in zip("KV", rows, strict=True):
                     bname = f"L{layer}.{which}{j}[{coords['h']}]"
                     x_in = b.input((blk, G, F), t.dtype, gpu, name=bname)
                     x_out = -1
-                    if j == nb - 1:  # the step's slot: the new row added into the block
+                    if j == nb - 1 and rows_out:  # the step's slot: the new row, an output copied in after the step
+                        x_out = row
+                        self.carried.append(x_out)
+                    elif j == nb - 1:  # the step's slot: the new row added into the block
                         put = b.kernel("einsum", [wv, row], (blk, G, F), t.dtype, gpu, {"subscripts": "cx,xga->cga"},
                                        name=bname + ".row")  # fmt: skip
                         x_out = b.kernel("add_n", [x_in, put], (blk, G, F), t.dtype, gpu, {}, name=bname + ".new")
                         self.carried.append(x_out)
                     self.kv.append({"layer": layer, "j": j, "h0": h0, "h1": h1, "which": which, "input": x_in,
                                     "output": x_out})  # fmt: skip
-                    kv.append(x_in if x_out < 0 else x_out)
+                    kv.append(x_in if x_out < 0 or rows_out else x_out)
                 p = {"scale": node.params["scale"], "causal": False, "q_off": 0, "k_off": 0, "tk": blk,
-                     "partial": nb > 1, "itemsize": itemsize}  # fmt: skip
-                pshape = (G * r * F + G * r * 4 // itemsize,) if nb > 1 else qshape
+                     "partial": split, "itemsize": itemsize}  # fmt: skip
+                pshape = (G * r * F + G * r * 4 // itemsize,) if split else qshape
                 parts.append(b.kernel("sdpa", [qv, *kv], pshape, t.dtype, gpu, p, name=f"{name}.A{j}"))
+            if rows_out:  # the new rows attend as one more block of one slot
+                p = {"scale": node.params["scale"], "causal": False, "q_off": 0, "k_off": 0, "tk": 1,
+                     "partial": True, "itemsize": itemsize}  # fmt: skip
+                pshape = (G * r * F + G * r * 4 // itemsize,)
+                parts.append(b.kernel("sdpa", [qv, *rows], pshape, t.dtype, gpu, p, name=f"{name}.Anew"))
             o = parts[0]
-            if nb > 1:
+            if split:
                 p = {"tq": 1, "h": G * r, "dh": F, "itemsize": itemsize} | ({"r": r} if r > 1 else {})
                 o = b.kernel("attn_combine", parts, qshape, t.dtype, gpu, p, name=name + ".o")
             osub = "xgth,xgra->thra" if r > 1 else "xgth,xga->tha"
@@ -243,10 +271,12 @@ def _elementwise():
 
 def decode_step(
     cfg: LlamaConfig, shape: DecodeShape, n_gpus: int = 1, dtype: str = "fp16", budget_nbytes: int | None = None,
-    tiles: dict | None = None, split: str = "tensor",
+    tiles: dict | None = None, split: str = "tensor", rows: bool | None = None,
 ) -> TaskGraph:  # fmt: skip
     """The taskgraph of one decode step (module doc). ``tg.meta["kv"]``: the cache blocks (layer, block j,
-    heads [h0, h1), K or V, input vertex, output vertex or -1); ``tg.meta["merge"]``: the S inputs. ``split``:
+    heads [h0, h1), K or V, input vertex, output vertex or -1: the new last block, or with ``rows`` the new
+    row, (1, B * heads, F)); ``tg.meta["merge"]``: the S inputs. ``rows`` (None: ``decode_rows_on()``): the
+    step outputs its new rows (``decode_graph``). ``split``:
     ``tensor`` (head, FFN and vocabulary blocks over every GPU) or ``layers`` (whole decoder layers per GPU, tiled
     as on one GPU, with their cache blocks: a step passes one row per sequence from GPU to GPU, and has the
     vertices of a one-GPU step)."""
@@ -258,7 +288,8 @@ def decode_step(
         raise ValueError(f"dtype must be fp16, bf16 or fp32, got {dtype!r}")
     if split not in ("tensor", "layers"):
         raise ValueError(f"a decode step splits by tensor or layers, not {split!r}")
-    g = decode_graph(cfg, shape, dtype)
+    rows = decode_rows_on() if rows is None else bool(rows)
+    g = decode_graph(cfg, shape, dtype, rows)
     if split == "layers":
         t = decode_tiles(cfg, 1, dtype, budget_nbytes) | dict(tiles or {})
         tiling = Tiling(t, n_gpus=n_gpus, parallel="layers", n_layers=cfg.n_layers)
@@ -270,13 +301,14 @@ def decode_step(
     tg.validate()
     tg.meta.update(model=cfg.name or "llama", n_gpus=n_gpus, dtype=dtype, head="decode", split=split,
                    batch=shape.batch, embed={"input": "x0", "table": "model.embed_tokens.weight"}, arch=cfg.arch,
-                   decode={"n_blocks": shape.n_blocks, "block": shape.block, "width": width(cfg), "big": BIG},
+                   decode={"n_blocks": shape.n_blocks, "block": shape.block, "width": width(cfg), "big": BIG,
+                           "rows": rows},
                    kv=lw.kv, merge=[[int(v), int(k[1])] for k, v in lw.merge.items()])  # fmt: skip
     return tg
 
 
 def carry_pairs(tg: TaskGraph) -> list[tuple[int, int]]:
-    """(new last block, its block input) per written cache block, for ``backend.carry``."""
+    """(new last block, or new row, and its block input) per written cache block, for ``backend.carry``."""
     return [(int(c["output"]), int(c["input"])) for c in tg.meta["kv"] if c["output"] >= 0]
 
 
@@ -297,15 +329,17 @@ def decode_vertices(cfg: LlamaConfig, n_blocks: int, n_gpus: int = 1, dtype: str
                     budget_nbytes: int | None = None) -> int:  # fmt: skip
     """Taskgraph vertices of ``decode_step`` over ``n_blocks`` cache blocks (any batch and block size), from
     the step of one block: each further block adds a K and a V input and an ``sdpa`` per (layer, key-value
-    head block), and more than one block an ``attn_combine`` each."""
-    n, heads = _one_block(cfg, n_gpus, dtype, budget_nbytes)
-    return n + (n_blocks - 1) * 3 * heads + (heads if n_blocks > 1 else 0)
+    head block), and more than one block an ``attn_combine`` each (a step with new rows as outputs,
+    ``decode_rows_on``, has one already)."""
+    rows = decode_rows_on()
+    n, heads = _one_block(cfg, n_gpus, dtype, budget_nbytes, rows)
+    return n + (n_blocks - 1) * 3 * heads + (heads if n_blocks > 1 and not rows else 0)
 
 
 @functools.lru_cache(maxsize=32)
-def _one_block(cfg: LlamaConfig, n_gpus: int, dtype: str, budget_nbytes: int | None) -> tuple[int, int]:
+def _one_block(cfg: LlamaConfig, n_gpus: int, dtype: str, budget_nbytes: int | None, rows: bool) -> tuple[int, int]:
     """Vertices of a one-block step and its (layer, key-value head block) pairs."""
-    tg = decode_step(cfg, DecodeShape(1, 1, 1), n_gpus, dtype, budget_nbytes)
+    tg = decode_step(cfg, DecodeShape(1, 1, 1), n_gpus, dtype, budget_nbytes, rows=rows)
     return tg.n, len(tg.meta["kv"]) // 2
 
 
@@ -388,6 +422,6 @@ def prune(g: Graph) -> Graph:
     return out
 
 
-__all__ = ["BIG", "DEFAULT_BLOCK", "PAD", "DecodeShape", "TilingError", "cache_nbytes", "carry_pairs",
-           "check_decodable", "context_blocks", "decode_graph", "decode_step", "decode_vertices",
+__all__ = ["BIG", "DEFAULT_BLOCK", "PAD", "ROWS_SWITCH", "DecodeShape", "TilingError", "cache_nbytes", "carry_pairs",
+           "check_decodable", "context_blocks", "decode_graph", "decode_rows_on", "decode_step", "decode_vertices",
            "last_token_rows", "prefill_kv", "prune", "state_inputs", "width"]  # fmt: skip

@@ -468,9 +468,12 @@ def generate(
             if runner is None or runner.tg.meta["decode"]["n_blocks"] != nb:
                 t_switch = time.perf_counter()
                 if runner is not None:  # the written block back to the host copy, the next bucket's plan loaded
-                    blocks_out = runner.be.read_outputs(only={o for o, _ in carry_pairs(runner.tg)}, views=True)
+                    rows_out = runner.tg.meta["decode"].get("rows", False)  # the host cache has every row already
+                    blocks_out = {} if rows_out else runner.be.read_outputs(only={o for o, _ in carry_pairs(runner.tg)},
+                                                                            views=True)  # fmt: skip
                     t = [time.perf_counter()]
-                    cache.take(runner.tg, blocks_out)
+                    if not rows_out:
+                        cache.take(runner.tg, blocks_out)
                     t.append(time.perf_counter())
                     if keep_weights_on() and keep_cache_on():  # the written block's host copy made current
                         written = {i for _, i in carry_pairs(runner.tg)}
@@ -501,7 +504,12 @@ def generate(
             logits = runner.run(inputs, policy, streams, None if seed is None else seed + k, ["logits"],
                                 trace if k == max_new_tokens - 1 else None)["logits"]  # fmt: skip
             t_run = time.perf_counter()
-            runner.be.carry(carry_pairs(runner.tg), rows=(slot % block, 1) if carry_rows_on() else None)
+            pairs = carry_pairs(runner.tg)
+            if runner.tg.meta["decode"].get("rows", False):  # the new rows: into the host cache and their block
+                cache.put_rows(runner.tg, runner.be.read_outputs(only={o for o, _ in pairs}, views=True), slot)
+                runner.be.carry(pairs, rows=(slot % block, 1))
+            else:
+                runner.be.carry(pairs, rows=(slot % block, 1) if carry_rows_on() else None)
             t_carry = time.perf_counter()
             cur = sample(logits, sampling, rng)
             more = {"inputs": t_in - t_step, "carry": t_carry - t_run, "sample": time.perf_counter() - t_carry}

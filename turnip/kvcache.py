@@ -76,6 +76,15 @@ class HostCache:
             out[int(c["input"])] = x if views else np.ascontiguousarray(x).reshape(self.block, -1, self.F)
         return out
 
+    def put_rows(self, tg, values: dict[int, np.ndarray], slot: int) -> None:
+        """A decode step's new rows (``decode_rows_on``: outputs (1, batch x heads, F), by vertex) into slot
+        ``slot`` of its last block."""
+        T = self.block
+        for c in tg.meta["kv"]:
+            if c["output"] >= 0:
+                x = values[int(c["output"])].reshape(self.batch, c["h1"] - c["h0"], self.F)
+                self.blocks[(c["layer"], c["j"], c["which"])][slot % T, :, c["h0"] : c["h1"]] = x
+
     def take(self, tg, values: dict[int, np.ndarray]) -> None:
         """The written blocks back from a decode plan's outputs (by vertex; ``read_outputs``), by threads."""
 

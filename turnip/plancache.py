@@ -21,6 +21,7 @@ from turnip.decode import (
     DEFAULT_BLOCK,
     DecodeShape,
     context_blocks,
+    decode_rows_on,
     decode_step,
     decode_weight_tiles,
     prefill_kv,
@@ -100,7 +101,8 @@ class PlanCache:
         what = {"cfg": dataclasses.asdict(self.cfg), "key": list(key), "budget": self.budget, "gpus": self.n_gpus,
                 "dtype": self.dtype, "block": self.block, "fingerprint": plan_fingerprint(),
                 "prefill_decode_tiles": key[0].startswith("prefill") and prefill_decode_tiles_on(),
-                "decode_split": (self.decode or decode_split()) if key[0] == "decode" else None}  # fmt: skip
+                "decode_split": (self.decode or decode_split()) if key[0] == "decode" else None,
+                "decode_rows": decode_rows_on() if key[0] == "decode" else None}  # fmt: skip
         h = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
         name = "".join(c if c.isalnum() or c in "-_" else "_" for c in (self.cfg.name or "llama"))
         return self.dir / f"{name}-{key[0].replace('+', '_')}-b{key[1]}-n{key[2]}-{h}.plan"
@@ -115,7 +117,7 @@ class PlanCache:
         with self._lock:
             if key in self.errors:
                 raise self.errors.pop(key)
-            if key in self.plans:
+            if key in self.plans and _current(key, self.plans[key][0]):
                 return self.plans[key]
         plan = self._make(key)
         with self._lock:
@@ -216,6 +218,11 @@ class PlanCache:
             if bad:
                 raise PlanVerifyError(f"{kind} plan (batch {batch}, {n}): {len(bad)} violations, first {bad[0]}")
         return tg, mg
+
+
+def _current(key: tuple, tg) -> bool:
+    """Whether a kept plan was built as the switches say now (a decode step's new rows as outputs or not)."""
+    return key[0] != "decode" or tg.meta["decode"].get("rows", False) == decode_rows_on()
 
 
 def decode_plan(cfg: LlamaConfig, context: int, batch: int = 1, n_gpus: int = 1, budget_nbytes: int = 6 << 30,

@@ -31,7 +31,7 @@ from turnip.memgraph.plan import KIND_INPUT, KIND_KERNEL, KIND_OFFLOAD, KIND_REL
 from turnip.reference import run_reference
 from turnip.runtime.backend import check_ready
 from turnip.runtime.errors import VertexFailed
-from turnip.runtime.layout import HOST_INPUT, input_vertices, output_sources, plan_layout
+from turnip.runtime.layout import HOST_INPUT, carried_rows, input_vertices, output_sources, plan_layout
 from turnip.runtime.weights import NP_OF
 
 GUARD_NBYTES = 4096  # before and after every arena and host region
@@ -183,12 +183,14 @@ class CpuBackend:
         """Between runs: each (output tensor, input tensor) pair's output becomes that input's value for the
         next run (copied into its resident GPU buffer, else its host copy), without a trip through Python
         arrays: a training step's new adapters and Adam moments feed the next step. ``rows``: (first, count)
-        of the leading dimension, the only rows that differ: just those are copied."""
+        of the leading dimension, the only rows that differ: just those are copied (from an output of
+        ``count`` rows, the whole output: a decode step's new rows into their cache block)."""
         src = {t: (o, on_host) for t, o, on_host in output_sources(self.mg)}
         sl = slice(None) if rows is None else slice(rows[0], rows[0] + rows[1])
         for t_out, t_in in pairs:
             o, on_host = src[t_out]
-            x = (self._host_view(o) if on_host else self.buf(o))[sl]
+            whole = rows is not None and carried_rows(self.mg, o, self._inputs[t_in][0], rows)
+            x = (self._host_view(o) if on_host else self.buf(o))[slice(None) if whole else sl]
             vs = self._inputs[t_in]
             for v in vs:
                 if self.lay.resident[v]:

@@ -65,7 +65,15 @@ from turnip.runtime.hostmem import (
     pin_while_filling_on,
     register_spans,
 )
-from turnip.runtime.layout import HOST_INPUT, NP_DTYPE, input_vertices, output_sources, plan_layout, row_range
+from turnip.runtime.layout import (
+    HOST_INPUT,
+    NP_DTYPE,
+    carried_rows,
+    input_vertices,
+    output_sources,
+    plan_layout,
+    row_range,
+)
 from turnip.runtime.loader import thread_map
 from turnip.sched.groups import group_events_on, launch_groups, launch_groups_on
 
@@ -520,15 +528,17 @@ class CudaBackend:
             o, on_host = src[t_out]
             vs = self._inputs[t_in]
             nb = int(lay.nbytes[vs[0]])
-            if nb != int(lay.nbytes[o]):
+            whole = rows is not None and carried_rows(self.mg, o, vs[0], rows)  # o holds just those rows
+            if nb != int(lay.nbytes[o]) and not whole:
                 raise BackendError(f"carry: output {self.mg.label(o)} has {lay.nbytes[o]} bytes, input "
                                    f"{self.mg.label(vs[0])} {nb}")  # fmt: skip
-            skip, nb = row_range(self.mg.shape[o], nb, rows)
+            skip, nb = row_range(self.mg.shape[vs[0]], nb, rows)
+            at = 0 if whole else skip  # where the rows start in the output
             if on_host:
-                host = self._host_base[HOST_OFFLOAD] + lay.host_offset[o] + skip
+                host = self._host_base[HOST_OFFLOAD] + lay.host_offset[o] + at
             else:
                 self._set_ctx(lay.gpu[o])
-                dev = self.base[lay.gpu[o]] + lay.out_offset[o] + skip
+                dev = self.base[lay.gpu[o]] + lay.out_offset[o] + at
             for v in vs:
                 if lay.resident[v]:
                     dst = self.base[lay.gpu[v]] + lay.out_offset[v] + skip

@@ -188,5 +188,18 @@ def row_range(shape, nbytes: int, rows: tuple[int, int] | None) -> tuple[int, in
     return first * row, count * row
 
 
+def carried_rows(mg: MemGraph, o: int, v: int, rows: tuple[int, int]) -> bool:
+    """Whether a carry of ``rows`` from output vertex ``o`` into input vertex ``v`` copies all of ``o`` into those
+    rows of ``v`` (``o`` holds just ``count`` rows of ``v``'s shape) rather than the same rows of an output
+    shaped as ``v``; ``ValueError`` for an output shaped as neither."""
+    so, si = tuple(int(x) for x in mg.shape[o]), tuple(int(x) for x in mg.shape[v])
+    if so == si:
+        return False
+    if so == (rows[1], *si[1:]):
+        return True
+    raise ValueError(f"carry: output {mg.label(o)} of shape {so} is neither input {mg.label(v)}'s shape {si} nor "
+                     f"{rows[1]} of its rows")  # fmt: skip
+
+
 __all__ = ["HOST_INPUT", "HOST_OFFLOAD", "NP_DTYPE", "HostInputs", "Layout", "buffer_view", "common_prefix",
-           "input_vertices", "output_sources", "plan_layout", "row_range"]  # fmt: skip
+           "carried_rows", "input_vertices", "output_sources", "plan_layout", "row_range"]  # fmt: skip
