@@ -232,10 +232,9 @@ class Sampling:
 
 def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndarray:
     """One token id per row of ``logits`` (B, vocab)."""
-    z = logits.astype(np.float64)
-    if s.temperature == 0:
-        return z.argmax(axis=1)
-    z = z / s.temperature
+    if s.temperature == 0:  # the order of the values is their order in float64: no copy
+        return np.asarray(logits).argmax(axis=1).astype(np.int64)
+    z = logits.astype(np.float64) / s.temperature
     out = np.empty(len(z), dtype=np.int64)
     for i, row in enumerate(z):
         order = np.argsort(-row, kind="stable")
