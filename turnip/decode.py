@@ -42,18 +42,21 @@ BIG = 16384.0  # the mask magnitude: exact in fp16 and bf16, exp(-BIG * scale) i
 DEFAULT_BLOCK = 256  # cache slots per block
 
 
-ROWS_SWITCH = "TURNIP_DECODE_ROWS"  # "1": a decode step outputs its new key and value rows, not the written block
+ROWS_SWITCH = "TURNIP_DECODE_ROWS"  # "0": a decode step writes its new rows into a new last block (the old way)
 
 
 def decode_rows_on() -> bool:
-    """Whether decode steps output the new key and value rows alone (``TURNIP_DECODE_ROWS=1``; off until timed
-    on a GPU): every cache block is then read-only in the step, the new rows get an ``sdpa`` of their own (one
-    slot) merged by ``attn_combine`` with the blocks', and the caller copies the rows into the block between
-    steps (``backend.carry`` with ``rows``). The step no longer makes a new last block per (layer, head block,
-    K or V): at batch 64 (7B, blocks of 256) those are 9.1 GB a step, offloaded to the host under 6 GiB."""
+    """Whether decode steps output the new key and value rows alone (unless ``TURNIP_DECODE_ROWS=0``): every
+    cache block is then read-only in the step, the new rows get an ``sdpa`` of their own (one slot) merged by
+    ``attn_combine`` with the blocks', and the caller copies the rows into the block between steps
+    (``backend.carry`` with ``rows``). The step no longer makes a new last block per (layer, head block, K or
+    V): at batch 64 (7B, blocks of 256) those are 9.1 GB a step, offloaded to the host under 6 GiB. On an H100
+    (7B, 6 GiB, prompt 512, 128 new tokens, same process): batch 64 734.8 ms a step against 767.3 (0.90 of the
+    bound against 0.86; 679.4 ms of plan run against 727.2), batch 1 172.8 against 169.7
+    (``benchmarks/results/generate/generate_rows_h100.md``)."""
     import os
 
-    return os.environ.get(ROWS_SWITCH) == "1"
+    return os.environ.get(ROWS_SWITCH, "1") != "0"
 
 
 def check_decodable(cfg: LlamaConfig) -> None:

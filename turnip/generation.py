@@ -49,16 +49,18 @@ def keep_weights_on() -> bool:
     return os.environ.get(KEEP_WEIGHTS_SWITCH) != "0"
 
 
-PREFILL_TOKEN_SWITCH = "TURNIP_PREFILL_TOKEN"  # "1": the prefill runs every prompt token and gives the first new one
+PREFILL_TOKEN_SWITCH = "TURNIP_PREFILL_TOKEN"  # "0": the prefill leaves each prompt's last token to the decode plans
 
 
 def prefill_token_on() -> bool:
     """Whether the prefill runs the prompts' last tokens too and gives each sequence its first new token
     (``prefill_kv`` with logits), so the first decode step writes slot P (the longest prompt's length) instead
     of P - 1: where P is a multiple of the block size (a prompt of 512, blocks of 256), the decode plan of the
-    block holding slot P - 1 otherwise serves one step before the next bucket's plan is loaded. Off until timed
-    on a GPU (``TURNIP_PREFILL_TOKEN=1``)."""
-    return os.environ.get(PREFILL_TOKEN_SWITCH) == "1"
+    block holding slot P - 1 otherwise serves one step before the next bucket's plan is loaded. On unless
+    ``TURNIP_PREFILL_TOKEN=0``. On an H100 (7B, 6 GiB, prompt 512, 128 new tokens): batch 1 172.4-176.1 ms a
+    step against 177.4-182.5 (two machines, both orders), time to first token 5.9-8.2 s against 8.6-8.9; batch
+    64 21.1 s to the first token against 50-53 (``benchmarks/results/generate/generate_rows_h100.md``)."""
+    return os.environ.get(PREFILL_TOKEN_SWITCH, "1") != "0"
 
 
 KEEP_CACHE_SWITCH = "TURNIP_KEEP_CACHE"  # "1": kept host regions carry the cache blocks too
@@ -232,8 +234,8 @@ class Sampling:
 
 def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndarray:
     """One token id per row of ``logits`` (B, vocab)."""
-    if s.temperature == 0:  # the order of the values is their order in float64: no copy
-        return np.asarray(logits).argmax(axis=1).astype(np.int64)
+    if s.temperature == 0:  # float32 holds fp16 and bf16 values exactly (numpy's argmax over fp16 is slow)
+        return np.asarray(logits, dtype=np.float32).argmax(axis=1).astype(np.int64)
     z = logits.astype(np.float64) / s.temperature
     out = np.empty(len(z), dtype=np.int64)
     for i, row in enumerate(z):
