@@ -37,13 +37,14 @@ def turnip_row(st: dict, B: int, P: int, N: int, budget: str, keep) -> dict:
     """The CSV row of one timed turnip generation (its ``stats``)."""
     row = {"system": "turnip", "batch": B, "prompt": P, "new": N, "budget": budget, "ttft_ms": st["ttft_s"] * 1e3,
            "tokens_per_s": st["tokens_per_s"], "ms_per_step": st["decode_s"] / max(1, st["steps"] - 1) * 1e3,
-           "switch_s": st["switch_s"], "prefill_s": st["prefill_s"],
+           "switch_s": st["switch_s"], "first_plan_s": st["first_plan_s"], "prefill_s": st["prefill_s"],
            "prefill_phases": " ".join(f"{k}={v:.2f}" for k, v in st["prefill_phases_s"].items()),
            "switch_phases": " ".join(f"{k}={v:.2f}" for k, v in st["switch_phases_s"].items()),
            "step_phases_ms": " ".join(f"{k}={1e3 * v / max(st['decode_steps'], 1):.2f}"
                                       for k, v in st["step_phases_s"].items()),  # fmt: skip
            "open_s": " ".join(f"{x:.2f}" for x in st["open_s"]),
-           "ms_per_step_in_bucket": (st["decode_s"] - st["switch_s"]) / max(1, st["steps"] - 1) * 1e3,
+           "ms_per_step_in_bucket": (st["decode_s"] - st["switch_s"] - st["first_plan_s"]) / max(1, st["steps"] - 1)
+           * 1e3,
            "bound_ms": st["bound_ms"], "link_nbytes_per_token": st["link_nbytes_per_token"],
            "plans": len(st["plans_built"]), "keep_weights": keep, "weights_kept": st["weights_kept"],
            "session_kept_nbytes": st.get("session_kept_nbytes", 0)}  # fmt: skip

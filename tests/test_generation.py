@@ -509,6 +509,8 @@ def test_kept_weights_keep_the_tokens(monkeypatch, budget, dtype):
         sw = r.stats["switch_phases_s"]  # and the bucket switches' parts
         assert set(sw) == {"read", "take", "close"} and sum(sw.values()) + sum(r.stats["open_s"][1:]) <= r.stats[
             "switch_s"] + 1e-3, (sw, r.stats)
+        # the first decode plan's loading comes after the prefill's first token, apart from the bucket switches
+        assert 0 < r.stats["open_s"][0] <= r.stats["first_plan_s"] < r.stats["decode_s"], r.stats
         st = r.stats["step_phases_s"]  # and the decode steps' parts, within the decode time
         assert set(st) == {"inputs", "write", "run", "read", "assemble", "carry", "sample"}, st
         # the first of the 11 tokens from the prefill, the others from decode steps

@@ -398,8 +398,9 @@ def generate(
     new token, plan builds included), tokens_per_s (new tokens of the batch over the decode time),
     link_nbytes_per_token (host<->GPU bytes of a decode step per sequence), bound_ms (the last decode
     plan's lower bound on ``profile``), plans built / loaded, steps, decode_s (first new token to the last),
-    switch_s (the part of decode_s spent loading the next cache bucket's plan), weights_kept (decode plans
-    that took over the host weights of the plan before: ``keep_weights_on``), kept_nbytes (the bytes they
+    switch_s (the part of decode_s spent loading the next cache bucket's plan), first_plan_s (the part spent
+    loading the first decode plan, where the prefill gave the first token: ``prefill_token_on``), weights_kept
+    (decode plans that took over the host weights of the plan before: ``keep_weights_on``), kept_nbytes (the bytes they
     found in place, weights and, with ``keep_cache_on``, cache blocks), prefill_s (the prompts' prefill: its plan
     loaded, written, run, the cache taken from it) and prefill_phases_s (its parts: open, write, run, read,
     assemble, close, fill), open_s (per decode plan loaded: loading it and writing its
@@ -447,6 +448,7 @@ def generate(
     rng = np.random.default_rng(sampling.seed)
     cur = np.array([x[-1] for x in ids], dtype=np.int64)
     runner, ttft, t_dec, switch_s, kept, kept_nbytes, open_s = None, None, None, 0.0, 0, 0, []
+    first_plan_s = 0.0  # the first decode plan's loading, where it comes after the first token
     switch_phases: dict = {}  # seconds over all bucket switches: the written blocks read, taken, the plan closed
     steps, stopped, last_mg = 0, False, None  # last_mg: the last decode plan's memgraph
     step_phases: dict = {}  # seconds over the decode steps: inputs made, written, run, read, assembled, carried
@@ -496,8 +498,10 @@ def generate(
                 kept_nbytes += runner.kept_nbytes
                 if last_nb > nb:  # the generation reaches the next bucket
                     plans.prefetch("decode", B, nb + 1)
-                if ttft is not None:  # a bucket's plan loaded while decoding
+                if ttft is not None and len(open_s) > 1:  # a bucket's plan loaded while decoding
                     switch_s += time.perf_counter() - t_switch
+                elif ttft is not None:  # the first decode plan, after the prefill's first token
+                    first_plan_s = time.perf_counter() - t_switch
             t_step = time.perf_counter()
             inputs = {"x0": m.embed(cur), "rot": rotations(m.cfg, [n - 1 + k for n in lens], dtype),
                       "W": slot_onehot(block, slot, dtype)}  # fmt: skip
@@ -536,7 +540,8 @@ def generate(
     n_new = sum(len(x) for x in out.ids)
     dec_s = t_end - t_dec
     stats = {"ttft_s": ttft, "tokens_per_s": (n_new - B) / dec_s if dec_s > 0 and n_new > B else None,
-             "decode_s": dec_s, "switch_s": switch_s, "weights_kept": kept, "kept_nbytes": kept_nbytes,
+             "decode_s": dec_s, "switch_s": switch_s, "first_plan_s": first_plan_s, "weights_kept": kept,
+             "kept_nbytes": kept_nbytes,
              "steps": steps, "new_tokens": n_new, "prefill_s": prefill_s,
              "prefill_phases_s": prefill_phases, "open_s": open_s, "switch_phases_s": switch_phases,
              "step_phases_s": step_phases, "decode_steps": steps - k0 if steps > k0 else 0,

@@ -167,6 +167,9 @@ def cmd_generate(a) -> int:
     tps = f"{s['tokens_per_s']:.1f}" if s["tokens_per_s"] else "n/a"
     print(f"tokens/s             {tps} ({s['new_tokens']} new tokens, batch {len(res.ids)}, {s['steps']} steps in "
           f"{s['decode_s']:.2f} s)", file=sys.stderr)  # fmt: skip
+    if s["first_plan_s"]:
+        print(f"first decode plan    {s['first_plan_s']:.2f} s of that loading it (after the prefill's first token)",
+              file=sys.stderr)  # fmt: skip
     if s["switch_s"]:
         kept = f"; {s['weights_kept']} took the plan before's host weights" if s.get("weights_kept") else ""
         print(f"cache buckets        {s['switch_s']:.2f} s of that loading the next bucket's plan (longer cache)"
