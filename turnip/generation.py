@@ -57,9 +57,9 @@ def prefill_token_on() -> bool:
     (``prefill_kv`` with logits), so the first decode step writes slot P (the longest prompt's length) instead
     of P - 1: where P is a multiple of the block size (a prompt of 512, blocks of 256), the decode plan of the
     block holding slot P - 1 otherwise serves one step before the next bucket's plan is loaded. On unless
-    ``TURNIP_PREFILL_TOKEN=0``. On an H100 (7B, 6 GiB, prompt 512, 128 new tokens): batch 1 172.4-176.1 ms a
-    step against 177.4-182.5 (two machines, both orders), time to first token 5.9-8.2 s against 8.6-8.9; batch
-    64 21.1 s to the first token against 50-53 (``benchmarks/results/generate/generate_rows_h100.md``)."""
+    ``TURNIP_PREFILL_TOKEN=0``. On H100s (7B, 6 GiB, prompt 512, 128 new tokens, one process a machine): batch 1
+    176.1 and 172.4 ms a step against 182.5 and 177.4 on two machines (both orders), 186.3 against 181.9 on a
+    third; batch 64 21.1 s to the first token against 50-53 (``benchmarks/results/generate/generate_rows_h100.md``)."""
     return os.environ.get(PREFILL_TOKEN_SWITCH, "1") != "0"
 
 
