@@ -221,6 +221,8 @@ class _DecodeLowering(_BaseLowering):
             wv = None if rows_out else self.block(w, {}, gpu)
             parts = []
             split = nb > 1 or rows_out  # partial results merged by attn_combine
+            pshape = (G * r * F + G * r * 4 // itemsize,) if split else qshape
+            scale = node.params["scale"]
             for j in range(nb):
                 kv = []
                 for which, row in zip("KV", rows, strict=True):
@@ -238,14 +240,10 @@ class _DecodeLowering(_BaseLowering):
                     self.kv.append({"layer": layer, "j": j, "h0": h0, "h1": h1, "which": which, "input": x_in,
                                     "output": x_out})  # fmt: skip
                     kv.append(x_in if x_out < 0 or rows_out else x_out)
-                p = {"scale": node.params["scale"], "causal": False, "q_off": 0, "k_off": 0, "tk": blk,
-                     "partial": split, "itemsize": itemsize}  # fmt: skip
-                pshape = (G * r * F + G * r * 4 // itemsize,) if split else qshape
+                p = _sdpa_params(scale, blk, split, itemsize)
                 parts.append(b.kernel("sdpa", [qv, *kv], pshape, t.dtype, gpu, p, name=f"{name}.A{j}"))
             if rows_out:  # the new rows attend as one more block of one slot
-                p = {"scale": node.params["scale"], "causal": False, "q_off": 0, "k_off": 0, "tk": 1,
-                     "partial": True, "itemsize": itemsize}  # fmt: skip
-                pshape = (G * r * F + G * r * 4 // itemsize,)
+                p = _sdpa_params(scale, 1, split, itemsize)
                 parts.append(b.kernel("sdpa", [qv, *rows], pshape, t.dtype, gpu, p, name=f"{name}.Anew"))
             o = parts[0]
             if split:
@@ -264,6 +262,12 @@ class _DecodeLowering(_BaseLowering):
             dtype = self.g.dtype
             self.merge[key] = self.b.input((1, G, self.batch, heads), dtype, gpu, name=f"S{heads}@{gpu}")
         return self.merge[key]
+
+
+def _sdpa_params(scale: float, tk: int, partial: bool, itemsize: int) -> dict:
+    """An ``sdpa`` over one cache block of ``tk`` slots for the step's one query row per head."""
+    return {"scale": scale, "causal": False, "q_off": 0, "k_off": 0, "tk": tk, "partial": partial,
+            "itemsize": itemsize}
 
 
 def _elementwise():
@@ -308,6 +312,11 @@ def decode_step(
                            "rows": rows},
                    kv=lw.kv, merge=[[int(v), int(k[1])] for k, v in lw.merge.items()])  # fmt: skip
     return tg
+
+
+def writes_rows(tg: TaskGraph) -> bool:
+    """Whether decode step ``tg`` outputs its new rows (``decode_rows_on``) rather than a new last block."""
+    return bool(tg.meta["decode"].get("rows", False))
 
 
 def carry_pairs(tg: TaskGraph) -> list[tuple[int, int]]:
@@ -427,4 +436,4 @@ def prune(g: Graph) -> Graph:
 
 __all__ = ["BIG", "DEFAULT_BLOCK", "PAD", "ROWS_SWITCH", "DecodeShape", "TilingError", "cache_nbytes", "carry_pairs",
            "check_decodable", "context_blocks", "decode_graph", "decode_rows_on", "decode_step", "decode_vertices",
-           "last_token_rows", "prefill_kv", "prune", "state_inputs", "width"]  # fmt: skip
+           "last_token_rows", "prefill_kv", "prune", "state_inputs", "width", "writes_rows"]  # fmt: skip

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from turnip.decode import DEFAULT_BLOCK, DecodeShape, carry_pairs, decode_step
+from turnip.decode import DEFAULT_BLOCK, DecodeShape, carry_pairs, decode_step, writes_rows
 from turnip.kvcache import HostCache, constants, merge_inputs, rotations, slot_onehot
 from turnip.models import LlamaConfig
 from turnip.plancache import PlanCache
@@ -473,9 +473,9 @@ def generate(
             if runner is None or runner.tg.meta["decode"]["n_blocks"] != nb:
                 t_switch = time.perf_counter()
                 if runner is not None:  # the written block back to the host copy, the next bucket's plan loaded
-                    rows_out = runner.tg.meta["decode"].get("rows", False)  # the host cache has every row already
-                    blocks_out = {} if rows_out else runner.be.read_outputs(only={o for o, _ in carry_pairs(runner.tg)},
-                                                                            views=True)  # fmt: skip
+                    rows_out = writes_rows(runner.tg)  # then the host cache has every row already
+                    if not rows_out:
+                        blocks_out = runner.be.read_outputs(only={o for o, _ in carry_pairs(runner.tg)}, views=True)
                     t = [time.perf_counter()]
                     if not rows_out:
                         cache.take(runner.tg, blocks_out)
@@ -505,14 +505,15 @@ def generate(
                 elif ttft is not None:  # the first decode plan, after the prefill's first token
                     first_plan_s = time.perf_counter() - t_switch
             t_step = time.perf_counter()
-            inputs = {"x0": m.embed(cur), "rot": rotations(m.cfg, [n - 1 + k for n in lens], dtype),
-                      "W": slot_onehot(block, slot, dtype)}  # fmt: skip
+            inputs = {"x0": m.embed(cur), "rot": rotations(m.cfg, [n - 1 + k for n in lens], dtype)}
+            if not writes_rows(runner.tg):  # the old step places its rows by a one-hot slot
+                inputs["W"] = slot_onehot(block, slot, dtype)
             t_in = time.perf_counter()
             logits = runner.run(inputs, policy, streams, None if seed is None else seed + k, ["logits"],
                                 trace if k == max_new_tokens - 1 else None)["logits"]  # fmt: skip
             t_run = time.perf_counter()
             pairs = carry_pairs(runner.tg)
-            if runner.tg.meta["decode"].get("rows", False):  # the new rows: into the host cache and their block
+            if writes_rows(runner.tg):  # the new rows: into the host cache and their block
                 cache.put_rows(runner.tg, runner.be.read_outputs(only={o for o, _ in pairs}, views=True), slot)
                 runner.be.carry(pairs, rows=(slot % block, 1))
             else:

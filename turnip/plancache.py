@@ -26,6 +26,7 @@ from turnip.decode import (
     decode_weight_tiles,
     prefill_kv,
     state_inputs,
+    writes_rows,
 )
 from turnip.models import LlamaConfig
 
@@ -222,7 +223,7 @@ class PlanCache:
 
 def _current(key: tuple, tg) -> bool:
     """Whether a kept plan was built as the switches say now (a decode step's new rows as outputs or not)."""
-    return key[0] != "decode" or tg.meta["decode"].get("rows", False) == decode_rows_on()
+    return key[0] != "decode" or writes_rows(tg) == decode_rows_on()
 
 
 def decode_plan(cfg: LlamaConfig, context: int, batch: int = 1, n_gpus: int = 1, budget_nbytes: int = 6 << 30,
