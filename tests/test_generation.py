@@ -148,7 +148,6 @@ def test_steps_with_new_rows_as_outputs_give_the_greedy_tokens(hf, monkeypatch, 
 def test_new_rows_as_outputs_survive_chaos_and_poison(monkeypatch):
     """With ``TURNIP_DECODE_ROWS=1`` random delays change no token, nor arenas filled with NaN before every
     step (every byte a step reads was written in it or carried into it)."""
-    monkeypatch.setenv("TURNIP_DECODE_ROWS", "1")
     m = load_model("llama-tiny", "fp32", seed=5)
     prompts = [[3, 9, 27, 17, 2], [40, 41]]
     monkeypatch.setenv("TURNIP_DECODE_ROWS", "0")

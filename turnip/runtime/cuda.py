@@ -417,7 +417,7 @@ class CudaBackend:
         if r < 0 or r >= len(self._regions):
             return f" ({lay.nbytes[v]} bytes)"
         reg = self._regions[r]
-        pieces = getattr(reg, "pieces", None)
+        pieces = reg.pieces
         return (f" ({lay.nbytes[v]} bytes at byte {lay.host_offset[v]} of the host {'input' if r == 0 else 'offload'}"
                 f" region of {reg.nbytes}, registered in {len(pieces) if pieces else 1} piece(s))")  # fmt: skip
 
